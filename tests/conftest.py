@@ -1,0 +1,12 @@
+"""Shared test setup: CPU-only, deterministic, Triton kernels through the interpreter."""
+
+import os
+
+# Triton reads this when a kernel is first decorated; set it before anything imports them.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
