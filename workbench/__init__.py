@@ -1,6 +1,33 @@
-"""llm-workbench: a steppable, inspectable re-implementation of vLLM's serving path."""
+"""llm-workbench: a steppable, inspectable re-implementation of vLLM's serving path.
 
-from workbench.config import EngineConfig
-from workbench.sampling_params import SamplingParams
+The public names are imported lazily, so ``import workbench.kernels`` (or the CLI's
+``--help``) does not pay for loading transformers.
+"""
 
-__all__ = ["EngineConfig", "SamplingParams"]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "LLM": "workbench.llm",
+    "LLMEngine": "workbench.engine",
+    "EngineConfig": "workbench.config",
+    "SamplingParams": "workbench.sampling_params",
+    "RequestOutput": "workbench.outputs",
+    "CompletionOutput": "workbench.outputs",
+    "default_model_path": "workbench.model.loader",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,258 @@
+"""LLMEngine: the steppable engine. One ``step()`` = schedule -> run the model -> sample -> outputs.
+
+Every step appends a :class:`~workbench.history.StepRecord` to ``engine.history``, and the live
+objects (``engine.scheduler``, ``engine.kv_cache``) stay inspectable between steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable
+
+import torch
+
+from workbench.config import EngineConfig
+from workbench.core.kv_cache import KVCacheManager
+from workbench.core.scheduler import Scheduler
+from workbench.history import StepHistory, StepRecord
+from workbench.inputs import InputProcessor, PromptType
+from workbench.model.loader import resolve_model_path
+from workbench.model.model_config import ModelConfig
+from workbench.outputs import OutputProcessor, RequestOutput
+from workbench.request import Request, RequestStatus
+from workbench.runner import ModelRunner
+from workbench.sampling_params import SamplingParams
+from workbench.stats import StatLogger
+
+
+def _load_tokenizer(path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+class LLMEngine:
+    """A continuous-batching engine over a paged KV cache, advanced one ``step()`` at a time.
+
+    Invariants between steps: ``scheduler.requests`` holds exactly the unfinished requests;
+    a request id is never reused while it is unfinished; finished and aborted requests own
+    no KV blocks.
+    """
+
+    def __init__(self, config: EngineConfig | None = None, **overrides) -> None:
+        config = config or EngineConfig()
+        if overrides:
+            config = dataclasses.replace(config, **overrides)
+        self.config = config
+        model_path = resolve_model_path(config.model)
+        self.tokenizer = _load_tokenizer(config.tokenizer or model_path)
+        self.device = torch.device(
+            config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        )
+        self.model_config = ModelConfig.from_pretrained(
+            model_path, dtype=config.dtype, max_model_len=config.max_model_len, device=self.device
+        )
+        max_model_len = self.model_config.max_model_len
+        self.attention_backend = config.attention_backend or (
+            "triton" if self.device.type == "cuda" else "torch"
+        )
+        self.max_num_batched_tokens = config.max_num_batched_tokens or (
+            512 if config.enable_chunked_prefill else max(2048, max_model_len)
+        )
+        self.runner = ModelRunner(
+            self.model_config,
+            device=self.device,
+            block_size=config.block_size,
+            attention_backend=self.attention_backend,
+            load_format=config.load_format,
+            seed=config.seed,
+        )
+        num_blocks = self.runner.determine_num_blocks(
+            num_kv_blocks=config.num_kv_blocks,
+            kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+        self.runner.allocate_kv_cache(num_blocks)
+        self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.kv_cache,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            policy=config.policy,
+        )
+        self.input_processor = InputProcessor(
+            self.tokenizer, max_model_len, self.model_config.vocab_size
+        )
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.history = StepHistory(config.max_history)
+        self.stats = StatLogger(interval=config.log_stats_interval)
+        self._children: dict[str, list[str]] = {}
+        self._pending_outputs: list[RequestOutput] = []
+        eos = self.model_config.eos_token_ids
+        self._eos_token_id = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else (eos[0] if eos else None)
+        self._extra_eos_ids = [t for t in eos if t != self._eos_token_id]
+
+    # ------------------------------------------------------------------ requests
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Validate and queue a request. Raises ValueError (nothing queued) on bad input.
+
+        ``params.n > 1`` adds n child requests ``"{i}_{request_id}"`` that share the prompt's
+        KV blocks through the prefix cache and report as one RequestOutput.
+        """
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}.")
+        if request_id in self._children:
+            raise ValueError(f"request_id {request_id!r} is already in flight.")
+        params = params or SamplingParams()
+        text, token_ids, params = self.input_processor.process(prompt, params)
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        children = []
+        for i in range(params.n):
+            child_params = dataclasses.replace(
+                params,
+                n=1,
+                seed=None if params.seed is None else params.seed + i,
+                stop_token_ids=params.stop_token_ids
+                + ([] if params.ignore_eos else self._extra_eos_ids),
+            )
+            child_id = request_id if params.n == 1 else f"{i}_{request_id}"
+            children.append(
+                Request(
+                    child_id,
+                    list(token_ids),
+                    child_params,
+                    eos_token_id=self._eos_token_id,
+                    priority=priority,
+                    arrival_time=arrival,
+                )
+            )
+        added = []
+        try:
+            for child in children:
+                self.scheduler.add_request(child)
+                added.append(child.request_id)
+        except ValueError:
+            for child_id in added:
+                self.scheduler.abort_request(child_id)
+            raise
+        for i, child in enumerate(children):
+            self.output_processor.add_request(
+                child, text, parent_id=request_id if params.n > 1 else None, index=i, n=params.n
+            )
+        self._children[request_id] = [c.request_id for c in children]
+
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        """Abort requests (by the id given to add_request) in any state; frees their blocks.
+
+        Their final outputs (finish_reason "abort") come out of the next ``step()``.
+        """
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        child_ids = [c for rid in ids for c in self._children.pop(rid, [])]
+        live = [c for c in child_ids if c in self.scheduler.requests]
+        if live:
+            self.scheduler.finish_requests(live, RequestStatus.FINISHED_ABORTED)
+        for c in child_ids:
+            self.runner.sampler.remove(c)
+        self._pending_outputs.extend(self.output_processor.abort(child_ids))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._children) or bool(self._pending_outputs)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._children)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block's hash (only possible while no request holds blocks)."""
+        return self.kv_cache.reset_prefix_cache()
+
+    # ------------------------------------------------------------------ the step
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling + model step; return the RequestOutputs it finished."""
+        t0 = time.perf_counter()
+        free_before = self.kv_cache.num_free_blocks
+        so = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        timings = {"schedule": t1 - t0}
+        sampled: dict[str, int] = {}
+        logprobs = {}
+        batch = None
+        requests = self.scheduler.requests
+        prompt_queries = sum(
+            requests[rid].num_prompt_tokens for rid in so.new_request_ids if rid in requests
+        )
+        if so.scheduled:
+            result = self.runner.execute(so, requests)
+            sampled, logprobs, batch = result.sampled_token_ids, result.logprobs, result.batch
+            timings.update(result.timings)
+        t2 = time.perf_counter()
+        updated = self.scheduler.update_from_output(so, sampled)
+        now = time.monotonic()
+        for request in updated:
+            if request.first_token_time is None:
+                request.first_token_time = now
+        outputs, stop_ids = self.output_processor.process(updated, logprobs)
+        if stop_ids:
+            self.scheduler.finish_requests(stop_ids, RequestStatus.FINISHED_STOPPED)
+        finished = tuple(r.request_id for r in updated if r.is_finished)
+        for request in updated:
+            if request.is_finished:
+                request.finished_time = now
+                self.runner.sampler.remove(request.request_id)
+        outputs = self._pending_outputs + outputs
+        self._pending_outputs = []
+        for out in outputs:
+            if out.finished:
+                self._children.pop(out.request_id, None)
+        timings["output"] = time.perf_counter() - t2
+        record = StepRecord(
+            step=so.step,
+            scheduler_output=so,
+            batch=batch,
+            sampled_token_ids=sampled,
+            finished_request_ids=finished,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_free_blocks=self.kv_cache.num_free_blocks,
+            kv_usage=self.kv_cache.usage,
+            num_blocks_freed=self.kv_cache.num_free_blocks - free_before + so.num_blocks_allocated,
+            timings=timings,
+        )
+        self.history.append(record)
+        self.stats.record(
+            prompt_tokens=record.num_prefill_tokens,
+            generation_tokens=len(sampled),
+            queries=prompt_queries,
+            hits=so.num_prefix_cache_hit_tokens,
+        )
+        if self.config.log_stats:
+            self.log_stats()
+        return outputs
+
+    def log_stats(self, force: bool = False) -> str | None:
+        """Log (and return) vLLM's periodic summary line, at most once per interval unless forced."""
+        return self.stats.maybe_log(
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            kv_usage=self.kv_cache.usage,
+            force=force,
+        )
+
+    def __repr__(self) -> str:
+        mc = self.model_config
+        return (
+            f"LLMEngine(model={mc.architecture}, layers={mc.num_layers}, device={self.device.type}, "
+            f"attention={self.attention_backend}, blocks={self.kv_cache.num_blocks}x"
+            f"{self.kv_cache.block_size}, running={len(self.scheduler.running)}, "
+            f"waiting={len(self.scheduler.waiting)}, steps={len(self.history)})"
+        )

@@ -1,0 +1,244 @@
+"""ModelRunner: turns a SchedulerOutput into a packed batch, runs the model and samples.
+
+The batch is packed: every scheduled token of every request sits in one flat tensor, so
+decode (1 token), prefill, chunked prefill and prefix-cache hits are all the same call.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from workbench.core.scheduler_output import SchedulerOutput
+from workbench.model.attention import AttentionMetadata
+from workbench.model.llama import allocate_kv_caches
+from workbench.model.loader import load_model
+from workbench.model.model_config import ModelConfig
+from workbench.request import Request
+from workbench.sampling import Sampler, TokenLogprobs
+
+logger = logging.getLogger("workbench")
+
+
+@dataclass(frozen=True)
+class BatchInputs:
+    """The tensors one forward pass consumes (all on the model's device).
+
+    ``input_ids``/``positions``/``slot_mapping`` have one entry per scheduled token;
+    ``block_tables``/``seq_lens`` one row per scheduled request (``query_start_loc`` one more);
+    ``logits_indices`` selects the last token of each request that samples this step, in the
+    order of ``sample_request_ids``.
+    """
+
+    request_ids: tuple[str, ...]
+    sample_request_ids: tuple[str, ...]
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    logits_indices: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    def __repr__(self) -> str:
+        return (
+            f"BatchInputs(num_seqs={len(self.request_ids)}, num_tokens={self.num_tokens}, "
+            f"query_lens={self.query_lens()}, seq_lens={self.seq_lens.tolist()}, "
+            f"sampling={list(self.sample_request_ids)})"
+        )
+
+    def query_lens(self) -> list[int]:
+        return (self.query_start_loc[1:] - self.query_start_loc[:-1]).tolist()
+
+    def _repr_html_(self) -> str:
+        rows = []
+        starts = self.query_start_loc.tolist()
+        for i, rid in enumerate(self.request_ids):
+            a, b = starts[i], starts[i + 1]
+            rows.append(
+                "<tr>"
+                f"<td>{html.escape(rid)}</td><td>{b - a}</td><td>{self.seq_lens[i].item()}</td>"
+                f"<td>{self.positions[a].item()}..{self.positions[b - 1].item()}</td>"
+                f"<td>{self.block_tables[i][self.block_tables[i] >= 0].tolist()}</td>"
+                f"<td>{'yes' if rid in self.sample_request_ids else ''}</td></tr>"
+            )
+        return (
+            f"<b>BatchInputs</b>: {len(self.request_ids)} sequences, {self.num_tokens} tokens"
+            "<table><tr><th>request</th><th>query len</th><th>seq len</th><th>positions</th>"
+            "<th>block table</th><th>samples</th></tr>" + "".join(rows) + "</table>"
+        )
+
+
+def build_batch_inputs(scheduler_output: SchedulerOutput, block_size: int, device) -> BatchInputs:
+    """Pack the scheduled chunks into flat tensors. Loops over requests, never over tokens."""
+    scheduled = scheduler_output.scheduled
+    query_lens = [s.num_new_tokens for s in scheduled]
+    max_blocks = max(len(s.block_ids) for s in scheduled)
+    block_tables = torch.full((len(scheduled), max_blocks), -1, dtype=torch.int32)
+    input_ids, positions, slots = [], [], []
+    for i, s in enumerate(scheduled):
+        table = torch.tensor(s.block_ids, dtype=torch.int64)
+        block_tables[i, : len(s.block_ids)] = table.to(torch.int32)
+        pos = torch.arange(s.num_computed_tokens, s.seq_len, dtype=torch.int64)
+        input_ids.append(torch.tensor(s.token_ids, dtype=torch.int64))
+        positions.append(pos)
+        slots.append(table[pos // block_size] * block_size + pos % block_size)
+    query_start_loc = torch.zeros(len(scheduled) + 1, dtype=torch.int32)
+    query_start_loc[1:] = torch.tensor(query_lens, dtype=torch.int32).cumsum(0)
+    samplers = [i for i, s in enumerate(scheduled) if s.samples]
+    logits_indices = (query_start_loc[1:][samplers] - 1).to(torch.int64)
+    return BatchInputs(
+        request_ids=tuple(s.request_id for s in scheduled),
+        sample_request_ids=tuple(scheduled[i].request_id for i in samplers),
+        input_ids=torch.cat(input_ids).to(device),
+        positions=torch.cat(positions).to(device),
+        slot_mapping=torch.cat(slots).to(device),
+        block_tables=block_tables.to(device),
+        query_start_loc=query_start_loc.to(device),
+        seq_lens=torch.tensor([s.seq_len for s in scheduled], dtype=torch.int32, device=device),
+        logits_indices=logits_indices.to(device),
+    )
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    """What one execute() produced: sampled tokens by request id, logprobs, the batch, timings (s)."""
+
+    sampled_token_ids: dict[str, int]
+    logprobs: dict[str, TokenLogprobs]
+    batch: BatchInputs
+    timings: dict[str, float]
+
+
+class ModelRunner:
+    """Owns the model weights, the paged KV cache tensors and the sampler."""
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        *,
+        device: torch.device,
+        block_size: int,
+        attention_backend: str,
+        load_format: str = "auto",
+        seed: int = 0,
+    ) -> None:
+        self.model_config = model_config
+        self.device = device
+        self.block_size = block_size
+        self.attention_backend = attention_backend
+        torch.manual_seed(seed)
+        self.model = load_model(model_config, device=device, load_format=load_format, seed=seed)
+        self.model.eval()
+        self.sampler = Sampler(seed=seed)
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.num_blocks = 0
+
+    def determine_num_blocks(
+        self,
+        *,
+        num_kv_blocks: int | None,
+        kv_cache_memory_bytes: int,
+        gpu_memory_utilization: float,
+        max_num_batched_tokens: int,
+    ) -> int:
+        """How many KV blocks to allocate: explicit, or from a memory budget.
+
+        CPU: ``kv_cache_memory_bytes`` // bytes per block. CUDA: after a profiling forward
+        pass of ``max_num_batched_tokens`` tokens, the part of
+        ``gpu_memory_utilization * total`` that weights and activations leave free.
+        """
+        per_block = self.model_config.kv_cache_bytes_per_block(self.block_size)
+        if num_kv_blocks is not None:
+            return num_kv_blocks
+        if self.device.type != "cuda":
+            budget = kv_cache_memory_bytes
+            source = f"kv_cache_memory_bytes={kv_cache_memory_bytes}"
+        else:
+            peak = self._profile_peak_memory(max_num_batched_tokens)
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            budget = int(total * gpu_memory_utilization) - peak
+            source = (
+                f"gpu_memory_utilization={gpu_memory_utilization} of {total / 2**30:.1f} GiB, "
+                f"peak after profiling {peak / 2**30:.2f} GiB"
+            )
+        num_blocks = budget // per_block
+        if num_blocks < 1:
+            raise ValueError(
+                f"No memory left for the KV cache ({source}; one block needs {per_block} bytes). "
+                "Raise the budget or pass num_kv_blocks."
+            )
+        logger.info("KV cache: %d blocks of %d tokens (%s)", num_blocks, self.block_size, source)
+        return num_blocks
+
+    @torch.inference_mode()
+    def _profile_peak_memory(self, num_tokens: int) -> int:
+        """Run one forward over ``num_tokens`` tokens with a throwaway cache; return peak bytes."""
+        num_tokens = min(num_tokens, self.model_config.max_model_len)
+        blocks = -(-num_tokens // self.block_size)
+        caches = allocate_kv_caches(self.model_config, blocks, self.block_size, self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        attn = AttentionMetadata(
+            slot_mapping=torch.arange(num_tokens, device=self.device),
+            block_tables=torch.arange(blocks, dtype=torch.int32, device=self.device)[None],
+            query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32, device=self.device),
+            seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=self.device),
+            backend=self.attention_backend,
+        )
+        ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
+        hidden = self.model(ids, torch.arange(num_tokens, device=self.device), caches, attn)
+        self.model.compute_logits(hidden[-1:])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        del caches, hidden
+        torch.cuda.empty_cache()
+        return peak
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.kv_caches = allocate_kv_caches(
+            self.model_config, num_blocks, self.block_size, self.device
+        )
+
+    @torch.inference_mode()
+    def execute(
+        self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request]
+    ) -> RunnerOutput:
+        """Run one step's batch: prepare inputs, forward, sample the requests that need a token."""
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        t0 = time.perf_counter()
+        batch = build_batch_inputs(scheduler_output, self.block_size, self.device)
+        attn = AttentionMetadata(
+            slot_mapping=batch.slot_mapping,
+            block_tables=batch.block_tables,
+            query_start_loc=batch.query_start_loc,
+            seq_lens=batch.seq_lens,
+            backend=self.attention_backend,
+        )
+        sync()
+        t1 = time.perf_counter()
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, attn)
+        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        sync()
+        t2 = time.perf_counter()
+        sampled: dict[str, int] = {}
+        logprobs: dict[str, TokenLogprobs] = {}
+        if batch.sample_request_ids:
+            rows = [requests[rid] for rid in batch.sample_request_ids]
+            out = self.sampler(logits, rows)
+            for rid, token, lp in zip(batch.sample_request_ids, out.token_ids, out.logprobs):
+                sampled[rid] = token
+                if lp is not None:
+                    logprobs[rid] = lp
+        t3 = time.perf_counter()
+        timings = {"prepare": t1 - t0, "forward": t2 - t1, "sample": t3 - t2}
+        return RunnerOutput(sampled, logprobs, batch, timings)
