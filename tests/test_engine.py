@@ -1,0 +1,129 @@
+"""LLMEngine and LLM behaviour on the embedded model: validation, aborts, history, n > 1, CLI."""
+
+import logging
+
+import pytest
+
+from workbench import LLM, LLMEngine, SamplingParams
+from workbench.cli import main as cli_main
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(device="cpu", block_size=8, num_kv_blocks=64, max_num_batched_tokens=64)
+
+
+def drain(engine):
+    outs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outs[out.request_id] = out
+        engine.scheduler.check_invariants()
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+    return outs
+
+
+def test_generate_returns_readable_text_in_input_order(llm):
+    prompts = ["ROMEO:", "JULIET:", {"prompt_token_ids": llm.get_tokenizer()("HAMLET:").input_ids}]
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.prompt for o in outs] == ["ROMEO:", "JULIET:", None]
+    alone = [llm.generate([p], GREEDY, use_tqdm=False)[0] for p in prompts]
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in alone]
+    for out in outs:
+        assert out.finished and out.outputs[0].finish_reason in ("stop", "length")
+        assert out.outputs[0].text.strip()
+
+
+def test_context_length_errors_use_vllm_wording_and_lose_nothing(llm):
+    engine = llm.engine
+    limit = engine.model_config.max_model_len
+    engine.add_request("keep", "ROMEO:", SamplingParams(temperature=0, max_tokens=4))
+    too_long = list(range(5, 5 + limit))
+    with pytest.raises(ValueError, match=f"maximum context length is {limit} tokens. However, your request has {limit} input tokens"):
+        engine.add_request("long", {"prompt_token_ids": too_long}, GREEDY)
+    with pytest.raises(ValueError, match=r"'max_tokens' or 'max_completion_tokens' is too large: 999999"):
+        engine.add_request("big", "ROMEO:", SamplingParams(max_tokens=999_999))
+    with pytest.raises(ValueError, match="already in flight"):
+        engine.add_request("keep", "JULIET:", GREEDY)
+    outs = drain(engine)
+    assert set(outs) == {"keep"} and len(outs["keep"].outputs[0].token_ids) <= 4
+
+
+def test_bad_prompts_are_rejected_with_the_field_named(llm):
+    vocab = llm.engine.model_config.vocab_size
+    with pytest.raises(ValueError, match=rf"prompt_token_ids must be integers in \[0, {vocab}\)"):
+        llm.generate([{"prompt_token_ids": [1, vocab]}], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate([{"prompt_token_ids": []}], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="sampling_params has 2 entries but there are 1 prompts"):
+        llm.generate(["a"], [GREEDY, GREEDY], use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_abort_any_time_frees_blocks_and_reports_abort(llm):
+    engine = llm.engine
+    engine.add_request("a", "KING HENRY:\nOnce more unto the breach", SamplingParams(max_tokens=50))
+    engine.add_request("b", "ROMEO:", SamplingParams(temperature=0, max_tokens=3))
+    engine.step()
+    engine.abort_request("a")
+    outs = drain(engine)
+    assert outs["a"].outputs[0].finish_reason == "abort"
+    assert outs["b"].outputs[0].finish_reason in ("stop", "length")
+
+
+def test_parallel_samples_share_prompt_blocks(llm):
+    engine = llm.engine
+    engine.add_request("p", "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?",
+                       SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=6))
+    engine.step()
+    tables = [engine.kv_cache.block_table(f"{i}_p") for i in range(3)]
+    shared = set(tables[0]) & set(tables[1]) & set(tables[2])
+    assert shared, "the n samples should share their prompt's full blocks"
+    outs = drain(engine)
+    assert [c.index for c in outs["p"].outputs] == [0, 1, 2]
+
+
+def test_same_seed_same_tokens_whatever_the_batch(llm):
+    params = SamplingParams(temperature=1.0, seed=1234, max_tokens=10)
+    alone = llm.generate(["ROMEO:"], params, use_tqdm=False)[0].outputs[0].token_ids
+    crowd = llm.generate(["JULIET:", "ROMEO:", "LEAR:"],
+                         [SamplingParams(temperature=1.0, max_tokens=10), params, GREEDY],
+                         use_tqdm=False)
+    assert crowd[1].outputs[0].token_ids == alone
+
+
+def test_history_dataframe_and_stats_line(llm, caplog):
+    engine = llm.engine
+    engine.history.clear()
+    llm.generate(["ROMEO:", "ROMEO:"], GREEDY, use_tqdm=False)
+    frame = engine.history.to_dataframe()
+    assert len(frame) == len(engine.history) > 0
+    assert frame["num_tokens"].sum() == sum(r.num_scheduled_tokens for r in engine.history)
+    assert frame["kv_usage"].iloc[-1] == 0.0 and frame["running"].iloc[-1] == 0
+    with caplog.at_level(logging.INFO, logger="workbench"):
+        line = engine.log_stats(force=True)
+    assert "Avg prompt throughput" in line and "Running: 0 reqs" in line and line in caplog.text
+    assert "0x" not in repr(engine.history[-1])
+
+
+def test_chat_uses_the_chat_template(llm):
+    out = llm.chat([{"role": "user", "content": "Good morrow."}], GREEDY, use_tqdm=False)[0]
+    assert out.prompt.startswith(
+        llm.get_tokenizer().apply_chat_template(
+            [{"role": "user", "content": "Good morrow."}], tokenize=False, add_generation_prompt=True
+        )
+    )
+    assert out.outputs[0].token_ids
+
+
+def test_cli_generate_prints_text(capsys):
+    assert cli_main(["generate", "ROMEO:", "--max-tokens", "8"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("ROMEO:") and len(printed.strip()) > len("ROMEO:")
+
+
+def test_unknown_model_fails_fast_with_its_name():
+    with pytest.raises(Exception, match="no-such-org/no-such-model"):
+        LLMEngine(model="no-such-org/no-such-model")
