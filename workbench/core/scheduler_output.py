@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 
 
@@ -56,3 +57,75 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+    def _chunk_line(self, s: ScheduledRequest) -> str:
+        kind = "prefill" if s.is_prefill else "decode"
+        hit = f" cached={s.num_cached_tokens}" if s.num_cached_tokens else ""
+        sample = " -> sample" if s.samples else ""
+        return (
+            f"{s.request_id}: {kind} [{s.num_computed_tokens}, {s.seq_len}){hit} "
+            f"blocks={list(s.block_ids)}{sample}"
+        )
+
+    def __repr__(self) -> str:
+        """Deterministic: one header line, then one line per scheduled chunk."""
+        ids = [
+            f"{name}={list(v)}"
+            for name, v in (
+                ("new", self.new_request_ids),
+                ("resumed", self.resumed_request_ids),
+                ("preempted", self.preempted_request_ids),
+                ("finished", self.finished_request_ids),
+            )
+            if v
+        ]
+        head = (
+            f"SchedulerOutput(step={self.step}, tokens={self.total_num_scheduled_tokens}/{self.token_budget}"
+            + "".join(f", {x}" for x in ids)
+            + f", blocks_allocated={self.num_blocks_allocated}, blocks_evicted={self.num_blocks_evicted}"
+            f", prefix_hit_tokens={self.num_prefix_cache_hit_tokens}, free_blocks={self.num_free_blocks}"
+            f", kv_usage={self.kv_usage:.3f}"
+        )
+        if not self.scheduled:
+            return head + ", scheduled=[])"
+        return head + ",\n" + ",\n".join("  " + self._chunk_line(s) for s in self.scheduled) + ")"
+
+    def _repr_html_(self) -> str:
+        """A summary line and one table row per scheduled chunk."""
+        rows = "".join(
+            "<tr>"
+            + "".join(
+                f"<td>{html.escape(str(c))}</td>"
+                for c in (
+                    s.request_id,
+                    "prefill" if s.is_prefill else "decode",
+                    f"[{s.num_computed_tokens}, {s.seq_len})",
+                    s.num_new_tokens,
+                    s.num_cached_tokens,
+                    " ".join(map(str, s.block_ids)),
+                    "yes" if s.samples else "",
+                )
+            )
+            + "</tr>"
+            for s in self.scheduled
+        )
+        head = "".join(
+            f"<th>{h}</th>" for h in ("request", "kind", "tokens", "new", "cached", "blocks", "samples")
+        )
+        notes = "".join(
+            f", {name}: {html.escape(' '.join(v))}"
+            for name, v in (
+                ("new", self.new_request_ids),
+                ("resumed", self.resumed_request_ids),
+                ("preempted", self.preempted_request_ids),
+                ("finished", self.finished_request_ids),
+            )
+            if v
+        )
+        return (
+            f"<div><b>Step {self.step}</b>: {self.total_num_scheduled_tokens}/{self.token_budget} tokens, "
+            f"{len(self.scheduled)} requests{notes}; {self.num_blocks_allocated} blocks allocated, "
+            f"{self.num_blocks_evicted} evicted, {self.num_prefix_cache_hit_tokens} prefix-hit tokens, "
+            f"{self.num_free_blocks} free, usage {self.kv_usage:.1%}"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>"
+        )

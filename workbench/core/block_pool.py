@@ -1,0 +1,231 @@
+"""Physical KV blocks, the O(1) free queue in eviction order, and the block pool.
+
+Invariants (checked by :meth:`BlockPool.check_invariants`):
+
+* a block is in the free queue iff its ``ref_count`` is 0;
+* ``ref_count == len(owners)``: every owner holds exactly one reference;
+* ``cached[h] is b`` iff ``b.block_hash == h``: at most one block per hash; a cached
+  block holds ``block_size`` token ids.
+
+Eviction is lazy: a freed block keeps its hash (and stays findable by the prefix cache)
+until the free queue hands it out for new content; only then is the hash dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+
+class KVCacheBlock:
+    """One physical block of ``block_size`` KV slots.
+
+    ``token_ids`` are the tokens whose K/V the block holds (``block_size`` of them once full,
+    fewer in a request's partial tail block, none when free and uncached). ``block_hash`` is
+    set only while the block is in the prefix cache. ``prev_free``/``next_free`` link the block
+    into the :class:`FreeBlockQueue` and are None when it is not queued.
+    """
+
+    __slots__ = ("block_id", "ref_count", "block_hash", "token_ids", "_owners", "prev_free", "next_free")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.block_hash: bytes | None = None
+        self.token_ids: tuple[int, ...] = ()
+        self._owners: dict[str, None] = {}  # insertion-ordered set of request ids
+        self.prev_free: KVCacheBlock | None = None
+        self.next_free: KVCacheBlock | None = None
+
+    @property
+    def owners(self) -> tuple[str, ...]:
+        """Ids of the requests whose block table holds this block, in the order they took it."""
+        return tuple(self._owners)
+
+    @property
+    def is_free(self) -> bool:
+        return self.ref_count == 0
+
+    def __repr__(self) -> str:
+        h = self.block_hash.hex()[:8] if self.block_hash is not None else None
+        return (
+            f"KVCacheBlock(id={self.block_id}, ref_count={self.ref_count}, hash={h}, "
+            f"tokens={list(self.token_ids)}, owners={list(self._owners)})"
+        )
+
+
+class FreeBlockQueue:
+    """Doubly linked list of free blocks; the front is evicted (reused) first.
+
+    All operations are O(1) except iteration: ``popleft`` takes the least recently freed
+    block, ``append`` puts a freed block at the back, ``remove`` unlinks a block from
+    anywhere (a prefix-cache hit on a free block). Sentinel head and tail nodes avoid
+    special cases; the links live on the blocks themselves.
+    """
+
+    def __init__(self, blocks: Iterable[KVCacheBlock] = ()):
+        self._head = KVCacheBlock(-1)
+        self._tail = KVCacheBlock(-1)
+        self._head.next_free = self._tail
+        self._tail.prev_free = self._head
+        self._len = 0
+        for b in blocks:
+            self.append(b)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        node = self._head.next_free
+        while node is not self._tail:
+            yield node
+            node = node.next_free
+
+    def __contains__(self, block: KVCacheBlock) -> bool:
+        """O(1): a block is queued iff it is linked."""
+        return block.prev_free is not None
+
+    def popleft(self) -> KVCacheBlock:
+        block = self._head.next_free
+        if block is self._tail:
+            raise IndexError("popleft from an empty FreeBlockQueue")
+        self.remove(block)
+        return block
+
+    def append(self, block: KVCacheBlock) -> None:
+        if block.prev_free is not None:
+            raise ValueError(f"block {block.block_id} is already in the free queue")
+        last = self._tail.prev_free
+        last.next_free = block
+        block.prev_free = last
+        block.next_free = self._tail
+        self._tail.prev_free = block
+        self._len += 1
+
+    def remove(self, block: KVCacheBlock) -> None:
+        prev, nxt = block.prev_free, block.next_free
+        if prev is None or nxt is None:
+            raise ValueError(f"block {block.block_id} is not in the free queue")
+        prev.next_free = nxt
+        nxt.prev_free = prev
+        block.prev_free = block.next_free = None
+        self._len -= 1
+
+    def block_ids(self) -> list[int]:
+        """Queued block ids, front (next evicted) first. O(n): for inspection and tests."""
+        return [b.block_id for b in self]
+
+
+class BlockPool:
+    """All physical blocks, their reference counts and the prefix-cache hash map.
+
+    Counters ``num_allocated`` (blocks handed out by :meth:`get_new_blocks`) and
+    ``num_evicted`` (cached blocks whose hash was dropped to serve them) only grow; the
+    scheduler reports per-step differences.
+    """
+
+    def __init__(self, num_blocks: int):
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}.")
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached: dict[bytes, KVCacheBlock] = {}
+        self.num_allocated = 0
+        self.num_evicted = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with ref_count 0, cached ones included (they are evictable)."""
+        return len(self.free_queue)
+
+    def get_cached_block(self, block_hash: bytes) -> KVCacheBlock | None:
+        return self.cached.get(block_hash)
+
+    def get_new_blocks(self, n: int, owner: str) -> list[KVCacheBlock]:
+        """Take ``n`` blocks from the front of the free queue, evicting their cached content."""
+        if n > len(self.free_queue):
+            raise ValueError(f"cannot allocate {n} blocks: only {len(self.free_queue)} free.")
+        out = []
+        for _ in range(n):
+            block = self.free_queue.popleft()
+            if block.block_hash is not None:
+                del self.cached[block.block_hash]
+                block.block_hash = None
+                self.num_evicted += 1
+            block.token_ids = ()
+            block.ref_count = 1
+            block._owners[owner] = None
+            out.append(block)
+        self.num_allocated += n
+        return out
+
+    def touch(self, blocks: Iterable[KVCacheBlock], owner: str) -> None:
+        """Take one more reference on each block (a prefix-cache hit); free ones leave the queue."""
+        for block in blocks:
+            if block.ref_count == 0:
+                self.free_queue.remove(block)
+            block.ref_count += 1
+            block._owners[owner] = None
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], owner: str) -> None:
+        """Drop ``owner``'s reference on each block; blocks reaching 0 join the queue's back
+        in the given order (so the first given is evicted first). Uncached blocks forget
+        their tokens; cached ones keep them for later hits (lazy eviction)."""
+        for block in ordered_blocks:
+            del block._owners[owner]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.block_hash is None:
+                    block.token_ids = ()
+                self.free_queue.append(block)
+
+    def cache_block(self, block: KVCacheBlock, block_hash: bytes, token_ids: tuple[int, ...]) -> bool:
+        """Record a full, computed block under ``block_hash``. Returns False (and leaves the
+        block uncached) when another block already holds that hash."""
+        block.token_ids = token_ids
+        if block.block_hash is not None:
+            return block.block_hash == block_hash
+        if block_hash in self.cached:
+            return False
+        block.block_hash = block_hash
+        self.cached[block_hash] = block
+        return True
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash. Only allowed while no block is in use; returns success."""
+        if self.num_free_blocks != self.num_blocks:
+            return False
+        for block in self.cached.values():
+            block.block_hash = None
+            block.token_ids = ()
+        self.cached.clear()
+        return True
+
+    def check_invariants(self, block_size: int) -> None:
+        """Raise AssertionError naming the first broken pool invariant."""
+        queued = self.free_queue.block_ids()
+        assert len(queued) == len(self.free_queue), (
+            f"free queue length {len(self.free_queue)} != {len(queued)} linked blocks"
+        )
+        assert len(set(queued)) == len(queued), f"free queue holds a block twice: {queued}"
+        queued_set = set(queued)
+        for b in self.blocks:
+            assert (b.block_id in queued_set) == (b.ref_count == 0), (
+                f"block {b.block_id}: ref_count={b.ref_count} but "
+                f"{'in' if b.block_id in queued_set else 'not in'} the free queue"
+            )
+            assert b.ref_count == len(b._owners), (
+                f"block {b.block_id}: ref_count={b.ref_count} != {len(b._owners)} owners {b.owners}"
+            )
+            if b.block_hash is not None:
+                assert self.cached.get(b.block_hash) is b, (
+                    f"block {b.block_id} has a hash that the cache maps to another block"
+                )
+                assert len(b.token_ids) == block_size, (
+                    f"cached block {b.block_id} holds {len(b.token_ids)} tokens, not {block_size}"
+                )
+        for h, b in self.cached.items():
+            assert b.block_hash == h, f"cache entry for block {b.block_id} has a stale hash"
