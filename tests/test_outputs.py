@@ -28,6 +28,7 @@ from workbench.request import Request, RequestStatus
 from workbench.sampling_params import SamplingParams
 
 FFFD = "\ufffd"
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 WORDS = "the quick brown fox jumps over lazy dog café naïve 東京 京都 😀 🎉 résumé hello world stop END"
 
 
@@ -99,7 +100,7 @@ def test_tokenizer_splits_multibyte_characters(tok):
         assert len(pieces) > 1 and all(FFFD in p for p in pieces), pieces
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=120, **SETTINGS)
 @given(text=TEXTS, data=st.data())
 def test_streamed_text_equals_decode_and_never_shows_fffd(tok, text, data):
     ids = ids_of(tok, text)
@@ -120,7 +121,7 @@ def test_streamed_text_equals_decode_and_never_shows_fffd(tok, text, data):
     assert "".join(deltas) == expected
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, **SETTINGS)
 @given(raw=st.lists(st.integers(0, 399), max_size=25), skip=st.booleans())
 def test_any_token_sequence_ends_equal_to_decode(tok, raw, skip):
     # Arbitrary ids: invalid UTF-8 byte runs and special tokens included. After flush()
@@ -218,7 +219,7 @@ def test_stop_string_across_token_boundary(tok):
     assert not any(stop in p for p in pieces) and len(ids) > 3  # the stop spans tokens
     cut = text.find(stop)
     for include, expected in [(False, text[:cut]), (True, text[: cut + len(stop)])]:
-        outs, streamed = stream_through_processor(tok, ids, include, [stop], check_prefix_of=expected)
+        outs, streamed = stream_through_processor(tok, ids, include, [stop], expected)
         final = outs[-1]
         assert final.finished and streamed == expected
         assert final.outputs[0].finish_reason == "stop" and final.outputs[0].stop_reason == stop
@@ -250,10 +251,11 @@ def test_earliest_stop_wins_whatever_the_list_order(tok):
     assert detok.update(ids) == "o wor" and detok.text == "hell"
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, **SETTINGS)
 @given(
     text=st.text(st.sampled_from("ab c东😀"), min_size=1, max_size=24),
-    stops=st.lists(st.text(st.sampled_from("ab c东😀"), min_size=1, max_size=4), min_size=1, max_size=3),
+    stops=st.lists(st.text(st.sampled_from("ab c东😀"), min_size=1, max_size=4), min_size=1,
+                   max_size=3),
     include=st.booleans(),
 )
 def test_stop_strings_match_a_character_scan(tok, text, stops, include):
@@ -347,7 +349,8 @@ def test_stop_string_beats_length_in_the_same_step(tok):
 
 @pytest.mark.parametrize("skip", [True, False])
 def test_skip_special_tokens(tok, skip):
-    ids = ids_of(tok, "a") + [tok.bos_token_id] + ids_of(tok, " b") + [tok.eos_token_id] + ids_of(tok, "c")
+    bos, eos = tok.bos_token_id, tok.eos_token_id
+    ids = ids_of(tok, "a") + [bos] + ids_of(tok, " b") + [eos] + ids_of(tok, "c")
     proc = OutputProcessor(tok)
     request = make_request([5], skip_special_tokens=skip)
     proc.add_request(request, None)
@@ -404,6 +407,10 @@ def test_add_request_validates(tok):
         proc.add_request(make_request([1], "1_p"), None, parent_id="p", index=1, n=3)
     with pytest.raises(ValueError, match="already tracked"):
         proc.add_request(make_request([1], "0_p"), None, parent_id="p", index=0, n=2)
+    fresh = OutputProcessor(tok)
+    with pytest.raises(ValueError, match="index must be in"):
+        fresh.add_request(make_request([1], "2_q"), None, parent_id="q", index=2, n=2)
+    assert not fresh.has_unfinished()  # a refused request leaves nothing behind
     with pytest.raises(KeyError, match="never added"):
         proc.process([make_request([1], "nope")])
 

@@ -204,13 +204,13 @@ class OutputProcessor:
             raise ValueError(f"index must be in [0, n={n}), got {index}.")
         parent_id = request.request_id if parent_id is None else parent_id
         parent = self._parents.get(parent_id)
+        if parent is not None and parent.n != n:
+            raise ValueError(f"n must be {parent.n} for every child of {parent_id!r}, got {n}.")
+        if parent is not None and index in parent.children:
+            raise ValueError(f"index {index} of {parent_id!r} was already added.")
         if parent is None:
             parent = _Parent(parent_id, prompt, list(request.prompt_token_ids), n)
             self._parents[parent_id] = parent
-        elif parent.n != n:
-            raise ValueError(f"n must be {parent.n} for every child of {parent_id!r}, got {n}.")
-        if index in parent.children:
-            raise ValueError(f"index {index} of {parent_id!r} was already added.")
         wants_logprobs = request.sampling_params.logprobs is not None
         child = _Child(
             request=request,
@@ -249,7 +249,7 @@ class OutputProcessor:
             if self._update(child, request, logprobs) and not request.is_finished:
                 stop_ids.append(request.request_id)
             touched[parent.request_id] = parent
-        outputs = [out for p in touched.values() if (out := self._make_output(p, stream)) is not None]
+        outputs = [o for p in touched.values() if (o := self._make_output(p, stream)) is not None]
         return outputs, stop_ids
 
     def abort(self, request_ids: Iterable[str], stream: bool = False) -> list[RequestOutput]:
@@ -349,7 +349,9 @@ class OutputProcessor:
                 child.final_sent = done
                 text = child.detokenizer.get_delta(done)
                 token_ids = child.request.output_token_ids[child.num_tokens_sent :]
-                logprobs = None if child.logprobs is None else child.logprobs[child.num_tokens_sent :]
+                logprobs = (
+                    None if child.logprobs is None else child.logprobs[child.num_tokens_sent :]
+                )
                 child.num_tokens_sent = n_ids
             else:
                 text = child.detokenizer.text
