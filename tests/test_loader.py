@@ -168,3 +168,16 @@ def test_no_weights_and_bad_load_format(tmp_path):
     with pytest.raises(ValueError, match="load_format"):
         load_model(config, device="cpu", load_format="pt")
     assert load_model(config, device="cpu", load_format="dummy").embed_tokens.shape == (128, 32)
+
+
+def test_model_config_repr_is_machine_independent(tmp_path):
+    (tmp_path / "tiny").mkdir()
+    _write_config(tmp_path / "tiny", rope_theta=500000.0)
+    cfg = ModelConfig.from_pretrained(tmp_path / "tiny", max_model_len=32)
+    assert repr(cfg) == (
+        "ModelConfig(model='tiny', architecture='LlamaForCausalLM', dtype='float32', layers=2, "
+        "hidden_size=32, heads='4 q / 2 kv x 8', intermediate_size=48, vocab_size=128, "
+        "max_model_len=32, rope='default, theta=500000', sliding_window=None, "
+        "tie_word_embeddings=False)"
+    )
+    assert str(tmp_path) not in cfg._repr_html_() and "<table>" in cfg._repr_html_()

@@ -6,6 +6,7 @@ transformers 5's ``rope_parameters`` layout), so no transformers model class is 
 
 from __future__ import annotations
 
+import html
 import json
 import pathlib
 from dataclasses import dataclass, field
@@ -114,7 +115,7 @@ def _layer_types(cfg: dict, architecture: str, num_layers: int, window: int | No
     return tuple("sliding_attention" if i >= start else "full_attention" for i in range(num_layers))
 
 
-@dataclass
+@dataclass(repr=False)
 class ModelConfig:
     """What the native model, the loader and the KV-cache sizing need to know about a checkpoint.
 
@@ -272,3 +273,31 @@ class ModelConfig:
         """Bytes one KV block takes over all layers: K and V, ``block_size`` tokens each."""
         itemsize = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.num_layers * block_size * self.num_kv_heads * self.head_dim * itemsize
+
+    def summary(self) -> dict[str, Any]:
+        """The headline facts, machine-independent (the directory's name, not its full path)."""
+        rope = "default" if self.rope_scaling is None else self.rope_scaling["rope_type"]
+        return {
+            "model": self.path.name,
+            "architecture": self.architecture,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "heads": f"{self.num_heads} q / {self.num_kv_heads} kv x {self.head_dim}",
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "max_model_len": self.max_model_len,
+            "rope": f"{rope}, theta={self.rope_theta:g}",
+            "sliding_window": self.sliding_window,
+            "tie_word_embeddings": self.tie_word_embeddings,
+        }
+
+    def __repr__(self) -> str:
+        return "ModelConfig(" + ", ".join(f"{k}={v!r}" for k, v in self.summary().items()) + ")"
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
+            for k, v in self.summary().items()
+        )
+        return f"<table><caption>ModelConfig</caption>{rows}</table>"
