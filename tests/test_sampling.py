@@ -40,6 +40,7 @@ def draw(params: dict, n: int, logits=LOGITS, seed: int = 0) -> list[int]:
     [
         ({"top_k": 1}, {2}),
         ({"top_k": 3}, {2, 4, 0}),
+        ({"top_k": 50}, {0, 1, 2, 3, 4}),  # more than the vocabulary: no filter
         # top-p: cumulative mass before each token, most likely first: 0, .40, .70, .85, .95
         ({"top_p": 0.35}, {2}),
         ({"top_p": 0.65}, {2, 4}),
@@ -48,7 +49,8 @@ def draw(params: dict, n: int, logits=LOGITS, seed: int = 0) -> list[int]:
         ({"min_p": 0.5}, {2, 4}),  # 0.20: drops .15, .10, .05
         ({"min_p": 0.3}, {2, 4, 0}),  # 0.12: keeps .40 .30 .15
         ({"min_p": 0.2}, {2, 4, 0, 1}),  # 0.08
-        # top-k 4 -> {2,4,0,1} renormalised by .95: .421 .316 .158 .105; mass before: 0 .421 .737 .895
+        # top-k 4 -> {2,4,0,1} renormalised by .95: .421 .316 .158 .105
+        #   mass before: 0 .421 .737 .895
         # top-p .8 -> {2,4,0}, renormalised by .85: .471 .353 .176; min-p .4 -> .188 drops token 0
         ({"top_k": 4, "top_p": 0.8, "min_p": 0.4}, {2, 4}),
         # temperature .5 squares the probabilities: .16 .09 .0225 .01 .0025 (sum .285)
@@ -66,7 +68,12 @@ def test_truncation_never_emits_excluded_tokens(params, allowed):
 
 def test_truncation_per_row_in_one_batch():
     """Rows with different top-k/top-p/min-p in one call each keep their own allowed set."""
-    cases = [({"top_k": 1}, {2}), ({"top_p": 0.65}, {2, 4}), ({"min_p": 0.2}, {2, 4, 0, 1}), ({}, {0, 1, 2, 3, 4})]
+    cases = [
+        ({"top_k": 1}, {2}),
+        ({"top_p": 0.65}, {2, 4}),
+        ({"min_p": 0.2}, {2, 4, 0, 1}),
+        ({}, {0, 1, 2, 3, 4}),
+    ]
     n = 1500
     requests = [req(f"{c}-{i}", **params) for i in range(n) for c, (params, _) in enumerate(cases)]
     tokens = Sampler()(torch.tensor([LOGITS] * len(requests)), requests).token_ids
@@ -102,14 +109,14 @@ def test_greedy_is_argmax():
     assert Sampler()(logits, requests).token_ids == expected
 
 
-def _run(sampler: Sampler, steps: list[torch.Tensor], target: Request, row: int, others: list[Request]):
+def _run(sampler: Sampler, steps: list[torch.Tensor], target: Request, row: int, others: list):
     """Sample `target` at `row` for each step's logits, among `others`; return its tokens."""
     tokens = []
     for step, target_logits in enumerate(steps):
         batch = list(others)
         batch.insert(row, target)
-        noise = torch.randn(len(batch), target_logits.shape[0], generator=torch.Generator().manual_seed(step))
-        logits = noise
+        noise_gen = torch.Generator().manual_seed(step)
+        logits = torch.randn(len(batch), target_logits.shape[0], generator=noise_gen)
         logits[row] = target_logits
         tokens.append(sampler(logits, batch).token_ids[row])
     return tokens
@@ -121,7 +128,12 @@ def test_seed_reproducible_across_batches_and_rows():
     steps = [0.3 * torch.randn(vocab, generator=g) for _ in range(12)]  # flat: many tokens likely
     params = dict(temperature=1.0, top_k=40, seed=1234)
     alone = _run(Sampler(seed=0), steps, req("a", **params), 0, [])
-    others = [req("x", temperature=0.8), req("y", seed=99), req("z", temperature=0.0), req("w", top_p=0.9)]
+    others = [
+        req("x", temperature=0.8),
+        req("y", seed=99),
+        req("z", temperature=0.0),
+        req("w", top_p=0.9),
+    ]
     crowded = _run(Sampler(seed=5), steps, req("a2", **params), 3, others)
     middle = _run(Sampler(seed=9), steps, req("a3", **params), 1, others[:2])
     assert alone == crowded == middle
@@ -154,10 +166,17 @@ def test_unseeded_runs_repeat_with_the_sampler_seed():
 # --- penalties ---------------------------------------------------------------------------------
 
 PEN_LOGITS = [2.0, -1.0, 0.5, -0.5, 1.5, 0.0]
+PEN_PARAMS = dict(
+    prompt=[0, 1, 0],
+    output=[2, 2, 3],
+    repetition_penalty=2.0,
+    frequency_penalty=0.5,
+    presence_penalty=0.25,
+)
 
 
 def test_penalties_hand_computed():
-    r = req(prompt=[0, 1, 0], output=[2, 2, 3], repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    r = req(**PEN_PARAMS)
     # token 0: in prompt, positive -> 2.0 / 2 = 1.0; not in output
     # token 1: in prompt, negative -> -1.0 * 2 = -2.0
     # token 2: output x2 -> 0.5 / 2 = 0.25; - 0.5 * 2 - 0.25 = -1.0
@@ -166,7 +185,8 @@ def test_penalties_hand_computed():
     expected = [1.0, -2.0, -1.0, -1.75, 1.5, 0.0]
     neutral = req("n", prompt=[0, 1], output=[2, 3])
     freq_only = req("f", prompt=[0, 4], output=[4, 1], frequency_penalty=-1.0)
-    # frequency/presence count output tokens only: token 4 once (+1.0), token 1 once (+1.0); prompt ignored
+    # frequency/presence count output tokens only: token 4 once (+1.0), token 1 once (+1.0);
+    # token 0, in the prompt only, is untouched
     logits = torch.tensor([PEN_LOGITS] * 3)
     apply_penalties(logits, [r, neutral, freq_only])
     assert logits[0].tolist() == pytest.approx(expected, abs=1e-6)
@@ -175,7 +195,7 @@ def test_penalties_hand_computed():
 
 
 def test_penalties_change_greedy_and_sampling():
-    params = dict(prompt=[0, 1, 0], output=[2, 2, 3], repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    params = PEN_PARAMS
     logits = torch.tensor([PEN_LOGITS, PEN_LOGITS])
     out = Sampler()(logits, [req("g", temperature=0.0, **params), req("raw", temperature=0.0)])
     assert out.token_ids == [4, 0]  # penalised argmax is token 4 (1.5 > 1.0); raw argmax is token 0
@@ -183,7 +203,8 @@ def test_penalties_change_greedy_and_sampling():
     expected_logits = [1.0, -2.0, -1.0, -1.75, 1.5, 0.0]
     z = sum(math.exp(v) for v in expected_logits)
     n = 20000
-    tokens = Sampler()(torch.tensor([PEN_LOGITS] * n), [req(f"r{i}", **params) for i in range(n)]).token_ids
+    batch = [req(f"r{i}", **params) for i in range(n)]
+    tokens = Sampler()(torch.tensor([PEN_LOGITS] * n), batch).token_ids
     counts = Counter(tokens)
     for t, v in enumerate(expected_logits):
         p = math.exp(v) / z
@@ -200,13 +221,15 @@ def test_min_tokens_masks_eos_and_stop_token_ids():
         req("a", output=[], eos=5, **params),
         req("b", output=[1], eos=5, **params),
         req("c", output=[1, 1], eos=5, **params),  # min_tokens reached: eos is allowed again
-        req("d", output=[], eos=5, ignore_eos=True, **params),  # eos is not a stop: only 3 is held back
+        # ignore_eos: eos does not stop the request, so only token 3 is held back
+        req("d", output=[], eos=5, ignore_eos=True, **params),
     ]
     assert Sampler()(logits, batch).token_ids == [1, 1, 5, 5]
     # sampled rows never draw the held-back tokens
     n = 3000
     rows = torch.tensor([[0.0, 1.0, 0.5, 3.0, -1.0, 4.0]] * n)
-    tokens = Sampler()(rows, [req(f"r{i}", eos=5, min_tokens=1, stop_token_ids=[3]) for i in range(n)]).token_ids
+    batch = [req(f"r{i}", eos=5, min_tokens=1, stop_token_ids=[3]) for i in range(n)]
+    tokens = Sampler()(rows, batch).token_ids
     assert set(tokens) == {0, 1, 2, 4}
 
 
@@ -224,7 +247,8 @@ def test_logprobs_are_raw_log_softmax_with_ranks_and_sorted_top():
     batch = [
         req("greedy", temperature=0.0, logprobs=3),
         req("sampled", temperature=0.5, top_k=4, logprobs=5, seed=1),
-        req("penalised", output=[0, 1, 2], frequency_penalty=2.0, repetition_penalty=1.8, logprobs=2, seed=2),
+        req("penalised", output=[0, 1, 2], frequency_penalty=2.0, repetition_penalty=1.8,
+            logprobs=2, seed=2),
         req("zero", logprobs=0, seed=3),
         req("none", seed=4),
         req("all", logprobs=25, seed=5),  # more than the vocabulary: all 20 tokens
@@ -241,7 +265,8 @@ def test_logprobs_are_raw_log_softmax_with_ranks_and_sorted_top():
         k = min(r.sampling_params.logprobs, 20)
         by_prob = sorted(range(20), key=lambda t: -expected[t])[:k]
         assert [t for t, _ in entry.top] == by_prob
-        assert [lp for _, lp in entry.top] == pytest.approx([expected[t] for t in by_prob], abs=1e-5)
+        top_logprobs = [lp for _, lp in entry.top]
+        assert top_logprobs == pytest.approx([expected[t] for t in by_prob], abs=1e-5)
     assert out.logprobs[0].rank == 1 and out.logprobs[3].top == ()
 
 
@@ -257,9 +282,11 @@ def test_mixed_batch_rows_behave_as_if_alone():
             req("topk", temperature=0.9, top_k=5, seed=10, logprobs=1),
             req("topp", temperature=1.3, top_p=0.7, seed=11),
             req("minp", min_p=0.2, seed=12),
-            req("pen", prompt=[1, 2, 3], output=[4, 4], repetition_penalty=1.5, presence_penalty=1.0, seed=13),
+            req("pen", prompt=[1, 2, 3], output=[4, 4], repetition_penalty=1.5,
+                presence_penalty=1.0, seed=13),
             req("mintok", eos=0, min_tokens=3, stop_token_ids=[1], seed=14, logprobs=0),
-            req("all", temperature=0.6, top_k=10, top_p=0.9, min_p=0.05, frequency_penalty=0.7, output=[5], seed=15),
+            req("all", temperature=0.6, top_k=10, top_p=0.9, min_p=0.05, frequency_penalty=0.7,
+                output=[5], seed=15),
         ]
 
     together, alone = Sampler(seed=1), Sampler(seed=2)

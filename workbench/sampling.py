@@ -57,7 +57,7 @@ class TokenLogprobs:
 
 @dataclass
 class SamplerOutput:
-    """``token_ids[i]`` was sampled for row ``i``; ``logprobs[i]`` is None unless that request asked."""
+    """``token_ids[i]`` is row ``i``'s token; ``logprobs[i]`` is None unless its request asked."""
 
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
@@ -212,8 +212,10 @@ class Sampler:
             self._request_generators[request.request_id] = gen
         return gen
 
-    def _exponentials(self, requests: list[Request], vocab_size: int, device: torch.device) -> Tensor:
-        """Exp(1) draws [len(requests), vocab]: seeded rows from their own generator, the rest shared."""
+    def _exponentials(
+        self, requests: list[Request], vocab_size: int, device: torch.device
+    ) -> Tensor:
+        """Exp(1) draws [len(requests), vocab]: seeded rows use their own generator."""
         q = torch.empty(len(requests), vocab_size, device=device)
         unseeded = [j for j, r in enumerate(requests) if r.sampling_params.seed is None]
         if unseeded:
@@ -227,9 +229,11 @@ class Sampler:
         return q.clamp_min_(_TINY)  # an Exp draw of exactly 0 would divide by zero
 
     def __call__(self, logits: Tensor, requests: Sequence[Request]) -> SamplerOutput:
-        """Sample row ``i`` of ``logits`` [num_rows, vocab] for ``requests[i]`` (see the module doc)."""
+        """Sample row ``i`` of ``logits`` [num_rows, vocab] for ``requests[i]`` (see module doc)."""
         if logits.dim() != 2:
-            raise ValueError(f"logits must be 2-D [num_rows, vocab], got shape {tuple(logits.shape)}.")
+            raise ValueError(
+                f"logits must be 2-D [num_rows, vocab], got shape {tuple(logits.shape)}."
+            )
         if logits.shape[0] != len(requests):
             raise ValueError(
                 f"logits has {logits.shape[0]} rows but {len(requests)} requests were given; "
@@ -240,21 +244,23 @@ class Sampler:
             return SamplerOutput(token_ids=[], logprobs=[])
         device = logits.device
         x = logits.to(torch.float32, copy=True)
-        want_logprobs = [i for i, r in enumerate(requests) if r.sampling_params.logprobs is not None]
+        want_logprobs = [
+            i for i, r in enumerate(requests) if r.sampling_params.logprobs is not None
+        ]
         raw_logprobs = torch.log_softmax(x[want_logprobs], dim=-1) if want_logprobs else None
 
         apply_penalties(x, requests)
         apply_min_tokens(x, requests)
 
         tokens = torch.empty(num_rows, dtype=torch.long, device=device)
-        greedy = [i for i, r in enumerate(requests) if r.sampling_params.greedy]
-        if greedy:
-            g = torch.tensor(greedy, device=device)
-            tokens[g] = x[g].argmax(dim=-1)
-        random = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
-        if random:
-            sampled = self._sample(x, [requests[i] for i in random], random)
-            tokens[torch.tensor(random, device=device)] = sampled
+        greedy_rows = [i for i, r in enumerate(requests) if r.sampling_params.greedy]
+        if greedy_rows:
+            rows = torch.tensor(greedy_rows, device=device)
+            tokens[rows] = x[rows].argmax(dim=-1)
+        sampled_rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
+        if sampled_rows:
+            sampled = self._sample(x, [requests[i] for i in sampled_rows], sampled_rows)
+            tokens[torch.tensor(sampled_rows, device=device)] = sampled
 
         logprobs: list[TokenLogprobs | None] = [None] * num_rows
         if raw_logprobs is not None:
@@ -265,7 +271,7 @@ class Sampler:
         return SamplerOutput(token_ids=tokens.tolist(), logprobs=logprobs)
 
     def _sample(self, x: Tensor, requests: list[Request], rows: list[int]) -> Tensor:
-        """Temperature, top-k, top-p, min-p and the exponential race for the non-greedy ``rows`` of x."""
+        """Temperature, top-k, top-p, min-p and the exponential race for the ``rows`` of x."""
         device = x.device
         vocab_size = x.shape[1]
         params = [r.sampling_params for r in requests]
@@ -273,7 +279,8 @@ class Sampler:
         def column(values: list[float]) -> Tensor:
             return torch.tensor(values, dtype=torch.float32, device=device)
 
-        y = x[torch.tensor(rows, device=device)] / column([p.temperature for p in params]).unsqueeze(1)
+        temperature = column([p.temperature for p in params]).unsqueeze(1)
+        y = x[torch.tensor(rows, device=device)] / temperature
         if any(0 < p.top_k < vocab_size or p.top_p < 1.0 for p in params):
             top_k = torch.tensor(
                 [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params], device=device
@@ -285,7 +292,9 @@ class Sampler:
         return (probs / self._exponentials(requests, vocab_size, device)).argmax(dim=-1)
 
     @staticmethod
-    def _logprobs(raw_logprobs: Tensor, chosen: Tensor, requests: list[Request]) -> list[TokenLogprobs]:
+    def _logprobs(
+        raw_logprobs: Tensor, chosen: Tensor, requests: list[Request]
+    ) -> list[TokenLogprobs]:
         """The chosen token's raw logprob and rank, and each request's top-k, most likely first."""
         chosen_lp = raw_logprobs.gather(1, chosen.unsqueeze(1))
         ranks = ((raw_logprobs > chosen_lp).sum(dim=1) + 1).tolist()
@@ -293,7 +302,8 @@ class Sampler:
         top_lp, top_ids = raw_logprobs.topk(max_k, dim=-1, sorted=True)
         top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
         out = []
-        for j, (r, token, lp) in enumerate(zip(requests, chosen.tolist(), chosen_lp.squeeze(1).tolist())):
+        rows = zip(requests, chosen.tolist(), chosen_lp.squeeze(1).tolist())
+        for j, (r, token, lp) in enumerate(rows):
             k = min(r.sampling_params.logprobs, max_k)
             top = tuple(zip(top_ids[j][:k], top_lp[j][:k]))
             out.append(TokenLogprobs(token_id=token, logprob=lp, rank=ranks[j], top=top))
