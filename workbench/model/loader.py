@@ -68,7 +68,7 @@ def resolve_model_path(model: str | os.PathLike | None) -> pathlib.Path:
     model = os.fspath(model)
     local = pathlib.Path(model).expanduser()
     if local.is_dir():
-        return local
+        return local.absolute()
     if local.exists() or _looks_local(model):
         raise ModelLoadError(model, "no such local directory (and it is not a Hugging Face hub id).")
 
