@@ -67,6 +67,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks)
         self.prefix_cache_stats = PrefixCacheStats()
         self._tables: dict[str, list[KVCacheBlock]] = {}
+        self._table_ids: dict[str, list[int]] = {}  # the same tables as block ids
         self._num_filled: dict[str, int] = {}  # leading full blocks whose tokens are recorded
 
     # ----------------------------------------------------------------- views
@@ -95,7 +96,11 @@ class KVCacheManager:
 
     def block_table(self, request_id: str) -> list[int]:
         """Physical block ids of the request, in logical order ([] when it holds none)."""
-        return [b.block_id for b in self._tables.get(request_id, ())]
+        return list(self._table_ids.get(request_id, ()))
+
+    def block_ids(self, request_id: str) -> tuple[int, ...]:
+        """``block_table`` as a tuple (what a ScheduledRequest carries)."""
+        return tuple(self._table_ids.get(request_id, ()))
 
     def num_blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
@@ -155,29 +160,36 @@ class KVCacheManager:
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}.")
         rid = request.request_id
-        hits = list(new_computed_blocks or ())
         table = self._tables.get(rid)
+        total = request.num_computed_tokens + num_new_tokens
+        if not new_computed_blocks and table is not None and len(table) * self.block_size >= total:
+            return []  # fast path: a decode step inside the tail block
+        hits = list(new_computed_blocks or ())
         if hits and table:
             raise ValueError(f"request {rid!r} already holds blocks; prefix hits apply only at admission.")
         num_held = len(table) if table else 0
-        total = request.num_computed_tokens + len(hits) * self.block_size + num_new_tokens
+        total += len(hits) * self.block_size
         num_new_blocks = max(0, cdiv(total, self.block_size) - num_held - len(hits))
         num_hits_from_free = sum(1 for b in hits if b.ref_count == 0)
         if num_new_blocks + num_hits_from_free > self.pool.num_free_blocks:
             return None
         if table is None:
             table = self._tables[rid] = []
+            self._table_ids[rid] = []
             self._num_filled[rid] = len(hits)
             if self.enable_prefix_caching:
                 stats = self.prefix_cache_stats
                 stats.requests += 1
                 stats.queries += request.num_tokens
                 stats.hits += len(hits) * self.block_size
+        ids = self._table_ids[rid]
         if hits:
             self.pool.touch(hits, rid)
             table.extend(hits)
-        new_blocks = self.pool.get_new_blocks(num_new_blocks, rid)
+            ids.extend(b.block_id for b in hits)
+        new_blocks = self.pool.get_new_blocks(num_new_blocks, rid) if num_new_blocks else []
         table.extend(new_blocks)
+        ids.extend(b.block_id for b in new_blocks)
         return new_blocks
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -206,6 +218,7 @@ class KVCacheManager:
         if table is None:
             return
         del self._num_filled[request.request_id]
+        del self._table_ids[request.request_id]
         self.pool.free_blocks(reversed(table), request.request_id)
 
     # ------------------------------------------------------------- invariants
@@ -231,6 +244,7 @@ class KVCacheManager:
                 f"{tokens} tokens need {cdiv(tokens, self.block_size)} (block_size={self.block_size})"
             )
             assert len(set(ids)) == len(ids), f"request {rid!r}: block table {ids} repeats a block"
+            assert self._table_ids[rid] == ids, f"request {rid!r}: id list {self._table_ids[rid]} != {ids}"
             for i, b in enumerate(table):
                 assert rid in b._owners, f"request {rid!r} holds block {b.block_id} without owning it"
                 if b.block_hash is not None and i < len(req.block_hashes):

@@ -346,7 +346,7 @@ class Scheduler:
             num_computed_tokens=start,
             num_new_tokens=num_new,
             token_ids=tuple(request.token_ids_slice(start, start + num_new)),
-            block_ids=tuple(self.kv_cache.block_table(request.request_id)),
+            block_ids=self.kv_cache.block_ids(request.request_id),
             is_prefill=num_new > 1 or start < request.num_prompt_tokens,
             samples=start + num_new == request.num_tokens,
             num_cached_tokens=num_hit,
