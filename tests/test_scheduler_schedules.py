@@ -375,3 +375,19 @@ def test_reprs_are_deterministic():
     )
     assert "<table>" in s1._repr_html_() and "<td>waiting</td>" in s1._repr_html_()
     assert "<td>prefill</td>" in o1._repr_html_()
+
+
+def test_policy_victims_and_names():
+    from workbench.core.policy import FCFSPolicy, PriorityPolicy, ShortestPromptFirstPolicy, get_policy
+
+    def r(rid, arrival, priority=0, n=4):
+        return Request(rid, list(range(n)), priority=priority, arrival_time=arrival)
+
+    # running order need not be arrival order: a resumed old request sits at the back.
+    running = [r("new", 5.0, priority=0, n=2), r("mid", 3.0, priority=2, n=9), r("old", 1.0, priority=2, n=9)]
+    assert FCFSPolicy().pick_victim(running).request_id == "new"  # newest arrival
+    assert PriorityPolicy().pick_victim(running).request_id == "mid"  # priority 2, newer of the tie
+    assert ShortestPromptFirstPolicy().pick_victim(running).request_id == "mid"  # longest, newer
+    assert isinstance(get_policy("PRIORITY"), PriorityPolicy)
+    custom = FCFSPolicy()
+    assert get_policy(custom) is custom
