@@ -1,0 +1,292 @@
+"""Triton kernels against their torch references, run by the Triton interpreter on the CPU.
+
+``tests/conftest.py`` sets ``TRITON_INTERPRET=1``. Shapes are small (the interpreter is slow) and
+dtypes are fp32/fp16 only: the interpreter computes ``tl.dot`` on bfloat16 wrongly.
+Every output is poisoned with NaN before the kernel runs, and every cache slot a kernel must not
+read (past a sequence's length, unused blocks, block-table padding) holds NaN too, so an element
+left unwritten or a read out of range fails the comparison.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from workbench import kernels
+from workbench.kernels import reference, triton_attention, triton_cache, triton_norm, triton_rope
+
+DTYPES = [torch.float32, torch.float16]
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+
+
+def _tol(dtype):
+    return dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-3, rtol=1e-2)
+
+
+# ----------------------------------------------------------------------------- paged attention
+
+def build_batch(q_lens, ctx_lens, *, num_kv_heads, group, head_dim, block_size, dtype, seed):
+    """A packed batch over a paged cache with shuffled, non-contiguous block tables.
+
+    Sequence s has ``ctx_lens[s]`` cached tokens before its ``q_lens[s]`` new ones. Cache slots
+    past each sequence's length, spare blocks and block-table padding (pointing at a spare
+    block) are NaN.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [c + q for c, q in zip(ctx_lens, q_lens)]
+    blocks_per_seq = [math.ceil(n / block_size) for n in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 2  # two spare blocks, never referenced by a live slot
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.full(shape, float("nan"), dtype=dtype)
+    value_cache = torch.full(shape, float("nan"), dtype=dtype)
+    perm = torch.randperm(num_blocks, generator=gen)
+    spare = int(perm[-1])
+    width = max(blocks_per_seq + [1]) + 1  # one padding column at least
+    block_tables = torch.full((len(q_lens), width), spare, dtype=torch.int32)
+    used = 0
+    for s, (n_blocks, n_tok) in enumerate(zip(blocks_per_seq, seq_lens)):
+        ids = perm[used:used + n_blocks]
+        used += n_blocks
+        block_tables[s, :n_blocks] = ids.to(torch.int32)
+        flat_k = torch.randn(n_tok, num_kv_heads, head_dim, generator=gen).to(dtype)
+        flat_v = torch.randn(n_tok, num_kv_heads, head_dim, generator=gen).to(dtype)
+        for pos in range(n_tok):
+            key_cache[ids[pos // block_size], pos % block_size] = flat_k[pos]
+            value_cache[ids[pos // block_size], pos % block_size] = flat_v[pos]
+    qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
+    query = torch.randn(int(qsl[-1]), num_kv_heads * group, head_dim, generator=gen).to(dtype)
+    return query, key_cache, value_cache, block_tables, qsl, torch.tensor(seq_lens, dtype=torch.int32)
+
+
+def check_attention(batch, *, num_splits=None, sliding_window=None, softcap=None):
+    query, key_cache, value_cache, block_tables, qsl, seq_lens = batch
+    scale = query.shape[-1] ** -0.5
+    expected = reference.paged_attention(query, key_cache, value_cache, block_tables, qsl,
+                                         seq_lens, scale, sliding_window=sliding_window,
+                                         softcap=softcap)
+    out = torch.full_like(query, float("nan"))
+    if num_splits is None:
+        got = kernels.paged_attention(query, key_cache, value_cache, block_tables, qsl, seq_lens,
+                                      scale, sliding_window=sliding_window, softcap=softcap,
+                                      out=out, backend="triton")
+    else:
+        got = triton_attention.paged_attention_split_kv(
+            query, key_cache, value_cache, block_tables, qsl, seq_lens, scale,
+            num_splits=num_splits, sliding_window=sliding_window, softcap=softcap, out=out)
+    assert got is out
+    assert not out.isnan().any(), "an output element was not written (or read a poisoned slot)"
+    torch.testing.assert_close(out, expected, **_tol(query.dtype))
+
+
+@st.composite
+def attention_cases(draw, max_seqs=4, max_q=40, max_ctx=80):
+    block_size = draw(st.sampled_from([16, 32, 64]))
+    boundary = st.sampled_from([0, 1, block_size - 1, block_size, block_size + 1])
+    num_seqs = draw(st.integers(1, max_seqs))
+    q_lens, ctx_lens = [], []
+    for _ in range(num_seqs):
+        q_lens.append(draw(st.one_of(st.integers(0, max_q), st.sampled_from([0, 1, 1, 2]), boundary)))
+        ctx_lens.append(draw(st.one_of(st.integers(0, max_ctx), boundary)))
+    if sum(q_lens) == 0:
+        q_lens[0] = 1
+    return dict(
+        q_lens=q_lens, ctx_lens=ctx_lens, block_size=block_size,
+        num_kv_heads=draw(st.integers(1, 2)),
+        group=draw(st.sampled_from([1, 2, 4, 8])),
+        head_dim=draw(st.sampled_from([32, 64, 80, 96, 128])),
+        dtype=draw(st.sampled_from(DTYPES)),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(case=attention_cases(),
+       sliding_window=st.one_of(st.none(), st.integers(1, 70)),
+       softcap=st.one_of(st.none(), st.floats(2.0, 30.0)))
+def test_paged_attention_matches_reference(case, sliding_window, softcap):
+    check_attention(build_batch(**case), sliding_window=sliding_window, softcap=softcap)
+
+
+@settings(max_examples=16, **SETTINGS)
+@given(case=attention_cases(max_seqs=3, max_q=20, max_ctx=200),
+       num_splits=st.integers(2, 7),
+       sliding_window=st.one_of(st.none(), st.integers(1, 120)),
+       softcap=st.one_of(st.none(), st.floats(2.0, 30.0)))
+def test_split_kv_matches_reference(case, num_splits, sliding_window, softcap):
+    """The flash-decoding variant with its reduction kernel, forced, on mixed batches too."""
+    check_attention(build_batch(**case), num_splits=num_splits, sliding_window=sliding_window,
+                    softcap=softcap)
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128])
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_every_head_and_block_size_on_a_mixed_batch(head_dim, block_size):
+    """Decode, prefill, chunked prefill / prefix hit and an idle (q_len 0) sequence at once."""
+    batch = build_batch([1, 9, 0, 5], [block_size + 3, 0, 4, block_size - 1], num_kv_heads=2,
+                        group=4, head_dim=head_dim, block_size=block_size,
+                        dtype=torch.float16, seed=head_dim + block_size)
+    check_attention(batch)
+
+
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_sliding_window_deep_in_a_long_context(num_splits):
+    """The window starts hundreds of positions in: only its tiles are walked, none skipped."""
+    batch = build_batch([1, 7, 1], [300, 260, 17], num_kv_heads=1, group=2, head_dim=32,
+                        block_size=16, dtype=torch.float32, seed=11)
+    check_attention(batch, num_splits=num_splits, sliding_window=21)
+
+
+def test_hand_worked_two_keys():
+    """One query, two cached keys: weights softmax([s0, s1]) computed by hand."""
+    q = torch.tensor([[[1.0, 0.0] + [0.0] * 30]])                       # [1 token, 1 head, 32]
+    k = torch.zeros(1, 16, 1, 32)
+    v = torch.zeros(1, 16, 1, 32)
+    k[0, 0, 0, 0], k[0, 1, 0, 0] = 2.0, 0.0                              # scores 2 and 0 (scale 1)
+    v[0, 0, 0, 1], v[0, 1, 0, 1] = 1.0, 3.0
+    out = triton_attention.paged_attention(
+        q, k, v, torch.zeros(1, 1, dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
+        torch.tensor([2], dtype=torch.int32), 1.0)
+    w0 = math.exp(2) / (math.exp(2) + 1)
+    assert out[0, 0, 1].item() == pytest.approx(w0 * 1.0 + (1 - w0) * 3.0, rel=1e-5)
+    assert out[0, 0, 0].item() == 0.0
+
+
+def test_choose_num_splits_heuristic():
+    # decode, 2 sequences x 4 kv heads = 8 programs on 132 SMs, 32k context: 32 splits (cap).
+    assert triton_attention.choose_num_splits(2, 2, 4, 32768, 132) == 32
+    # 16 x 4 = 64 programs: cdiv(264, 64) = 5 splits.
+    assert triton_attention.choose_num_splits(16, 16, 4, 32768, 132) == 5
+    # context 2048: at most 2048 // 512 = 4 splits.
+    assert triton_attention.choose_num_splits(1, 1, 8, 2048, 132) == 4
+    assert triton_attention.choose_num_splits(1, 1, 8, 1024, 132) == 1      # short context
+    assert triton_attention.choose_num_splits(64, 64, 4, 32768, 132) == 1   # grid already full
+    assert triton_attention.choose_num_splits(9, 2, 4, 32768, 132) == 1     # has prefill tokens
+    assert triton_attention.choose_num_splits(0, 0, 4, 32768, 132) == 1
+
+
+def test_auto_path_picks_split_kv_for_long_decode(monkeypatch):
+    """Lowered thresholds make a small decode batch take the split path, still correct."""
+    monkeypatch.setattr(triton_attention, "SPLIT_MIN_CONTEXT", 64)
+    monkeypatch.setattr(triton_attention, "SPLIT_MIN_TOKENS", 16)
+    chosen = []
+    real = triton_attention.paged_attention_split_kv
+
+    def spy(*args, num_splits, **kw):
+        chosen.append(num_splits)
+        return real(*args, num_splits=num_splits, **kw)
+
+    monkeypatch.setattr(triton_attention, "paged_attention_split_kv", spy)
+    batch = build_batch([1, 1], [70, 20], num_kv_heads=2, group=2, head_dim=64, block_size=16,
+                        dtype=torch.float32, seed=3)
+    check_attention(batch)
+    # block tables are 6 wide (5 blocks + padding) -> capacity 96 tokens -> 96 // 16 = 6 splits
+    assert chosen == [6]
+
+
+def test_attention_rejects_bad_inputs():
+    q, kc, vc, bt, qsl, sl = build_batch([2], [3], num_kv_heads=2, group=2, head_dim=32,
+                                         block_size=16, dtype=torch.float32, seed=0)
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        triton_attention.paged_attention(q[:, :3], kc, vc, bt, qsl, sl, 1.0)
+    with pytest.raises(ValueError, match="seq_lens must be int32"):
+        triton_attention.paged_attention(q, kc, vc, bt, qsl, sl.long(), 1.0)
+    with pytest.raises(ValueError, match="share one dtype"):
+        triton_attention.paged_attention(q.half(), kc, vc, bt, qsl, sl, 1.0)
+    with pytest.raises(ValueError, match=r"num_splits must be in \[1, 32\]"):
+        triton_attention.paged_attention_split_kv(q, kc, vc, bt, qsl, sl, 1.0, num_splits=0)
+
+
+# ----------------------------------------------------------------------------- KV cache write
+
+@settings(max_examples=12, **SETTINGS)
+@given(num_tokens=st.integers(1, 12), num_kv_heads=st.sampled_from([1, 2, 3]),
+       head_dim=st.sampled_from([32, 80, 128]), block_size=st.sampled_from([16, 32]),
+       dtype=st.sampled_from(DTYPES), slot_dtype=st.sampled_from([torch.int32, torch.int64]),
+       data=st.data())
+def test_write_kv_cache_matches_reference(num_tokens, num_kv_heads, head_dim, block_size, dtype,
+                                          slot_dtype, data):
+    num_blocks = 3
+    slots = data.draw(st.lists(st.integers(0, num_blocks * block_size - 1), min_size=num_tokens,
+                               max_size=num_tokens, unique=True))
+    skip = data.draw(st.lists(st.booleans(), min_size=num_tokens, max_size=num_tokens))
+    slot_mapping = torch.tensor([-1 if s else x for s, x in zip(skip, slots)], dtype=slot_dtype)
+    # key/value as strided views of one fused buffer, as a QKV projection produces them
+    fused = torch.randn(num_tokens, 2, num_kv_heads, head_dim).to(dtype)
+    key, value = fused[:, 0], fused[:, 1]
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    caches = [torch.full(shape, float("nan"), dtype=dtype) for _ in range(4)]
+    triton_cache.write_kv_cache(key, value, caches[0], caches[1], slot_mapping)
+    reference.write_kv_cache(key, value, caches[2], caches[3], slot_mapping)
+    # equal_nan: untouched slots stay NaN in both
+    torch.testing.assert_close(caches[0], caches[2], atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(caches[1], caches[3], atol=0, rtol=0, equal_nan=True)
+
+
+# ----------------------------------------------------------------------------- RMSNorm
+
+@settings(max_examples=12, **SETTINGS)
+@given(rows=st.integers(1, 6), hidden=st.sampled_from([8, 64, 96, 200, 256]),
+       dtype=st.sampled_from(DTYPES), with_residual=st.booleans(), seed=st.integers(0, 999))
+def test_rms_norm_matches_reference(rows, hidden, dtype, with_residual, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 2, hidden, generator=gen).to(dtype)
+    weight = torch.randn(hidden, generator=gen)
+    residual = torch.randn(rows, 2, hidden, generator=gen).to(dtype) if with_residual else None
+    x_before = x.clone()
+    got = triton_norm.rms_norm(x, weight, 1e-5, residual)
+    expected = reference.rms_norm(x, weight, 1e-5, residual)
+    assert torch.equal(x, x_before)
+    if with_residual:
+        torch.testing.assert_close(got[1], expected[1], atol=0, rtol=0)  # same rounding
+        got, expected = got[0], expected[0]
+    torch.testing.assert_close(got, expected, **_tol(dtype))
+
+
+def test_rms_norm_hand_worked():
+    x = torch.tensor([[3.0, 4.0]])  # mean square 12.5
+    out = triton_norm.rms_norm(x, torch.tensor([1.0, 2.0]), 0.0)
+    r = math.sqrt(12.5)
+    torch.testing.assert_close(out, torch.tensor([[3.0 / r, 8.0 / r]]))
+
+
+# ----------------------------------------------------------------------------- rotary embedding
+
+@settings(max_examples=12, **SETTINGS)
+@given(num_tokens=st.integers(1, 8), num_q_heads=st.sampled_from([1, 4, 6]),
+       num_kv_heads=st.sampled_from([1, 2]), head_dim=st.sampled_from([32, 64, 80, 128]),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 999))
+def test_rotary_embedding_matches_reference(num_tokens, num_q_heads, num_kv_heads, head_dim,
+                                            dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    max_pos = 64
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    freqs = torch.arange(max_pos).float()[:, None] * inv_freq[None, :]
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+    positions = torch.randint(0, max_pos, (num_tokens,), generator=gen)
+    # q and k as strided views of one fused QKV buffer
+    qkv = torch.randn(num_tokens, (num_q_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(dtype)
+    q = qkv[:, : num_q_heads * head_dim].view(num_tokens, num_q_heads, head_dim)
+    k = qkv[:, num_q_heads * head_dim:(num_q_heads + num_kv_heads) * head_dim].view(
+        num_tokens, num_kv_heads, head_dim)
+    v_before = qkv[:, (num_q_heads + num_kv_heads) * head_dim:].clone()
+    q_ref, k_ref = q.clone(), k.clone()
+    reference.rotary_embedding(positions, q_ref, k_ref, cos_sin)
+    triton_rope.rotary_embedding(positions, q, k, cos_sin)
+    torch.testing.assert_close(q, q_ref, **_tol(dtype))
+    torch.testing.assert_close(k, k_ref, **_tol(dtype))
+    assert torch.equal(qkv[:, (num_q_heads + num_kv_heads) * head_dim:], v_before)
+
+
+def test_rotary_position_zero_is_identity_and_quarter_turn():
+    """cos/sin of 0 leave x unchanged; cos 0, sin 1 maps (x1, x2) to (-x2, x1)."""
+    cos_sin = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # head_dim 2: [cos, sin] per position
+    q = torch.tensor([[[2.0, 5.0]], [[2.0, 5.0]]])
+    k = q.clone()
+    triton_rope.rotary_embedding(torch.tensor([0, 1]), q, k, cos_sin)
+    torch.testing.assert_close(q, torch.tensor([[[2.0, 5.0]], [[-5.0, 2.0]]]))
+    torch.testing.assert_close(k, q)
