@@ -165,7 +165,7 @@ class KVCacheManager:
         if not new_computed_blocks and table is not None and len(table) * self.block_size >= total:
             return []  # fast path: a decode step inside the tail block
         hits = list(new_computed_blocks or ())
-        if hits and table:
+        if hits and table is not None:
             raise ValueError(f"request {rid!r} already holds blocks; prefix hits apply only at admission.")
         num_held = len(table) if table else 0
         total += len(hits) * self.block_size
