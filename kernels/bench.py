@@ -199,6 +199,15 @@ def format_table(rows: list[dict], markdown: bool) -> str:
     return "\n".join(lines)
 
 
+def _time_peer(name: str, case: Case, time_ms: Callable, make: Callable) -> float | None:
+    """Time a peer implementation; None (a dash in the table) when this torch cannot run it."""
+    try:
+        return time_ms(make())
+    except Exception as exc:  # missing API, unsupported shape or backend, compile failure
+        print(f"  {name} skipped for {case.name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+
+
 def run_case(case: Case, shape: Shape, device: str, time_ms: Callable[[Callable], float], *,
              use_flex: bool, peak_gbs: float | None) -> dict:
     """Check one case against the reference, then time Triton (auto and single-pass), SDPA
@@ -215,7 +224,7 @@ def run_case(case: Case, shape: Shape, device: str, time_ms: Callable[[Callable]
     splits = triton_attention.choose_num_splits(
         inputs["query"].shape[0], len(case.q_lens), shape.num_kv_heads,
         inputs["block_tables"].shape[1] * shape.block_size,
-        triton_attention._num_sms(inputs["query"].device))
+        triton_attention.device_num_sms(inputs["query"].device))
 
     t_auto = time_ms(lambda: triton_attention.paged_attention(*args, out=out))
     t_single = None
@@ -224,13 +233,10 @@ def run_case(case: Case, shape: Shape, device: str, time_ms: Callable[[Callable]
             *args, num_splits=1, out=out))
     t_sdpa = t_flex = None
     if case.uniform:
-        t_sdpa = time_ms(sdpa_fn(case, shape, inputs))
+        t_sdpa = _time_peer("SDPA", case, time_ms, lambda: sdpa_fn(case, shape, inputs))
         if use_flex:
-            try:
-                t_flex = time_ms(flex_fn(case, shape, inputs))
-            except Exception as exc:  # FlexAttention missing or unsupported here: a dash
-                print(f"  FlexAttention skipped for {case.name}: {type(exc).__name__}: {exc}",
-                      file=sys.stderr)
+            t_flex = _time_peer("FlexAttention", case, time_ms,
+                                lambda: flex_fn(case, shape, inputs))
     gbs = attention_bytes(case, shape) / (t_auto * 1e-3) / 1e9
     tflops = attention_flops(case, shape) / (t_auto * 1e-3) / 1e12
     return {

@@ -25,8 +25,9 @@ How the work is laid out
   query's window start.
 * **Masking by absolute position.** Query ``j`` of sequence ``s`` sits at
   ``seq_lens[s] - q_len + j``; key position ``p`` is visible iff ``p <= q_pos`` (and
-  ``p > q_pos - sliding_window``). Online softmax runs in fp32 in base 2; fully masked rows
-  are guarded so they produce zeros, never NaN.
+  ``p > q_pos - sliding_window``). Key tiles that lie wholly at or before the tile's first
+  query position skip the mask (unless a window is set); the rest are masked. Online softmax
+  runs in fp32 in base 2; fully masked rows are guarded so they produce zeros, never NaN.
 * **Split-KV (flash decoding).** With ``num_splits > 1`` each (tile, head) pair's KV range is cut
   into ``num_splits`` contiguous chunks of whole ``BLOCK_N`` tiles, each program writes a
   normalised partial output and its log-sum-exp (fp32), and :func:`_reduce_splits_kernel`
@@ -39,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["paged_attention", "paged_attention_split_kv", "choose_num_splits"]
+__all__ = ["paged_attention", "paged_attention_split_kv", "choose_num_splits", "device_num_sms"]
 
 #: Split the KV range only when the largest possible context (block-table width * block size)
 #: reaches this many tokens; below it the reduction costs more than the parallelism gains.
@@ -88,6 +89,57 @@ def _dot(a, b, IEEE: tl.constexpr):
         return tl.dot(a, b, input_precision="ieee")
     else:
         return tl.dot(a, b)
+
+
+@triton.jit
+def _attend_tile(
+    q, m_i, l_i, acc, start, kv_end, q_pos, table_row, k_cache_ptr, v_cache_ptr, kv_head,
+    stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
+    offs_d, d_mask, qk_scale, softcap, sliding_window,
+    BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, USE_SOFTCAP: tl.constexpr,
+    USE_WINDOW: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr,
+):
+    """One online-softmax step over key positions ``[start, start + BLOCK_N)``.
+
+    ``MASKED=False`` is only valid when every position is ``< kv_end`` and visible to every row
+    (then no causal/window mask and no fully-masked-row guard are needed)."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < kv_end
+    if MASKED:
+        block = tl.load(table_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    else:
+        block = tl.load(table_row + offs_n // BLOCK_SIZE).to(tl.int64)
+    in_block = offs_n % BLOCK_SIZE
+    k_off = block * stride_kb + in_block * stride_ks + kv_head * stride_kh
+    v_off = block * stride_vb + in_block * stride_vs + kv_head * stride_vh
+    k_mask = d_mask[:, None]
+    v_mask = d_mask[None, :]
+    if MASKED:
+        k_mask = k_mask & n_mask[None, :]
+        v_mask = v_mask & n_mask[:, None]
+    k = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None] * stride_kd, mask=k_mask,
+                other=0.0)  # [HEAD_PAD, BLOCK_N]
+    s = _dot(q, k, IEEE) * qk_scale
+    if USE_SOFTCAP:
+        # softcap * tanh(x / softcap), in base 2; tanh(y) = 1 - 2 / (exp(2y) + 1).
+        s = softcap * 1.4426950408889634 * (1.0 - 2.0 / (tl.exp(2.0 * s) + 1.0))
+    if MASKED:
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        if USE_WINDOW:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - sliding_window)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = m_new
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :] * stride_vd, mask=v_mask,
+                other=0.0)  # [BLOCK_N, HEAD_PAD]
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -163,32 +215,24 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for start in range(kv_start, kv_end, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < kv_end
-        block = tl.load(table_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        in_block = offs_n % BLOCK_SIZE
-        k_off = block * stride_kb + in_block * stride_ks + kv_head * stride_kh
-        v_off = block * stride_vb + in_block * stride_vs + kv_head * stride_vh
-        k = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None] * stride_kd,
-                    mask=n_mask[None, :] & d_mask[:, None], other=0.0)  # [HEAD_PAD, BLOCK_N]
-        s = _dot(q, k, IEEE) * qk_scale
-        if USE_SOFTCAP:
-            # softcap * tanh(x / softcap), in base 2; tanh(y) = 1 - 2 / (exp(2y) + 1).
-            s = softcap * 1.4426950408889634 * (1.0 - 2.0 / (tl.exp(2.0 * s) + 1.0))
-        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        if USE_WINDOW:
-            visible = visible & (offs_n[None, :] > q_pos[:, None] - sliding_window)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :] * stride_vd,
-                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_N, HEAD_PAD]
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
-        m_i = m_new
+    # Tiles wholly at or before the tile's first query position are visible to every row: no
+    # mask there (without a window). The rest (the diagonal, window edges) is masked.
+    full_end = kv_start
+    if not USE_WINDOW:
+        first_q_pos = context_len + tile * BLOCK_Q
+        full_end = tl.minimum(kv_end, tl.maximum(kv_start, (first_q_pos + 1) // BLOCK_N * BLOCK_N))
+    for start in range(kv_start, full_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, start, kv_end, q_pos, table_row, k_cache_ptr, v_cache_ptr, kv_head,
+            stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh,
+            stride_vd, offs_d, d_mask, qk_scale, softcap, sliding_window,
+            BLOCK_N, BLOCK_SIZE, USE_SOFTCAP, USE_WINDOW, False, IEEE)
+    for start in range(full_end, kv_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, start, kv_end, q_pos, table_row, k_cache_ptr, v_cache_ptr, kv_head,
+            stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh,
+            stride_vd, offs_d, d_mask, qk_scale, softcap, sliding_window,
+            BLOCK_N, BLOCK_SIZE, USE_SOFTCAP, USE_WINDOW, True, IEEE)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
@@ -275,7 +319,8 @@ def _check_inputs(query, key_cache, value_cache, block_tables, query_start_loc, 
         raise ValueError(f"out must have the query's shape {tuple(query.shape)}, got {tuple(out.shape)}.")
 
 
-def _num_sms(device: torch.device) -> int:
+def device_num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (``DEFAULT_NUM_SMS`` off CUDA)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return DEFAULT_NUM_SMS
@@ -300,7 +345,7 @@ def paged_attention(
     """
     num_splits = choose_num_splits(
         query.shape[0], seq_lens.shape[0], key_cache.shape[2],
-        block_tables.shape[1] * key_cache.shape[1], _num_sms(query.device))
+        block_tables.shape[1] * key_cache.shape[1], device_num_sms(query.device))
     return paged_attention_split_kv(
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
         num_splits=num_splits, sliding_window=sliding_window, softcap=softcap, out=out)

@@ -86,7 +86,8 @@ def check_attention(batch, *, num_splits=None, sliding_window=None, softcap=None
 @st.composite
 def attention_cases(draw, max_seqs=4, max_q=40, max_ctx=80):
     block_size = draw(st.sampled_from([16, 32, 64]))
-    boundary = st.sampled_from([0, 1, block_size - 1, block_size, block_size + 1])
+    # cache-block edges, and the kernel's 64-key tile edges (where its causal mask starts)
+    boundary = st.sampled_from([0, 1, block_size - 1, block_size, block_size + 1, 62, 63, 64])
     num_seqs = draw(st.integers(1, max_seqs))
     q_lens, ctx_lens = [], []
     for _ in range(num_seqs):
@@ -139,6 +140,16 @@ def test_sliding_window_deep_in_a_long_context(num_splits):
     batch = build_batch([1, 7, 1], [300, 260, 17], num_kv_heads=1, group=2, head_dim=32,
                         block_size=16, dtype=torch.float32, seed=11)
     check_attention(batch, num_splits=num_splits, sliding_window=21)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize("num_splits", [None, 2])
+def test_queries_next_to_a_key_tile_edge(group, num_splits):
+    """Queries at positions 61..65 and a prefill crossing 64: the first query of a tile must
+    not see the key after it even when that key starts a new 64-key tile."""
+    batch = build_batch([1, 1, 1, 1, 3, 70], [61, 62, 63, 64, 61, 0], num_kv_heads=1,
+                        group=group, head_dim=32, block_size=16, dtype=torch.float32, seed=5)
+    check_attention(batch, num_splits=num_splits)
 
 
 def test_hand_worked_two_keys():
