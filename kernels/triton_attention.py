@@ -52,9 +52,6 @@ MAX_SPLITS = 32
 #: SM count assumed when no CUDA device is present (tests under the interpreter): an H100/H200.
 DEFAULT_NUM_SMS = 132
 
-_LOG2E = 1.4426950408889634
-
-
 def choose_num_splits(num_tokens: int, num_seqs: int, num_kv_heads: int, max_context: int,
                       num_sms: int) -> int:
     """How many KV splits the automatic path uses (1 means the single-pass kernel).
