@@ -90,9 +90,9 @@ def clean_text(raw: str) -> str:
     text = raw.replace("\r\n", "\n").replace("\r", "\n")
     lines = [ln.rstrip() for ln in text.split("\n") if not _BOILERPLATE.search(ln)]
     text = "\n".join(lines)
-    is_play = re.search(r"^ACT\b", text, re.MULTILINE) is not None
+    is_play = re.search(r"^(ACT|Act)\b", text, re.MULTILINE) is not None
     if is_play:
-        front = re.split(r"^ACT\b", text, maxsplit=1, flags=re.MULTILINE)[0]
+        front = re.split(r"^(?:ACT|Act)\b", text, maxsplit=1, flags=re.MULTILINE)[0]
         persons = {w.lower() for w in re.findall(r"[A-Za-z]{3,}", front)}
         blocks = re.split(r"\n\s*\n", text)
         out = []
@@ -299,7 +299,7 @@ def heldout_ids(tok, corpus: dict[str, str], seed: int) -> torch.Tensor:
 
 
 def train(args) -> None:
-    from transformers import GenerationConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.set_num_threads(args.threads)
     random.seed(args.seed)
@@ -369,12 +369,8 @@ def train(args) -> None:
     log_rows[-1]["heldout_loss"] = final
     print(f"held-out loss {final:.4f} nats/token; training took {train_s / 60:.1f} min", flush=True)
 
-    model.generation_config = GenerationConfig(
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-        max_length=1024,
-    )
     model.to(torch.float32).save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
+    save_tokenizer_and_generation_config(tok, out)
     with open(out / "training_log.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=["step", "lr", "train_loss", "heldout_loss", "elapsed_s"])
         w.writeheader()
@@ -391,6 +387,28 @@ def train(args) -> None:
     }
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
+
+
+def save_tokenizer_and_generation_config(tok, out: Path) -> None:
+    """Write tokenizer files and generation_config.json into out (after the model's save).
+
+    tokenizer_config.json names the class ``PreTrainedTokenizerFast`` and repeats the chat
+    template, so transformers 4.x (which knows neither ``TokenizersBackend`` nor
+    ``chat_template.jinja``) loads the same tokenizer and template as transformers 5.
+    """
+    from transformers import GenerationConfig
+
+    GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    ).save_pretrained(out)
+    tok.save_pretrained(out)
+    cfg_path = Path(out) / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    for loader_only in ("is_local", "local_files_only"):  # present when tok was loaded from disk
+        cfg.pop(loader_only, None)
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg["chat_template"] = CHAT_TEMPLATE
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def eval_only(model_dir: Path, args) -> float:
@@ -423,12 +441,12 @@ def parse_args(argv=None):
     p.add_argument("--kv-heads", type=int, default=3)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=900)
+    p.add_argument("--steps", type=int, default=1800)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--min-lr", type=float, default=1e-4)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--eval-every", type=int, default=150)
+    p.add_argument("--eval-every", type=int, default=300)
     return p.parse_args(argv)
 
 
