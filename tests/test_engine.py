@@ -77,12 +77,18 @@ def test_parallel_samples_share_prompt_blocks(llm):
     engine = llm.engine
     engine.add_request("p", "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?",
                        SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=6))
+    prompt_len = engine.scheduler.requests["0_p"].num_prompt_tokens
+    engine.step()  # child 0 computes the prompt; its siblings are queued after this step
+    assert set(engine.scheduler.requests) == {"0_p", "1_p", "2_p"}
     engine.step()
+    full_prompt_blocks = (prompt_len - 1) // engine.kv_cache.block_size
     tables = [engine.kv_cache.block_table(f"{i}_p") for i in range(3)]
-    shared = set(tables[0]) & set(tables[1]) & set(tables[2])
-    assert shared, "the n samples should share their prompt's full blocks"
+    assert full_prompt_blocks >= 1
+    assert tables[0][:full_prompt_blocks] == tables[1][:full_prompt_blocks] == tables[2][:full_prompt_blocks]
+    assert engine.kv_cache.blocks[tables[0][0]].ref_count == 3
     outs = drain(engine)
     assert [c.index for c in outs["p"].outputs] == [0, 1, 2]
+    assert len({tuple(c.token_ids) for c in outs["p"].outputs}) > 1, "seeds i + 7 should differ"
 
 
 def test_same_seed_same_tokens_whatever_the_batch(llm):

@@ -37,10 +37,11 @@ def hf_greedy(model, prompt_ids, max_new_tokens, stop_at_eos):
         do_sample=False,
         max_new_tokens=max_new_tokens,
         eos_token_id=model.generation_config.eos_token_id if stop_at_eos else None,
-        pad_token_id=0,
+        pad_token_id=model.generation_config.pad_token_id,
     )
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt_ids]), generation_config=config)
+    ids = torch.tensor([prompt_ids])
+    with torch.inference_mode():  # an explicit mask: never let generate guess padding
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
     return out[0, len(prompt_ids):].tolist()
 
 

@@ -90,7 +90,8 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.history = StepHistory(config.max_history)
         self.stats = StatLogger(interval=config.log_stats_interval)
-        self._children: dict[str, list[str]] = {}
+        self._children: dict[str, list[str]] = {}  # add_request id -> child request ids
+        self._forks: dict[str, list[Request]] = {}  # child 0 id -> siblings not yet queued
         self._pending_outputs: list[RequestOutput] = []
         eos = self.model_config.eos_token_ids
         self._eos_token_id = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else (eos[0] if eos else None)
@@ -107,8 +108,10 @@ class LLMEngine:
     ) -> None:
         """Validate and queue a request. Raises ValueError (nothing queued) on bad input.
 
-        ``params.n > 1`` adds n child requests ``"{i}_{request_id}"`` that share the prompt's
-        KV blocks through the prefix cache and report as one RequestOutput.
+        ``params.n > 1`` makes n child requests ``"{i}_{request_id}"`` reported as one
+        RequestOutput. Child 0 is queued now; its siblings join the scheduler once child 0's
+        prompt is computed, so they find its full prompt blocks in the prefix cache and share
+        them instead of computing the prompt n times.
         """
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}.")
@@ -137,15 +140,9 @@ class LLMEngine:
                     arrival_time=arrival,
                 )
             )
-        added = []
-        try:
-            for child in children:
-                self.scheduler.add_request(child)
-                added.append(child.request_id)
-        except ValueError:
-            for child_id in added:
-                self.scheduler.abort_request(child_id)
-            raise
+        self.scheduler.add_request(children[0])  # raises (nothing queued) if it can never fit
+        if len(children) > 1:
+            self._forks[children[0].request_id] = children[1:]
         for i, child in enumerate(children):
             self.output_processor.add_request(
                 child, text, parent_id=request_id if params.n > 1 else None, index=i, n=params.n
@@ -159,6 +156,8 @@ class LLMEngine:
         """
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         child_ids = [c for rid in ids for c in self._children.pop(rid, [])]
+        for c in child_ids:
+            self._forks.pop(c, None)
         live = [c for c in child_ids if c in self.scheduler.requests]
         if live:
             self.scheduler.finish_requests(live, RequestStatus.FINISHED_ABORTED)
@@ -201,6 +200,8 @@ class LLMEngine:
         for request in updated:
             if request.first_token_time is None:
                 request.first_token_time = now
+            for sibling in self._forks.pop(request.request_id, ()):
+                self.scheduler.add_request(sibling)
         outputs, stop_ids = self.output_processor.process(updated, logprobs)
         if stop_ids:
             self.scheduler.finish_requests(stop_ids, RequestStatus.FINISHED_STOPPED)
