@@ -195,21 +195,16 @@ class LLMEngine:
             sampled, logprobs, batch = result.sampled_token_ids, result.logprobs, result.batch
             timings.update(result.timings)
         t2 = time.perf_counter()
-        updated = self.scheduler.update_from_output(so, sampled)
-        now = time.monotonic()
+        updated = self.scheduler.update_from_output(so, sampled)  # sets token/finish times
         for request in updated:
-            if request.first_token_time is None:
-                request.first_token_time = now
             for sibling in self._forks.pop(request.request_id, ()):
                 self.scheduler.add_request(sibling)
         outputs, stop_ids = self.output_processor.process(updated, logprobs)
         if stop_ids:
             self.scheduler.finish_requests(stop_ids, RequestStatus.FINISHED_STOPPED)
         finished = tuple(r.request_id for r in updated if r.is_finished)
-        for request in updated:
-            if request.is_finished:
-                request.finished_time = now
-                self.runner.sampler.remove(request.request_id)
+        for request_id in finished:
+            self.runner.sampler.remove(request_id)
         outputs = self._pending_outputs + outputs
         self._pending_outputs = []
         for out in outputs:
