@@ -79,33 +79,39 @@ class BatchInputs:
 
 
 def build_batch_inputs(scheduler_output: SchedulerOutput, block_size: int, device) -> BatchInputs:
-    """Pack the scheduled chunks into flat tensors. Loops over requests, never over tokens."""
+    """Pack the scheduled chunks into flat tensors: plain Python lists, one tensor each."""
     scheduled = scheduler_output.scheduled
-    query_lens = [s.num_new_tokens for s in scheduled]
-    max_blocks = max(len(s.block_ids) for s in scheduled)
-    block_tables = torch.full((len(scheduled), max_blocks), -1, dtype=torch.int32)
-    input_ids, positions, slots = [], [], []
-    for i, s in enumerate(scheduled):
-        table = torch.tensor(s.block_ids, dtype=torch.int64)
-        block_tables[i, : len(s.block_ids)] = table.to(torch.int32)
-        pos = torch.arange(s.num_computed_tokens, s.seq_len, dtype=torch.int64)
-        input_ids.append(torch.tensor(s.token_ids, dtype=torch.int64))
-        positions.append(pos)
-        slots.append(table[pos // block_size] * block_size + pos % block_size)
-    query_start_loc = torch.zeros(len(scheduled) + 1, dtype=torch.int32)
-    query_start_loc[1:] = torch.tensor(query_lens, dtype=torch.int32).cumsum(0)
-    samplers = [i for i, s in enumerate(scheduled) if s.samples]
-    logits_indices = (query_start_loc[1:][samplers] - 1).to(torch.int64)
+    width = max(len(s.block_ids) for s in scheduled)
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    tables: list[list[int]] = []
+    query_start_loc = [0]
+    logits_indices: list[int] = []
+    for s in scheduled:
+        blocks = s.block_ids
+        input_ids.extend(s.token_ids)
+        span = range(s.num_computed_tokens, s.seq_len)
+        positions.extend(span)
+        slots.extend(blocks[p // block_size] * block_size + p % block_size for p in span)
+        tables.append(list(blocks) + [-1] * (width - len(blocks)))
+        query_start_loc.append(query_start_loc[-1] + s.num_new_tokens)
+        if s.samples:
+            logits_indices.append(query_start_loc[-1] - 1)
+
+    def tensor(values, dtype):
+        return torch.tensor(values, dtype=dtype, device=device)
+
     return BatchInputs(
         request_ids=tuple(s.request_id for s in scheduled),
-        sample_request_ids=tuple(scheduled[i].request_id for i in samplers),
-        input_ids=torch.cat(input_ids).to(device),
-        positions=torch.cat(positions).to(device),
-        slot_mapping=torch.cat(slots).to(device),
-        block_tables=block_tables.to(device),
-        query_start_loc=query_start_loc.to(device),
-        seq_lens=torch.tensor([s.seq_len for s in scheduled], dtype=torch.int32, device=device),
-        logits_indices=logits_indices.to(device),
+        sample_request_ids=tuple(s.request_id for s in scheduled if s.samples),
+        input_ids=tensor(input_ids, torch.int64),
+        positions=tensor(positions, torch.int64),
+        slot_mapping=tensor(slots, torch.int64),
+        block_tables=tensor(tables, torch.int32),
+        query_start_loc=tensor(query_start_loc, torch.int32),
+        seq_lens=tensor([s.seq_len for s in scheduled], torch.int32),
+        logits_indices=tensor(logits_indices, torch.int64),
     )
 
 
