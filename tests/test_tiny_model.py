@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -134,7 +134,7 @@ def test_decode_is_clean_text(tok):
     assert decoded == text and "Ġ" not in decoded and "Ċ" not in decoded
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None)
 @given(text=st.text(max_size=200))
 def test_tokenizer_round_trips_unicode(tok, text):
     ids = tok(text, add_special_tokens=False)["input_ids"]
@@ -158,8 +158,7 @@ def test_chat_template_two_turns(tok):
         "JULIET:\nIt is the east, and Juliet is the sun.\n\n"
         "ROMEO:\nSpeak again.\n\nJULIET:\n"
     )
-    ids = tok.apply_chat_template(three, tokenize=True, add_generation_prompt=True)
-    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    ids = tok.apply_chat_template(three, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]
     assert ids == tok(tok.apply_chat_template(three, tokenize=False, add_generation_prompt=True),
                       add_special_tokens=False)["input_ids"]
     assert ids.count(tok.bos_token_id) == 1
