@@ -7,6 +7,7 @@ and returns the Axes, so a notebook can compose them. Nothing here changes engin
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 
 def _axes(ax, size=(8, 3)):
@@ -31,10 +32,11 @@ def plot_step_tokens(history, ax=None):
     if len(preempted):
         ax.scatter(preempted, frame.loc[preempted, "num_tokens"] + 0.5, marker="v", color="red",
                    label="preemption", zorder=3)
+    ax.set_ylim(0, frame["token_budget"].max() * 1.25)
     ax.set_xlabel("step")
     ax.set_ylabel("tokens")
     ax.set_title("Tokens scheduled per step")
-    ax.legend(loc="upper right", fontsize="small")
+    ax.legend(loc="upper right", fontsize="small", ncols=2)
     return ax
 
 
@@ -54,9 +56,11 @@ def plot_kv_usage(history, ax=None):
     twin.step(frame.index, frame["running"], where="mid", color="tab:blue", label="running")
     twin.step(frame.index, frame["waiting"], where="mid", color="tab:red", label="waiting")
     twin.set_ylabel("requests")
+    twin.yaxis.set_major_locator(MaxNLocator(integer=True))
     lines = ax.get_legend_handles_labels()
     more = twin.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper right", fontsize="small")
+    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left", fontsize="small",
+              bbox_to_anchor=(1.12, 1))
     ax.set_title("KV cache and queues")
     return ax
 
