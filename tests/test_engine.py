@@ -133,3 +133,19 @@ def test_cli_generate_prints_text(capsys):
 def test_unknown_model_fails_fast_with_its_name():
     with pytest.raises(Exception, match="no-such-org/no-such-model"):
         LLMEngine(model="no-such-org/no-such-model")
+
+
+def test_stream_outputs_deltas_add_up_to_the_final_text(llm):
+    engine = llm.engine
+    final = llm.generate(["HAMLET:"], GREEDY, use_tqdm=False)[0].outputs[0]
+    engine.stream_outputs = True
+    try:
+        engine.add_request("s", "HAMLET:", GREEDY)
+        deltas = []
+        while engine.has_unfinished_requests():
+            deltas.extend(engine.step())
+    finally:
+        engine.stream_outputs = False
+    assert len(deltas) == len(final.token_ids) and deltas[-1].finished
+    assert "".join(d.outputs[0].text for d in deltas) == final.text
+    assert [t for d in deltas for t in d.outputs[0].token_ids] == final.token_ids

@@ -93,6 +93,10 @@ class LLMEngine:
         self._children: dict[str, list[str]] = {}  # add_request id -> child request ids
         self._forks: dict[str, list[Request]] = {}  # child 0 id -> siblings not yet queued
         self._pending_outputs: list[RequestOutput] = []
+        #: False: step() returns a request's RequestOutput once, when it finishes (what LLM
+        #: uses). True: every step returns a delta output (new text and token ids) for each
+        #: request that got tokens, as a streaming server needs.
+        self.stream_outputs = False
         eos = self.model_config.eos_token_ids
         self._eos_token_id = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else (eos[0] if eos else None)
         self._extra_eos_ids = [t for t in eos if t != self._eos_token_id]
@@ -163,7 +167,9 @@ class LLMEngine:
             self.scheduler.finish_requests(live, RequestStatus.FINISHED_ABORTED)
         for c in child_ids:
             self.runner.sampler.remove(c)
-        self._pending_outputs.extend(self.output_processor.abort(child_ids))
+        self._pending_outputs.extend(
+            self.output_processor.abort(child_ids, stream=self.stream_outputs)
+        )
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._children) or bool(self._pending_outputs)
@@ -199,7 +205,9 @@ class LLMEngine:
         for request in updated:
             for sibling in self._forks.pop(request.request_id, ()):
                 self.scheduler.add_request(sibling)
-        outputs, stop_ids = self.output_processor.process(updated, logprobs)
+        outputs, stop_ids = self.output_processor.process(
+            updated, logprobs, stream=self.stream_outputs
+        )
         if stop_ids:
             self.scheduler.finish_requests(stop_ids, RequestStatus.FINISHED_STOPPED)
         finished = tuple(r.request_id for r in updated if r.is_finished)
