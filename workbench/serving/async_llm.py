@@ -1,0 +1,243 @@
+"""AsyncLLM: an LLMEngine driven by one background thread, one async stream per request.
+
+The engine is not thread-safe, so exactly one thread (the *engine thread*) ever calls into
+it. Everything else reaches the engine by submitting a callable that the engine thread runs
+between two steps (:meth:`AsyncLLM.call`). Outputs go back to each request's asyncio loop with
+``loop.call_soon_threadsafe`` into a per-request ``asyncio.Queue``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from workbench.engine import LLMEngine
+from workbench.inputs import PromptType
+from workbench.outputs import RequestOutput
+from workbench.sampling_params import SamplingParams
+
+T = TypeVar("T")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped (shutdown, or a step raised): no request can be served."""
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Scheduler state after the engine thread's latest step (read without the engine)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+    num_free_blocks: int = 0
+
+
+class RequestStream:
+    """Async iterator over one request's delta RequestOutputs, ending after the finished one.
+
+    ``close()`` before the end aborts the request; so does cancelling a pending ``__anext__``.
+    """
+
+    def __init__(self, owner: AsyncLLM, request_id: str, queue: asyncio.Queue) -> None:
+        self.request_id = request_id
+        self.finished = False
+        self._owner = owner
+        self._queue = queue
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except BaseException:  # cancelled while waiting: the consumer is gone
+            self.close()
+            raise
+        if isinstance(item, BaseException):
+            self.finished = True  # the engine thread already dropped the request
+            raise item
+        self.finished = item.finished
+        return item
+
+    def close(self) -> None:
+        """Abort the request unless it already finished (idempotent)."""
+        if not self.finished:
+            self.finished = True
+            self._owner.abort(self.request_id)
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+class AsyncLLM:
+    """Serve an :class:`LLMEngine` to asyncio code.
+
+    Invariants: only the engine thread touches ``engine`` (and ``_streams``); the thread
+    sleeps on a condition while there is neither work nor a pending call; a request whose
+    consumer stops iterating is aborted, so it frees its KV blocks.
+    """
+
+    def __init__(self, engine: LLMEngine) -> None:
+        engine.stream_outputs = True
+        self.engine = engine
+        self._cond = threading.Condition()
+        self._calls: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
+        self._stopping = False
+        self._error: BaseException | None = None
+        # request id -> (its consumer's loop, its queue); engine thread only.
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self.snapshot = self._take_snapshot()
+        self._thread = threading.Thread(target=self._run, name="workbench-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def is_running(self) -> bool:
+        """True while the engine thread serves requests."""
+        return self._thread.is_alive() and self._error is None and not self._stopping
+
+    @property
+    def dead_error(self) -> BaseException | None:
+        """Why the engine thread stopped (None while it runs)."""
+        return self._error
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the engine thread between two steps; return or raise its result."""
+        return await asyncio.wrap_future(self._submit(fn))
+
+    async def add_request(
+        self, prompt: PromptType, params: SamplingParams, request_id: str
+    ) -> RequestStream:
+        """Validate and queue a request; return the stream of its delta RequestOutputs.
+
+        A ValueError from validation propagates unchanged and nothing is queued (requests
+        already in flight are untouched).
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def add() -> None:
+            self.engine.add_request(request_id, prompt, params)
+            self._streams[request_id] = (loop, queue)
+
+        await self.call(add)
+        return RequestStream(self, request_id, queue)
+
+    async def generate(
+        self, prompt: PromptType, params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield a request's delta RequestOutputs until the finished one (vLLM's shape).
+
+        Validation errors are raised at the first iteration; leaving the iteration early
+        (break + close, cancellation, an exception) aborts the request.
+        """
+        stream = await self.add_request(prompt, params, request_id)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.close()
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (no-op when unknown or finished); its blocks are freed on the
+        engine thread before its next step. Safe from any thread, does not wait."""
+
+        def do_abort() -> None:
+            self._streams.pop(request_id, None)
+            self.engine.abort_request(request_id)
+
+        if self.is_running:
+            self._submit(do_abort)
+
+    async def shutdown(self) -> None:
+        """Stop the engine thread (open streams get an EngineDeadError) and wait for it."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        await asyncio.to_thread(self._thread.join)
+
+    # ------------------------------------------------------------------ engine thread
+    def _submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._stopping or self._error is not None:
+                future.set_exception(EngineDeadError(self._dead_message()))
+                return future
+            self._calls.append((fn, future))
+            self._cond.notify_all()
+        return future
+
+    def _dead_message(self) -> str:
+        if self._error is not None:
+            return f"The engine stopped after an error: {self._error!r}"
+        return "The engine is shut down."
+
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while True:
+                with self._cond:
+                    while not (self._calls or self._stopping or engine.has_unfinished_requests()):
+                        self._cond.wait()
+                    calls, self._calls = self._calls, []
+                    stopping = self._stopping
+                for fn, future in calls:
+                    if future.set_running_or_notify_cancel():
+                        try:
+                            future.set_result(fn())
+                        except BaseException as exc:  # handed to the caller
+                            future.set_exception(exc)
+                if stopping:
+                    break
+                if engine.has_unfinished_requests():
+                    self._deliver(engine.step())
+                self.snapshot = self._take_snapshot()
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            with self._cond:
+                self._stopping = True
+                pending, self._calls = self._calls, []
+            dead = EngineDeadError(self._dead_message())
+            for _, future in pending:
+                if future.set_running_or_notify_cancel():
+                    future.set_exception(dead)
+            for loop, queue in self._streams.values():
+                self._put(loop, queue, dead)
+            self._streams.clear()
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            target = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
+            if target is not None:
+                self._put(*target, out)
+
+    @staticmethod
+    def _put(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, item: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # that consumer's loop is closed: nobody is listening
+            pass
+
+    def _take_snapshot(self) -> EngineSnapshot:
+        sched, kv = self.engine.scheduler, self.engine.kv_cache
+        return EngineSnapshot(
+            num_running=len(sched.running),
+            num_waiting=len(sched.waiting),
+            kv_usage=kv.usage,
+            num_free_blocks=kv.num_free_blocks,
+        )
+
+    def __repr__(self) -> str:
+        s = self.snapshot
+        return (
+            f"AsyncLLM(running={s.num_running}, waiting={s.num_waiting}, "
+            f"kv_usage={s.kv_usage:.2f}, alive={self.is_running})"
+        )
