@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--device", default=None)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads for both systems (default: torch's choice)")
     args = parser.parse_args(argv)
 
     import torch
@@ -31,13 +33,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from workbench import LLM, SamplingParams
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     llm = LLM(model=args.model, device=args.device)
     engine = llm.engine
     prompts = _prompts(engine.tokenizer, args.num_prompts, args.prompt_len)
     total = args.num_prompts * args.max_tokens
 
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
+    warm = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": p} for p in prompts], warm, use_tqdm=False)
     t0 = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     ours = time.perf_counter() - t0
@@ -51,14 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         pad_token_id=engine.tokenizer.pad_token_id or 0,
     )
     with torch.inference_mode():
-        hf.generate(ids[:1], do_sample=False, max_new_tokens=4, pad_token_id=gen_kwargs["pad_token_id"])
+        hf.generate(ids, **{**gen_kwargs, "max_new_tokens": 4, "min_new_tokens": 4})
         t0 = time.perf_counter()
         hf.generate(ids, **gen_kwargs)
         theirs = time.perf_counter() - t0
 
     print(f"model: {engine.model_config.architecture} ({engine.model_config.path.name}), "
           f"device: {engine.device}, prompts: {args.num_prompts} x {args.prompt_len} tokens, "
-          f"{args.max_tokens} new tokens each, greedy")
+          f"{args.max_tokens} new tokens each, greedy, {torch.get_num_threads()} threads")
     print(f"{'system':<34}{'seconds':>10}{'tokens/s':>12}{'ratio':>8}")
     for name, secs in (("workbench LLM.generate", ours), ("transformers generate (batched)", theirs)):
         print(f"{name:<34}{secs:>10.2f}{total / secs:>12.1f}{theirs / secs:>8.2f}")
