@@ -306,14 +306,14 @@ class _Server:
                 self._completion_events(stream, tracker, req, request_id, created, echo),
                 media_type="text/event-stream",
             )
-        return await _until_disconnect(
-            raw, self._completion_full(stream, tracker, req, request_id, created, echo)
-        )
+        with _closing(stream, self.metrics):
+            return await _until_disconnect(
+                raw, self._completion_full(stream, tracker, req, request_id, created, echo)
+            )
 
     async def _completion_full(self, stream, tracker, req, request_id, created, echo) -> Response:
-        async with _closing(stream, self.metrics):
-            async for out in stream:
-                tracker.update(out)
+        async for out in stream:
+            tracker.update(out)
         choices = [
             P.CompletionChoice(
                 index=i,
@@ -383,12 +383,14 @@ class _Server:
                 self._chat_events(stream, tracker, req, request_id, created),
                 media_type="text/event-stream",
             )
-        return await _until_disconnect(raw, self._chat_full(stream, tracker, req, request_id, created))
+        with _closing(stream, self.metrics):
+            return await _until_disconnect(
+                raw, self._chat_full(stream, tracker, req, request_id, created)
+            )
 
     async def _chat_full(self, stream, tracker, req, request_id, created) -> Response:
-        async with _closing(stream, self.metrics):
-            async for out in stream:
-                tracker.update(out)
+        async for out in stream:
+            tracker.update(out)
         choices = [
             P.ChatChoice(
                 index=i,
@@ -468,7 +470,8 @@ class _Server:
 
 
 class _closing:
-    """``async with``: close (abort) the stream on exit; count it as aborted if unfinished."""
+    """``(async) with``: on exit, close the stream (aborting it unless it finished); count
+    the abort. Exactly one per request."""
 
     def __init__(self, stream: RequestStream, metrics: ServerMetrics) -> None:
         self.stream, self.metrics = stream, metrics
@@ -477,9 +480,18 @@ class _closing:
         return self.stream
 
     async def __aexit__(self, *exc_info) -> None:
-        if not self.stream.finished:
-            self.metrics.request_aborted.inc()
+        self.close()
+
+    def __enter__(self) -> RequestStream:
+        return self.stream
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
         self.stream.close()
+        if self.stream.aborted:
+            self.metrics.request_aborted.inc()
 
 
 def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | None = None) -> FastAPI:

@@ -40,12 +40,15 @@ class EngineSnapshot:
 class RequestStream:
     """Async iterator over one request's delta RequestOutputs, ending after the finished one.
 
-    ``close()`` before the end aborts the request; so does cancelling a pending ``__anext__``.
+    ``finished`` turns True with the request's final output; ``close()`` before that aborts
+    the request (so does cancelling a pending ``__anext__``) and ends the iteration.
     """
 
     def __init__(self, owner: AsyncLLM, request_id: str, queue: asyncio.Queue) -> None:
         self.request_id = request_id
         self.finished = False
+        self.closed = False
+        self.aborted = False  # close() aborted the request before it finished
         self._owner = owner
         self._queue = queue
 
@@ -53,7 +56,7 @@ class RequestStream:
         return self
 
     async def __anext__(self) -> RequestOutput:
-        if self.finished:
+        if self.finished or self.closed:
             raise StopAsyncIteration
         try:
             item = await self._queue.get()
@@ -61,16 +64,17 @@ class RequestStream:
             self.close()
             raise
         if isinstance(item, BaseException):
-            self.finished = True  # the engine thread already dropped the request
+            self.closed = True  # the engine thread already dropped the request
             raise item
         self.finished = item.finished
         return item
 
     def close(self) -> None:
         """Abort the request unless it already finished (idempotent)."""
-        if not self.finished:
-            self.finished = True
+        if not (self.finished or self.closed):
+            self.aborted = True
             self._owner.abort(self.request_id)
+        self.closed = True
 
     async def aclose(self) -> None:
         self.close()
