@@ -149,3 +149,19 @@ def test_stream_outputs_deltas_add_up_to_the_final_text(llm):
     assert len(deltas) == len(final.token_ids) and deltas[-1].finished
     assert "".join(d.outputs[0].text for d in deltas) == final.text
     assert [t for d in deltas for t in d.outputs[0].token_ids] == final.token_ids
+
+
+def test_reset_prefix_cache_forgets_cached_blocks(llm):
+    engine = llm.engine
+    prompt = "KING HENRY:\nOnce more unto the breach, dear friends, once more;"
+    llm.generate([prompt], GREEDY, use_tqdm=False)
+    engine.add_request("again", prompt, GREEDY)
+    assert engine.get_num_unfinished_requests() == 1
+    engine.step()
+    assert engine.history[-1].scheduler_output.num_prefix_cache_hit_tokens > 0
+    drain(engine)
+    assert engine.reset_prefix_cache()
+    engine.add_request("fresh", prompt, GREEDY)
+    engine.step()
+    assert engine.history[-1].scheduler_output.num_prefix_cache_hit_tokens == 0
+    drain(engine)

@@ -60,12 +60,13 @@ class EngineDashboard:
             if len(self.engine.history):
                 display(HTML(self.engine.history[-1]._repr_html_()))
             display(HTML(self.engine.scheduler._repr_html_()))
-            fig, axes = plt.subplots(1, 2, figsize=(12, 3))
+            fig, axes = plt.subplots(1, 2, figsize=(13, 3), layout="constrained")
             plot_step_tokens(self.engine.history, ax=axes[0])
             plot_kv_usage(self.engine.history, ax=axes[1])
-            plt.show(fig)
-            plot_kv_blocks(self.engine.kv_cache)
-            plt.show()
+            blocks = plot_kv_blocks(self.engine.kv_cache).figure
+            for figure in (fig, blocks):
+                display(figure)
+                plt.close(figure)  # drawn once, here; not again by the inline backend
             for out in self.outputs[-5:]:
                 display(HTML(out._repr_html_()))
 
