@@ -543,3 +543,13 @@ def test_shutdown_fails_streams_and_health():
 
     health, comp = asyncio.run(go())
     assert health.status_code == 503 and comp.status_code == 503
+
+
+def test_cli_serve_defaults_bind_localhost():
+    from workbench.cli import build_parser
+
+    args = build_parser().parse_args(["serve"])
+    assert (args.host, args.port, args.api_key) == ("127.0.0.1", 8000, None)
+    assert args.func.__name__ == "_serve"
+    args = build_parser().parse_args(["serve", "--port", "9000", "--api-key", "k", "--num-kv-blocks", "32"])
+    assert (args.port, args.api_key, args.num_kv_blocks) == (9000, "k", 32)

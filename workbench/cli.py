@@ -35,6 +35,33 @@ def _bench(args: argparse.Namespace) -> int:
     return run(args.rest)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    """Run the OpenAI-compatible server (uvicorn) over one engine until interrupted."""
+    import asyncio
+
+    import uvicorn
+
+    from workbench import EngineConfig, LLMEngine
+    from workbench.serving import AsyncLLM, build_app
+
+    config = EngineConfig(
+        model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
+        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=not args.no_enable_prefix_caching, policy=args.policy,
+        log_stats=args.log_stats,
+    )
+    async_llm = AsyncLLM(LLMEngine(config))
+    name = args.served_model_name or args.model or "tiny-shakespeare"
+    app = build_app(async_llm, model_name=name, api_key=args.api_key)
+    print(f"Serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        asyncio.run(async_llm.shutdown())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="workbench",
@@ -52,6 +79,29 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default=None)
     gen.add_argument("--dtype", default="auto")
     gen.set_defaults(func=_generate)
+
+    serve = sub.add_parser(
+        "serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, ...)"
+    )
+    serve.add_argument("--model", default=None, help="HF directory or hub id (default: embedded model)")
+    serve.add_argument("--served-model-name", default=None,
+                       help="the name clients send as 'model' (default: --model, or tiny-shakespeare)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize")
+    serve.add_argument("--device", default=None)
+    serve.add_argument("--dtype", default="auto")
+    serve.add_argument("--max-model-len", type=int, default=None)
+    serve.add_argument("--block-size", type=int, default=16)
+    serve.add_argument("--num-kv-blocks", type=int, default=None)
+    serve.add_argument("--max-num-seqs", type=int, default=64)
+    serve.add_argument("--max-num-batched-tokens", type=int, default=None)
+    serve.add_argument("--no-enable-prefix-caching", action="store_true")
+    serve.add_argument("--policy", default="fcfs", choices=["fcfs", "priority", "spf"])
+    serve.add_argument("--log-stats", action="store_true", help="log vLLM's periodic stats line")
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(func=_serve)
 
     bench = sub.add_parser(
         "bench",
