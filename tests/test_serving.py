@@ -416,7 +416,9 @@ async def _drive_asgi(app, body, disconnect_after_chunks):
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
              "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
-             "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
+             "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"),
+                         (b"authorization", f"Bearer {KEY}".encode())],
              "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
     await asyncio.wait_for(app(scope, receive, send), timeout=30)
     return chunks
@@ -429,17 +431,20 @@ def _aborted_count(metrics_text):
     raise AssertionError("no workbench:request_aborted metric")
 
 
-def test_http_client_disconnect_aborts_request(app, async_llm):
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "api_key_middleware"])
+def test_http_client_disconnect_aborts_request(app, keyed_app, async_llm, keyed):
     long = {**GOOD, "prompt": "OTHELLO:" * 20, "max_tokens": 400}
+    app = keyed_app if keyed else app
+    headers = {"Authorization": f"Bearer {KEY}"}
 
     async def go():
-        async with client(app) as c:
+        async with client(app, headers=headers) as c:
             before = _aborted_count((await c.get("/metrics")).text)
         streamed = await _drive_asgi(app, {**long, "stream": True}, disconnect_after_chunks=2)
         await wait_all_free(async_llm)
         await _drive_asgi(app, long, disconnect_after_chunks=0)  # non-streaming
         await wait_all_free(async_llm)
-        async with client(app) as c:
+        async with client(app, headers=headers) as c:
             after = _aborted_count((await c.get("/metrics")).text)
         return streamed, after - before
 
@@ -524,16 +529,17 @@ def test_uvicorn_serves_on_a_free_port(app):
     assert not thread.is_alive()
 
 
-def test_shutdown_fails_streams_and_health():
+def test_shutdown_and_engine_failure_fail_streams_and_health():
     engine = LLMEngine(device="cpu", block_size=8, num_kv_blocks=16)
-    llm = AsyncLLM(engine)
-    app = build_app(llm, model_name=MODEL)
+    params = SamplingParams(max_tokens=100, ignore_eos=True)
 
-    async def go():
-        stream = await llm.add_request("ROMEO:", SamplingParams(max_tokens=100, ignore_eos=True), "s")
+    async def shutdown_case():
+        llm = AsyncLLM(engine)
+        app = build_app(llm, model_name=MODEL)
+        stream = await llm.add_request("ROMEO:", params, "s")
         await stream.__anext__()
         await llm.shutdown()
-        with pytest.raises(EngineDeadError):
+        with pytest.raises(EngineDeadError, match="shut down"):
             async for _ in stream:
                 pass
         with pytest.raises(EngineDeadError):
@@ -541,8 +547,31 @@ def test_shutdown_fails_streams_and_health():
         async with client(app) as c:
             return await c.get("/health"), await c.post("/v1/completions", json=GOOD)
 
-    health, comp = asyncio.run(go())
+    health, comp = asyncio.run(shutdown_case())
     assert health.status_code == 503 and comp.status_code == 503
+    assert comp.json()["error"]["type"] == "ServiceUnavailableError"
+    # shutdown aborted the request in flight: the engine is clean for the next owner
+    assert not engine.has_unfinished_requests() and engine.kv_cache.num_free_blocks == 16
+
+    def broken_step():
+        raise RuntimeError("device fell over")
+
+    engine.step = broken_step  # the instance attribute shadows LLMEngine.step
+
+    async def failure_case():
+        llm = AsyncLLM(engine)
+        app = build_app(llm, model_name=MODEL)
+        async with client(app) as c:
+            streamed = await c.post("/v1/completions", json={**GOOD, "stream": True})
+            health = await c.get("/health")
+        return streamed, health
+
+    streamed, health = asyncio.run(failure_case())
+    *events, done = streamed.text.split("\n\n")[:-1]
+    assert done == "data: [DONE]"
+    error = json.loads(events[-1][len("data: "):])["error"]
+    assert error["code"] == 503 and "device fell over" in error["message"]
+    assert health.status_code == 503 and "device fell over" in health.json()["error"]["message"]
 
 
 def test_cli_serve_defaults_bind_localhost():

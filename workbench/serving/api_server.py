@@ -256,8 +256,6 @@ class _Server:
             return await self.llm.add_request(prompt, params, request_id)
         except (ValueError, TypeError) as exc:
             raise APIError(400, str(exc), _param_of(str(exc), fields)) from exc
-        except EngineDeadError as exc:
-            raise APIError(503, str(exc)) from exc
 
     async def render_chat(self, messages: list[P.ChatMessage], add_generation_prompt: bool,
                           chat_template: str | None) -> dict[str, Any]:
@@ -494,6 +492,28 @@ class _closing:
             self.metrics.request_aborted.inc()
 
 
+class _APIKeyMiddleware:
+    """ASGI middleware: /v1/*, /tokenize and /detokenize need ``Authorization: Bearer KEY``
+    (plain ASGI, so streaming responses and disconnects pass through untouched)."""
+
+    def __init__(self, app: Any, *, api_key: str, metrics: ServerMetrics) -> None:
+        self.app, self.metrics = app, metrics
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if (scope["type"] == "http" and scope["method"] != "OPTIONS"
+                and scope["path"].startswith(_PROTECTED)):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                self.metrics.error(401)
+                response = error_response(
+                    401, "Unauthorized: a valid API key is required (Authorization: Bearer <key>)."
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | None = None) -> FastAPI:
     """The OpenAI-compatible app over ``async_llm``; ``api_key`` guards /v1/*, /tokenize and
     /detokenize (``Authorization: Bearer <key>``)."""
@@ -505,6 +525,11 @@ def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | None = Non
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         server.metrics.error(exc.status)
         return error_response(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(EngineDeadError)
+    async def _engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        server.metrics.error(503)
+        return error_response(503, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -526,17 +551,7 @@ def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | None = Non
         return error_response(exc.status_code, str(exc.detail))
 
     if api_key is not None:
-        expected = f"Bearer {api_key}".encode()
-
-        @app.middleware("http")
-        async def _check_api_key(request: Request, call_next):
-            if request.method != "OPTIONS" and request.url.path.startswith(_PROTECTED):
-                given = request.headers.get("authorization", "").encode()
-                if not hmac.compare_digest(given, expected):
-                    server.metrics.error(401)
-                    return error_response(401, "Unauthorized: a valid API key is required "
-                                          "(Authorization: Bearer <key>).")
-            return await call_next(request)
+        app.add_middleware(_APIKeyMiddleware, api_key=api_key, metrics=server.metrics)
 
     @app.post("/v1/completions")
     async def completions(req: P.CompletionRequest, raw: Request) -> Response:

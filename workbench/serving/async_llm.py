@@ -161,7 +161,8 @@ class AsyncLLM:
             self._submit(do_abort)
 
     async def shutdown(self) -> None:
-        """Stop the engine thread (open streams get an EngineDeadError) and wait for it."""
+        """Stop the engine thread and wait for it: requests in flight are aborted (their
+        blocks freed) and their streams raise EngineDeadError."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
@@ -199,6 +200,9 @@ class AsyncLLM:
                         except BaseException as exc:  # handed to the caller
                             future.set_exception(exc)
                 if stopping:
+                    if self._streams:  # leave the engine clean: in-flight requests aborted
+                        engine.abort_request(list(self._streams))
+                        engine.step()
                     break
                 if engine.has_unfinished_requests():
                     self._deliver(engine.step())
