@@ -215,6 +215,8 @@ def test_n2_seed_and_stop_strings(app, hf):
     choice = r.json()["choices"][0]
     assert choice["text"] == greedy[: greedy.index(stop)]
     assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop
+    r = asyncio.run(_post(app, "/v1/completions", {**GOOD, "max_tokens": 20, "echo": True}))
+    assert r.json()["choices"][0]["text"] == "ROMEO:" + greedy
 
 
 async def _post(app, path, body, **kw):
@@ -393,8 +395,9 @@ def test_consumer_leaving_aborts_and_frees_blocks(async_llm):
     asyncio.run(go())
 
 
-async def _drive_asgi(app, body, disconnect_after_chunks):
-    """Call the ASGI app directly; the client disconnects after N response body chunks."""
+async def _drive_asgi(app, body, disconnect_after_chunks, hang_on_start=False):
+    """Call the ASGI app directly; the client disconnects after N response body chunks
+    (``hang_on_start``: sending the response head never completes, as on a dead socket)."""
     chunks, sent_body = [], False
     enough = asyncio.Event()
     if disconnect_after_chunks == 0:
@@ -409,6 +412,8 @@ async def _drive_asgi(app, body, disconnect_after_chunks):
         return {"type": "http.disconnect"}
 
     async def send(message):
+        if hang_on_start and message["type"] == "http.response.start":
+            await asyncio.Event().wait()
         if message["type"] == "http.response.body" and message.get("body"):
             chunks.append(message["body"])
         if len(chunks) >= disconnect_after_chunks:
@@ -444,13 +449,16 @@ def test_http_client_disconnect_aborts_request(app, keyed_app, async_llm, keyed)
         await wait_all_free(async_llm)
         await _drive_asgi(app, long, disconnect_after_chunks=0)  # non-streaming
         await wait_all_free(async_llm)
+        # gone while the response head is being sent: the body generator never starts
+        await _drive_asgi(app, {**long, "stream": True}, 0, hang_on_start=True)
+        await wait_all_free(async_llm)
         async with client(app, headers=headers) as c:
             after = _aborted_count((await c.get("/metrics")).text)
         return streamed, after - before
 
     streamed, aborted = asyncio.run(go())
     assert 2 <= len(streamed) < 400 and b"[DONE]" not in b"".join(streamed)
-    assert aborted == 2
+    assert aborted == 3
 
 
 # ---------------------------------------------------------------------------- other endpoints

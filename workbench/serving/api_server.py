@@ -232,6 +232,23 @@ async def _until_disconnect(raw: Request, work: Awaitable[Response]) -> Response
     return Response(status_code=499)
 
 
+class _SSEResponse(StreamingResponse):
+    """An SSE StreamingResponse that closes its request's stream however it ends, also when
+    it is cancelled before its body generator ever ran."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[str], closer: _closing) -> None:
+        super().__init__(content, media_type=self.media_type)
+        self.closer = closer
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.closer.close()
+
+
 class _Server:
     """The endpoint handlers of one app."""
 
@@ -287,24 +304,23 @@ class _Server:
             prompt = prompt[0]
         if isinstance(prompt, list):
             prompt = {"prompt_token_ids": prompt}
+        echo = ""
+        if req.echo:
+            echo = prompt if isinstance(prompt, str) else await self.llm.call(
+                lambda: self.engine.tokenizer.decode(prompt["prompt_token_ids"])
+            )
         request_id = f"cmpl-{uuid.uuid4().hex}"
         stream = await self.open_stream(
             prompt, req.to_sampling_params, request_id, set(P.CompletionRequest.model_fields)
         )
-        echo = ""
-        if req.echo:
-            echo = await self.llm.call(
-                lambda: prompt if isinstance(prompt, str)
-                else self.engine.tokenizer.decode(prompt["prompt_token_ids"])
-            )
         tracker = _Tracker(self.metrics, req.n)
         created = int(time.time())
+        closer = _closing(stream, self.metrics)
         if req.stream:
-            return StreamingResponse(
-                self._completion_events(stream, tracker, req, request_id, created, echo),
-                media_type="text/event-stream",
+            return _SSEResponse(
+                self._completion_events(closer, tracker, req, request_id, created, echo), closer
             )
-        with _closing(stream, self.metrics):
+        with closer:
             return await _until_disconnect(
                 raw, self._completion_full(stream, tracker, req, request_id, created, echo)
             )
@@ -331,7 +347,7 @@ class _Server:
         )
         return JSONResponse(P.dump(body))
 
-    async def _completion_events(self, stream, tracker, req, request_id, created, echo
+    async def _completion_events(self, closer, tracker, req, request_id, created, echo
                                  ) -> AsyncIterator[str]:
         def chunk(choices: list[P.CompletionChoice], usage: P.UsageInfo | None = None) -> str:
             return _sse(P.dump(P.CompletionResponse(
@@ -340,7 +356,7 @@ class _Server:
             )))
 
         started = [False] * req.n
-        async with _closing(stream, self.metrics):
+        async with closer as stream:
             try:
                 async for out in stream:
                     offsets = [len(echo) + len(c.text) for c in tracker.choices]
@@ -376,12 +392,10 @@ class _Server:
         )
         tracker = _Tracker(self.metrics, req.n)
         created = int(time.time())
+        closer = _closing(stream, self.metrics)
         if req.stream:
-            return StreamingResponse(
-                self._chat_events(stream, tracker, req, request_id, created),
-                media_type="text/event-stream",
-            )
-        with _closing(stream, self.metrics):
+            return _SSEResponse(self._chat_events(closer, tracker, req, request_id, created), closer)
+        with closer:
             return await _until_disconnect(
                 raw, self._chat_full(stream, tracker, req, request_id, created)
             )
@@ -408,14 +422,14 @@ class _Server:
         )
         return JSONResponse(P.dump(body))
 
-    async def _chat_events(self, stream, tracker, req, request_id, created) -> AsyncIterator[str]:
+    async def _chat_events(self, closer, tracker, req, request_id, created) -> AsyncIterator[str]:
         def chunk(choices: list[P.ChatStreamChoice], usage: P.UsageInfo | None = None) -> str:
             return _sse(P.dump(P.ChatCompletionChunk(
                 id=request_id, created=created, model=self.model_name, choices=choices,
                 usage=usage,
             )))
 
-        async with _closing(stream, self.metrics):
+        async with closer as stream:
             try:
                 for i in range(req.n):  # the first chunk of each choice carries the role
                     yield chunk([P.ChatStreamChoice(
@@ -468,11 +482,12 @@ class _Server:
 
 
 class _closing:
-    """``(async) with``: on exit, close the stream (aborting it unless it finished); count
-    the abort. Exactly one per request."""
+    """``(async) with`` or ``close()``: close the stream (aborting it unless it finished) and
+    count the abort, once. Exactly one per request."""
 
     def __init__(self, stream: RequestStream, metrics: ServerMetrics) -> None:
         self.stream, self.metrics = stream, metrics
+        self._done = False
 
     async def __aenter__(self) -> RequestStream:
         return self.stream
@@ -487,6 +502,9 @@ class _closing:
         self.close()
 
     def close(self) -> None:
+        if self._done:
+            return
+        self._done = True
         self.stream.close()
         if self.stream.aborted:
             self.metrics.request_aborted.inc()
