@@ -131,7 +131,11 @@ class AsyncLLM:
             self.engine.add_request(request_id, prompt, params)
             self._streams[request_id] = (loop, queue)
 
-        await self.call(add)
+        try:
+            await self.call(add)
+        except asyncio.CancelledError:  # the caller left while the engine thread added it
+            self.abort(request_id)
+            raise
         return RequestStream(self, request_id, queue)
 
     async def generate(
@@ -223,7 +227,8 @@ class AsyncLLM:
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
-            target = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
+            streams = self._streams
+            target = streams.pop(out.request_id, None) if out.finished else streams.get(out.request_id)
             if target is not None:
                 self._put(*target, out)
 
