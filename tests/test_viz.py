@@ -31,6 +31,8 @@ def test_plots_draw_what_the_history_says(engine):
     owned = [i for i in range(engine.kv_cache.num_blocks) if engine.kv_cache.blocks[i].owners]
     assert len(ax.patches) == engine.kv_cache.num_blocks and owned
     assert ax.get_title() == f"KV blocks: {engine.kv_cache.num_free_blocks}/10 free"
+    ax = plot_kv_blocks(engine.kv_cache, max_blocks=4)
+    assert len(ax.patches) == 4 and ax.get_title().endswith("(first 4 drawn)")
     plt.close("all")
 
 
