@@ -56,10 +56,15 @@ def paged_attention(
         out = torch.empty_like(query)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
+    decodes = [s for s in range(len(lens)) if starts[s + 1] - starts[s] == 1]
+    if len(decodes) > 1:
+        _decode_attention(query, key_cache, value_cache, block_tables, starts, lens, decodes,
+                          scale, sliding_window, softcap, out)
+    done = set(decodes) if len(decodes) > 1 else set()
     for s, seq_len in enumerate(lens):
         q_start, q_end = starts[s], starts[s + 1]
         q_len = q_end - q_start
-        if q_len == 0:
+        if q_len == 0 or s in done:
             continue
         num_blocks = -(-seq_len // block_size)
         blocks = block_tables[s, :num_blocks].long()
@@ -80,6 +85,38 @@ def paged_attention(
         probs = torch.softmax(scores, dim=-1)
         out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(out.dtype)
     return out
+
+
+def _decode_attention(query, key_cache, value_cache, block_tables, starts, lens, seqs, scale,
+                      sliding_window, softcap, out) -> None:
+    """The sequences ``seqs`` (one query token each) in one batched computation: their
+    caches are gathered into [len(seqs), max_len] with the tail masked. Same maths as the
+    per-sequence loop, for the common all-decode step."""
+    _, num_q_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    seq_lens = torch.tensor([lens[s] for s in seqs], device=query.device)
+    max_len = int(seq_lens.max())
+    num_blocks = -(-max_len // block_size)
+    index = torch.tensor(seqs, device=query.device)
+    tables = block_tables[index, :num_blocks].long().clamp_min(0)  # padding reads block 0, masked
+    k = key_cache[tables].flatten(1, 2)[:, :max_len].float()  # [S, L, kv_heads, D]
+    v = value_cache[tables].flatten(1, 2)[:, :max_len].float()
+    rows = torch.tensor([starts[s] for s in seqs], device=query.device)
+    q = query[rows].float().view(len(seqs), num_kv_heads, group, head_dim)
+    scores = torch.einsum("skgd,slkd->skgl", q, k) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    k_pos = torch.arange(max_len, device=query.device)[None, :]
+    q_pos = (seq_lens - 1)[:, None]
+    visible = k_pos <= q_pos
+    v = v.masked_fill(~visible[:, :, None, None], 0.0)  # padding may hold garbage (even NaN)
+    if sliding_window is not None:
+        visible &= k_pos > q_pos - sliding_window
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    result = torch.einsum("skgl,slkd->skgd", probs, v).reshape(len(seqs), num_q_heads, head_dim)
+    out[rows] = result.to(out.dtype)
 
 
 def rms_norm(
