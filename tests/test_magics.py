@@ -35,3 +35,26 @@ def test_add_step_history(shell):
 def test_unknown_command_names_the_choices(shell):
     with pytest.raises(ValueError, match="unknown %llm command 'frobnicate'"):
         shell.run_line_magic("llm", "frobnicate")
+
+
+def test_serve_from_a_notebook_then_stop(shell, capsys):
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = shell.run_line_magic("llm", f"serve --port {port}")
+    try:
+        assert url == f"http://127.0.0.1:{port}/v1"
+        with pytest.raises(RuntimeError, match="being served"):
+            shell.run_line_magic("llm", "step")
+        reply = httpx.post(f"{url}/completions", timeout=60,
+                           json={"model": "tiny-shakespeare", "prompt": "ROMEO:", "max_tokens": 4})
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] <= 4
+    finally:
+        shell.run_line_magic("llm", "stop")
+    capsys.readouterr()
+    shell.run_line_magic("llm", "generate --max-tokens 3 ROMEO:")  # the engine is ours again
+    assert capsys.readouterr().out.startswith("ROMEO:")

@@ -9,14 +9,21 @@
     %llm status                           the scheduler's queues and the KV cache
     %llm history                          the step history as a DataFrame
     %llm dashboard                        the interactive EngineDashboard
+    %llm serve [--host H] [--port P] [--api-key K]   serve this engine over HTTP (OpenAI API)
+    %llm stop                             stop serving; the engine is yours to step again
 
-The LLM is created on first use with the embedded default model.
+The LLM is created on first use with the embedded default model. While it is served, the
+server's engine thread owns the engine: the commands that drive it (generate, chat, add,
+step) refuse, the ones that read it (status, history, dashboard) show its live state.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shlex
+import threading
+import time
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
@@ -46,6 +53,7 @@ class WorkbenchMagics(Magics):
     """Holds one LLM per IPython session (``self.current``)."""
 
     current = None
+    server = None  # (uvicorn.Server, its thread, AsyncLLM, url) while serving
 
     def _get_llm(self):
         if self.current is None:
@@ -58,6 +66,8 @@ class WorkbenchMagics(Magics):
     def llm(self, line: str, cell: str | None = None):
         words = shlex.split(line)
         if cell is not None:
+            if self.server is not None:
+                raise RuntimeError(f"the engine is being served at {self.server[3]}; `%llm stop` first")
             options, _ = _sampling_parser().parse_known_args(words)
             return self._generate(cell.strip(), options)
         if not words:
@@ -68,7 +78,11 @@ class WorkbenchMagics(Magics):
         if handler is None:
             raise ValueError(
                 f"unknown %llm command {command!r}; one of: load, generate, chat, add, step, "
-                "status, history, dashboard"
+                "status, history, dashboard, serve, stop"
+            )
+        if self.server is not None and command in ("load", "generate", "chat", "add", "step"):
+            raise RuntimeError(
+                f"the engine is being served at {self.server[3]}; `%llm stop` before `%llm {command}`"
             )
         return handler(rest)
 
@@ -131,7 +145,58 @@ class WorkbenchMagics(Magics):
     def _cmd_dashboard(self, args: list[str]):
         from workbench.viz.dashboard import EngineDashboard
 
-        return EngineDashboard(self._get_llm().engine)
+        return EngineDashboard(self._get_llm().engine, read_only=self.server is not None)
+
+    def _cmd_serve(self, args: list[str]):
+        import uvicorn
+
+        from workbench.serving import AsyncLLM, build_app
+
+        if self.server is not None:
+            raise RuntimeError(f"already serving at {self.server[3]}; `%llm stop` first")
+        parser = argparse.ArgumentParser(prog="%llm serve", add_help=False, exit_on_error=False)
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--api-key", default=None)
+        options = parser.parse_args(args)
+        llm = self._get_llm()
+        async_llm = AsyncLLM(llm.engine)
+        name = llm.engine.model_config.path.name
+        app = build_app(async_llm, model_name=name, api_key=options.api_key)
+        server = uvicorn.Server(
+            uvicorn.Config(app, host=options.host, port=options.port, log_level="warning")
+        )
+        thread = threading.Thread(target=server.run, name="workbench-http", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not server.started:
+            server.should_exit = True
+            _shutdown(async_llm)
+            raise RuntimeError(f"the server did not start on {options.host}:{options.port}")
+        url = f"http://{options.host}:{options.port}/v1"
+        self.server = (server, thread, async_llm, url)
+        print(f"Serving {name!r} at {url}; `%llm dashboard` shows its scheduling, `%llm stop` ends it.")
+        return url
+
+    def _cmd_stop(self, args: list[str]):
+        if self.server is None:
+            raise RuntimeError("nothing is being served")
+        server, thread, async_llm, url = self.server
+        server.should_exit = True
+        thread.join(timeout=30)
+        _shutdown(async_llm)
+        async_llm.engine.stream_outputs = False
+        self.server = None
+        print(f"Stopped serving at {url}.")
+
+
+def _shutdown(async_llm) -> None:
+    """Stop AsyncLLM's engine thread from a cell (IPython's own event loop may be running)."""
+    worker = threading.Thread(target=lambda: asyncio.run(async_llm.shutdown()))
+    worker.start()
+    worker.join()
 
 
 def load_ipython_extension(ipython) -> None:

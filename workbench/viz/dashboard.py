@@ -18,9 +18,14 @@ from workbench.viz.plots import plot_kv_blocks, plot_kv_usage, plot_step_tokens
 
 
 class EngineDashboard:
-    """``EngineDashboard(engine).widget`` is the panel; display it in a notebook cell."""
+    """``EngineDashboard(engine).widget`` is the panel; display it in a notebook cell.
 
-    def __init__(self, engine, params: SamplingParams | None = None) -> None:
+    ``read_only=True`` (an engine that a server is stepping) shows only a Refresh button.
+    """
+
+    def __init__(
+        self, engine, params: SamplingParams | None = None, *, read_only: bool = False
+    ) -> None:
         self.engine = engine
         self.params = params or SamplingParams(temperature=0, max_tokens=32)
         self._ids = itertools.count()
@@ -35,9 +40,13 @@ class EngineDashboard:
         run.on_click(lambda _: self.step(10))
         finish.on_click(lambda _: self.run_to_end())
         self.view = widgets.Output()
-        self.widget = widgets.VBox(
-            [widgets.HBox([self.prompt, add]), widgets.HBox([step, run, finish]), self.view]
-        )
+        if read_only:
+            refresh = widgets.Button(description="Refresh")
+            refresh.on_click(lambda _: self.refresh())
+            controls = [refresh]
+        else:
+            controls = [widgets.HBox([self.prompt, add]), widgets.HBox([step, run, finish])]
+        self.widget = widgets.VBox([*controls, self.view])
         self.refresh()
 
     def add(self, prompt: str) -> None:
