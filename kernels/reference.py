@@ -1,7 +1,8 @@
 """Plain-torch reference implementations of every kernel, same signatures as the Triton ones.
 
 They are the correctness oracle for the Triton kernels and the default attention path on CPU.
-Readable first: one sequence at a time, fp32 math, no fusion.
+Readable first: fp32 math, no fusion; attention loops over sequences, except that the
+decode-only sequences of a step are done in one masked batch.
 """
 
 from __future__ import annotations

@@ -189,6 +189,8 @@ def build(name: str, cells) -> pathlib.Path:
     nb = new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in cells]
+    for i, cell in enumerate(nb.cells):  # stable ids: a rebuild only changes what really changed
+        cell.id = f"cell-{i:02d}"
     path = ROOT / "notebooks" / name
     nbformat.write(nb, path)
     return path
@@ -203,6 +205,10 @@ def main() -> int:
              "--inplace", str(path)],
             check=True,
         )
+        executed = nbformat.read(path, as_version=4)
+        for cell in executed.cells:  # drop per-run timestamps
+            cell.metadata.pop("execution", None)
+        nbformat.write(executed, path)
         print("wrote", path.relative_to(ROOT))
     return 0
 

@@ -165,3 +165,39 @@ def test_reset_prefix_cache_forgets_cached_blocks(llm):
     engine.step()
     assert engine.history[-1].scheduler_output.num_prefix_cache_hit_tokens == 0
     drain(engine)
+
+
+def test_child_id_clash_is_rejected_before_anything_is_queued(llm):
+    engine = llm.engine
+    engine.add_request("1_p", "ROMEO:", SamplingParams(temperature=0, max_tokens=3))
+    with pytest.raises(ValueError, match="'1_p' is already in flight"):
+        engine.add_request("p", "JULIET:", SamplingParams(n=2, max_tokens=3))
+    assert set(engine.scheduler.requests) == {"1_p"}
+    assert set(drain(engine)) == {"1_p"}
+
+
+def test_blocks_freed_counts_blocks_released(llm):
+    engine = llm.engine  # block_size 8
+    prompt = {"prompt_token_ids": list(range(10, 27))}  # 17 tokens: 2 full blocks + 1
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    # 17 prompt tokens + 1 output -> 3 blocks held, all released when it finishes in one step.
+    assert engine.history[-1].num_blocks_freed == 3
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    # The rerun hits the 2 cached full blocks (ref 0 -> 1), allocates 1, later frees all 3.
+    records = engine.history[-3:]
+    assert [r.num_blocks_freed for r in records] == [0, 0, 3]
+    assert records[0].scheduler_output.num_prefix_cache_hit_tokens == 16
+
+
+def test_logged_prefix_hit_rate_stays_a_rate_under_preemption():
+    engine = LLMEngine(device="cpu", block_size=4, num_kv_blocks=12, max_num_batched_tokens=16)
+    engine.log_stats(force=True)
+    prompts = ["KING HENRY:\nOnce more unto the breach", "HAMLET:\nTo be, or not to be"]
+    for i, prompt in enumerate(prompts * 2):
+        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    drain(engine)
+    assert engine.history.to_dataframe()["preempted"].sum() > 0
+    stats = engine.kv_cache.prefix_cache_stats
+    line = engine.log_stats(force=True)
+    expected = f"Prefix cache hit rate: {stats.hits / stats.queries:.1%}"
+    assert expected in line and stats.hits <= stats.queries

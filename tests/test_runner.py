@@ -20,7 +20,8 @@ def test_packed_batch_of_a_decode_a_chunk_and_a_prefix_hit():
                              num_cached_tokens=4),
         ),
     )
-    batch = build_batch_inputs(so, block_size, "cpu")
+    batch = build_batch_inputs(so, block_size)
+    assert batch.to("cpu") is batch
     assert batch.input_ids.tolist() == [9, 1, 2, 3, 4, 5]
     assert batch.positions.tolist() == [5, 0, 1, 2, 4, 5]
     assert batch.slot_mapping.tolist() == [29, 8, 9, 10, 20, 21]

@@ -395,6 +395,21 @@ def test_consumer_leaving_aborts_and_frees_blocks(async_llm):
     asyncio.run(go())
 
 
+def test_abort_from_outside_ends_the_stream_with_abort(async_llm):
+    params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+
+    async def go():
+        stream = await async_llm.add_request("ROMEO:", params, "outside-abort")
+        await stream.__anext__()
+        async_llm.abort("outside-abort")
+        outs = [out async for out in stream]  # ends: the final output is the abort
+        assert outs and outs[-1].finished
+        assert outs[-1].outputs[0].finish_reason == "abort"
+        await wait_all_free(async_llm)
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
 async def _drive_asgi(app, body, disconnect_after_chunks, hang_on_start=False):
     """Call the ASGI app directly; the client disconnects after N response body chunks
     (``hang_on_start``: sending the response head never completes, as on a dead socket)."""

@@ -1,4 +1,4 @@
-"""The plots and the dashboard draw from a real run without touching engine state."""
+"""The plots draw what a real run recorded; the dashboard steps the engine through its API."""
 
 import matplotlib
 

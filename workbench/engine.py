@@ -91,7 +91,9 @@ class LLMEngine:
         self.history = StepHistory(config.max_history)
         self.stats = StatLogger(interval=config.log_stats_interval)
         self._children: dict[str, list[str]] = {}  # add_request id -> child request ids
+        self._child_ids: set[str] = set()  # every child id in flight (queued or not yet)
         self._forks: dict[str, list[Request]] = {}  # child 0 id -> siblings not yet queued
+        self._freed_mark = 0  # pool.num_freed at the end of the previous step
         self._pending_outputs: list[RequestOutput] = []
         #: False: step() returns a request's RequestOutput once, when it finishes (what LLM
         #: uses). True: every step returns a delta output (new text and token ids) for each
@@ -144,6 +146,9 @@ class LLMEngine:
                     arrival_time=arrival,
                 )
             )
+        clash = [c.request_id for c in children if c.request_id in self._child_ids]
+        if clash:
+            raise ValueError(f"request_id {clash[0]!r} is already in flight.")
         self.scheduler.add_request(children[0])  # raises (nothing queued) if it can never fit
         if len(children) > 1:
             self._forks[children[0].request_id] = children[1:]
@@ -152,14 +157,17 @@ class LLMEngine:
                 child, text, parent_id=request_id if params.n > 1 else None, index=i, n=params.n
             )
         self._children[request_id] = [c.request_id for c in children]
+        self._child_ids.update(self._children[request_id])
 
-    def abort_request(self, request_id: str | Iterable[str]) -> None:
+    def abort_request(self, request_id: str | Iterable[str], *, report: bool = True) -> None:
         """Abort requests (by the id given to add_request) in any state; frees their blocks.
 
-        Their final outputs (finish_reason "abort") come out of the next ``step()``.
+        Their final outputs (finish_reason "abort") come out of the next ``step()``, unless
+        ``report=False`` (a rollback of requests nobody has seen).
         """
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         child_ids = [c for rid in ids for c in self._children.pop(rid, [])]
+        self._child_ids.difference_update(child_ids)
         for c in child_ids:
             self._forks.pop(c, None)
         live = [c for c in child_ids if c in self.scheduler.requests]
@@ -167,9 +175,9 @@ class LLMEngine:
             self.scheduler.finish_requests(live, RequestStatus.FINISHED_ABORTED)
         for c in child_ids:
             self.runner.sampler.remove(c)
-        self._pending_outputs.extend(
-            self.output_processor.abort(child_ids, stream=self.stream_outputs)
-        )
+        outputs = self.output_processor.abort(child_ids, stream=self.stream_outputs)
+        if report:
+            self._pending_outputs.extend(outputs)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._children) or bool(self._pending_outputs)
@@ -183,9 +191,14 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling + model step; return the RequestOutputs it finished."""
+        """Run one scheduling + model step.
+
+        Returns the RequestOutputs of requests that finished in it (and of aborts since the
+        last step); with ``stream_outputs`` a delta output for every request that got tokens.
+        ``history[-1]`` records the step; ``num_blocks_freed`` counts blocks released since the
+        previous record (aborts in between included).
+        """
         t0 = time.perf_counter()
-        free_before = self.kv_cache.num_free_blocks
         so = self.scheduler.schedule()
         t1 = time.perf_counter()
         timings = {"schedule": t1 - t0}
@@ -193,9 +206,6 @@ class LLMEngine:
         logprobs = {}
         batch = None
         requests = self.scheduler.requests
-        prompt_queries = sum(
-            requests[rid].num_prompt_tokens for rid in so.new_request_ids if rid in requests
-        )
         if so.scheduled:
             result = self.runner.execute(so, requests)
             sampled, logprobs, batch = result.sampled_token_ids, result.logprobs, result.batch
@@ -217,7 +227,7 @@ class LLMEngine:
         self._pending_outputs = []
         for out in outputs:
             if out.finished:
-                self._children.pop(out.request_id, None)
+                self._child_ids.difference_update(self._children.pop(out.request_id, ()))
         timings["output"] = time.perf_counter() - t2
         record = StepRecord(
             step=so.step,
@@ -229,26 +239,24 @@ class LLMEngine:
             num_waiting=len(self.scheduler.waiting),
             num_free_blocks=self.kv_cache.num_free_blocks,
             kv_usage=self.kv_cache.usage,
-            num_blocks_freed=self.kv_cache.num_free_blocks - free_before + so.num_blocks_allocated,
+            num_blocks_freed=self.kv_cache.pool.num_freed - self._freed_mark,
             timings=timings,
         )
+        self._freed_mark = self.kv_cache.pool.num_freed
         self.history.append(record)
-        self.stats.record(
-            prompt_tokens=record.num_prefill_tokens,
-            generation_tokens=len(sampled),
-            queries=prompt_queries,
-            hits=so.num_prefix_cache_hit_tokens,
-        )
+        self.stats.record(prompt_tokens=record.num_prefill_tokens, generation_tokens=len(sampled))
         if self.config.log_stats:
             self.log_stats()
         return outputs
 
     def log_stats(self, force: bool = False) -> str | None:
         """Log (and return) vLLM's periodic summary line, at most once per interval unless forced."""
+        prefix = self.kv_cache.prefix_cache_stats
         return self.stats.maybe_log(
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),
             kv_usage=self.kv_cache.usage,
+            prefix=(prefix.queries, prefix.hits),
             force=force,
         )
 

@@ -100,7 +100,7 @@ class LLM:
                 engine.add_request(request_id, prompt, p, priority=prio)
                 ids.append(request_id)
         except ValueError:
-            engine.abort_request(ids)
+            engine.abort_request(ids, report=False)
             raise
         wanted = set(ids)
         results: dict[str, RequestOutput] = {}

@@ -174,6 +174,7 @@ class WorkbenchMagics(Magics):
         if not server.started:
             server.should_exit = True
             _shutdown(async_llm)
+            llm.engine.stream_outputs = False
             raise RuntimeError(f"the server did not start on {options.host}:{options.port}")
         url = f"http://{options.host}:{options.port}/v1"
         self.server = (server, thread, async_llm, url)

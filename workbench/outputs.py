@@ -279,9 +279,6 @@ class OutputProcessor:
     def has_unfinished(self) -> bool:
         return bool(self._parents)
 
-    def get_num_unfinished(self) -> int:
-        return len(self._parents)
-
     def __repr__(self) -> str:
         return f"OutputProcessor(unfinished={len(self._parents)})"
 

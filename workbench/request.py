@@ -95,10 +95,6 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
-    @property
-    def max_tokens(self) -> int | None:
-        return self.sampling_params.max_tokens
-
     def __repr__(self) -> str:
         return (
             f"Request({self.request_id!r}, status={self.status.name}, "

@@ -10,7 +10,7 @@ import html
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -27,7 +27,7 @@ logger = logging.getLogger("workbench")
 
 @dataclass(frozen=True)
 class BatchInputs:
-    """The tensors one forward pass consumes (all on the model's device).
+    """The tensors one forward pass consumes (built on the CPU; ``to(device)`` for the model).
 
     ``input_ids``/``positions``/``slot_mapping`` have one entry per scheduled token;
     ``block_tables``/``seq_lens`` one row per scheduled request (``query_start_loc`` one more);
@@ -48,6 +48,17 @@ class BatchInputs:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel())
+
+    def to(self, device) -> BatchInputs:
+        """The same batch with every tensor on ``device`` (itself when already there)."""
+        if self.input_ids.device == torch.device(device):
+            return self
+        moved = {
+            f.name: getattr(self, f.name).to(device, non_blocking=True)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **moved)
 
     def __repr__(self) -> str:
         return (
@@ -78,8 +89,8 @@ class BatchInputs:
         )
 
 
-def build_batch_inputs(scheduler_output: SchedulerOutput, block_size: int, device) -> BatchInputs:
-    """Pack the scheduled chunks into flat tensors: plain Python lists, one tensor each."""
+def build_batch_inputs(scheduler_output: SchedulerOutput, block_size: int) -> BatchInputs:
+    """Pack the scheduled chunks into flat CPU tensors: plain Python lists, one tensor each."""
     scheduled = scheduler_output.scheduled
     width = max(len(s.block_ids) for s in scheduled)
     input_ids: list[int] = []
@@ -100,7 +111,7 @@ def build_batch_inputs(scheduler_output: SchedulerOutput, block_size: int, devic
             logits_indices.append(query_start_loc[-1] - 1)
 
     def tensor(values, dtype):
-        return torch.tensor(values, dtype=dtype, device=device)
+        return torch.tensor(values, dtype=dtype)
 
     return BatchInputs(
         request_ids=tuple(s.request_id for s in scheduled),
@@ -222,18 +233,19 @@ class ModelRunner:
         """Run one step's batch: prepare inputs, forward, sample the requests that need a token."""
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         t0 = time.perf_counter()
-        batch = build_batch_inputs(scheduler_output, self.block_size, self.device)
+        batch = build_batch_inputs(scheduler_output, self.block_size)  # kept on the record
+        inputs = batch.to(self.device)
         attn = AttentionMetadata(
-            slot_mapping=batch.slot_mapping,
-            block_tables=batch.block_tables,
-            query_start_loc=batch.query_start_loc,
-            seq_lens=batch.seq_lens,
+            slot_mapping=inputs.slot_mapping,
+            block_tables=inputs.block_tables,
+            query_start_loc=inputs.query_start_loc,
+            seq_lens=inputs.seq_lens,
             backend=self.attention_backend,
         )
         sync()
         t1 = time.perf_counter()
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, attn)
-        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn)
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
         sync()
         t2 = time.perf_counter()
         sampled: dict[str, int] = {}

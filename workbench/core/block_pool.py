@@ -118,9 +118,9 @@ class FreeBlockQueue:
 class BlockPool:
     """All physical blocks, their reference counts and the prefix-cache hash map.
 
-    Counters ``num_allocated`` (blocks handed out by :meth:`get_new_blocks`) and
-    ``num_evicted`` (cached blocks whose hash was dropped to serve them) only grow; the
-    scheduler reports per-step differences.
+    Counters ``num_allocated`` (blocks handed out by :meth:`get_new_blocks`),
+    ``num_evicted`` (cached blocks whose hash was dropped to serve them) and ``num_freed``
+    (blocks whose ref_count fell to 0) only grow; readers report differences.
     """
 
     def __init__(self, num_blocks: int):
@@ -131,6 +131,7 @@ class BlockPool:
         self.cached: dict[bytes, KVCacheBlock] = {}
         self.num_allocated = 0
         self.num_evicted = 0
+        self.num_freed = 0
 
     @property
     def num_blocks(self) -> int:
@@ -181,6 +182,7 @@ class BlockPool:
                 if block.block_hash is None:
                     block.token_ids = ()
                 self.free_queue.append(block)
+                self.num_freed += 1
 
     def cache_block(self, block: KVCacheBlock, block_hash: bytes, token_ids: tuple[int, ...]) -> bool:
         """Record a full, computed block under ``block_hash``. Returns False (and leaves the

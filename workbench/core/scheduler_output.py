@@ -54,10 +54,6 @@ class SchedulerOutput:
     def total_num_scheduled_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled)
 
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
     def _chunk_line(self, s: ScheduledRequest) -> str:
         kind = "prefill" if s.is_prefill else "decode"
         hit = f" cached={s.num_cached_tokens}" if s.num_cached_tokens else ""

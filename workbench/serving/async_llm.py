@@ -157,8 +157,7 @@ class AsyncLLM:
         """Abort a request (no-op when unknown or finished); its blocks are freed on the
         engine thread before its next step. Safe from any thread, does not wait."""
 
-        def do_abort() -> None:
-            self._streams.pop(request_id, None)
+        def do_abort() -> None:  # the final "abort" output reaches the stream next step
             self.engine.abort_request(request_id)
 
         if self.is_running:
