@@ -114,6 +114,11 @@ class FreeBlockQueue:
         """Queued block ids, front (next evicted) first. O(n): for inspection and tests."""
         return [b.block_id for b in self]
 
+    def __repr__(self) -> str:
+        ids = self.block_ids()
+        shown = ", ".join(map(str, ids[:16])) + (f", ... +{len(ids) - 16} more" if len(ids) > 16 else "")
+        return f"FreeBlockQueue({len(ids)} blocks, next evicted first: [{shown}])"
+
 
 class BlockPool:
     """All physical blocks, their reference counts and the prefix-cache hash map.
