@@ -1,7 +1,10 @@
 """pyproject.toml ships every subpackage (a wheel built from a missing entry lacks that code)."""
 
 import pathlib
-import tomllib
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
