@@ -99,8 +99,12 @@ class LLMEngine:
         #: uses). True: every step returns a delta output (new text and token ids) for each
         #: request that got tokens, as a streaming server needs.
         self.stream_outputs = False
+        # The tokenizer's eos ends a request; other eos ids of generation_config.json join
+        # each request's stop_token_ids (as vLLM does), unless it ignores eos.
         eos = self.model_config.eos_token_ids
-        self._eos_token_id = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else (eos[0] if eos else None)
+        self._eos_token_id = self.tokenizer.eos_token_id
+        if self._eos_token_id is None and eos:
+            self._eos_token_id = eos[0]
         self._extra_eos_ids = [t for t in eos if t != self._eos_token_id]
 
     # ------------------------------------------------------------------ requests
