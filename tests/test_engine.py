@@ -201,3 +201,12 @@ def test_logged_prefix_hit_rate_stays_a_rate_under_preemption():
     line = engine.log_stats(force=True)
     expected = f"Prefix cache hit rate: {stats.hits / stats.queries:.1%}"
     assert expected in line and stats.hits <= stats.queries
+
+
+def test_html_reprs_describe_the_live_engine(llm):
+    engine = llm.engine
+    llm.generate(["ROMEO:"], GREEDY, use_tqdm=False)
+    page = llm._repr_html_()
+    assert f"{engine.kv_cache.num_blocks} blocks x 8 tokens" in page and "0 running, 0 waiting" in page
+    table = engine.history._repr_html_()
+    assert f"{len(engine.history)} steps" in table and "<table" in table and "t_forward" not in table

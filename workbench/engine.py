@@ -7,6 +7,7 @@ objects (``engine.scheduler``, ``engine.kv_cache``) stay inspectable between ste
 from __future__ import annotations
 
 import dataclasses
+import html
 import time
 from collections.abc import Iterable
 
@@ -263,6 +264,21 @@ class LLMEngine:
             prefix=(prefix.queries, prefix.hits),
             force=force,
         )
+
+    def _repr_html_(self) -> str:
+        mc, kv = self.model_config, self.kv_cache
+        rows = {
+            "model": f"{mc.architecture} ({html.escape(mc.path.name)}), {mc.num_layers} layers",
+            "device / attention": f"{self.device.type} / {self.attention_backend}",
+            "KV cache": f"{kv.num_blocks} blocks x {kv.block_size} tokens, "
+                        f"{kv.num_free_blocks} free ({kv.usage:.0%} used)",
+            "budget": f"{self.max_num_batched_tokens} tokens, {self.scheduler.max_num_seqs} seqs "
+                      f"per step, policy {html.escape(self.scheduler.policy.name)}",
+            "queues": f"{len(self.scheduler.running)} running, {len(self.scheduler.waiting)} waiting",
+            "steps recorded": str(len(self.history)),
+        }
+        cells = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows.items())
+        return f"<b>LLMEngine</b><table>{cells}</table>"
 
     def __repr__(self) -> str:
         mc = self.model_config

@@ -142,3 +142,9 @@ class StepHistory:
 
     def __repr__(self) -> str:
         return f"StepHistory({len(self)} steps)"
+
+    def _repr_html_(self) -> str:
+        """The last ten steps as a table (``to_dataframe()`` has them all)."""
+        frame = self.to_dataframe()
+        shown = frame.tail(10).drop(columns=[c for c in frame.columns if c.startswith("t_")])
+        return f"<b>StepHistory</b>: {len(self)} steps, the last {len(shown)}:" + shown.to_html()

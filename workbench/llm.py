@@ -114,3 +114,6 @@ class LLM:
 
     def __repr__(self) -> str:
         return f"LLM({self.engine!r})"
+
+    def _repr_html_(self) -> str:
+        return self.engine._repr_html_()
