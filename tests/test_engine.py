@@ -210,3 +210,16 @@ def test_html_reprs_describe_the_live_engine(llm):
     assert f"{engine.kv_cache.num_blocks} blocks x 8 tokens" in page and "0 running, 0 waiting" in page
     table = engine.history._repr_html_()
     assert f"{len(engine.history)} steps" in table and "<table" in table and "t_forward" not in table
+
+
+def test_cli_generate_rejects_bad_input_with_the_field_named(capsys):
+    assert cli_main(["generate", "ROMEO:", "--temperature", "-1"]) == 2
+    assert "temperature must be non-negative" in capsys.readouterr().err
+
+
+def test_cli_streams_one_prompt_and_batches_several(capsys):
+    assert cli_main(["generate", "ROMEO:", "--max-tokens", "8", "--temperature", "0"]) == 0
+    streamed = capsys.readouterr().out
+    assert cli_main(["generate", "ROMEO:", "JULIET:", "--max-tokens", "8", "--temperature", "0"]) == 0
+    batched = capsys.readouterr().out
+    assert batched.startswith(streamed) and batched.count("-" * 40) == 2

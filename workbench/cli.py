@@ -7,21 +7,35 @@ import sys
 
 
 def _generate(args: argparse.Namespace) -> int:
+    """One prompt streams its text as it is generated; several are batched and printed in order."""
     from workbench import LLM, SamplingParams
 
-    llm = LLM(model=args.model, device=args.device, dtype=args.dtype)
-    params = SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed
-    )
     try:
+        params = SamplingParams(
+            temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+            seed=args.seed,
+        )
+        llm = LLM(model=args.model, device=args.device, dtype=args.dtype)
+        if len(args.prompts) == 1:
+            return _stream_one(llm.engine, args.prompts[0], params)
         outputs = llm.generate(args.prompts, params, use_tqdm=False)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for out in outputs:
         print(f"{out.prompt}{out.outputs[0].text}")
-        if len(outputs) > 1:
-            print("-" * 40)
+        print("-" * 40)
+    return 0
+
+
+def _stream_one(engine, prompt: str, params) -> int:
+    engine.stream_outputs = True
+    engine.add_request("cli", prompt, params)
+    print(prompt, end="", flush=True)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            print(out.outputs[0].text if out.outputs else "", end="", flush=True)
+    print()
     return 0
 
 
