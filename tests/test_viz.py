@@ -26,6 +26,8 @@ def test_plots_draw_what_the_history_says(engine):
     heights = [p.get_height() for p in ax.patches]
     frame = engine.history.to_dataframe()
     assert heights == list(frame["prefill_tokens"]) + list(frame["decode_tokens"])
+    ax = plot_step_tokens(engine.history, last=2)
+    assert len(ax.patches) == 4  # prefill and decode bars of the last two steps
     plot_kv_usage(engine.history)
     ax = plot_kv_blocks(engine.kv_cache, columns=5)
     owned = [i for i in range(engine.kv_cache.num_blocks) if engine.kv_cache.blocks[i].owners]

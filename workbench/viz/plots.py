@@ -16,9 +16,12 @@ def _axes(ax, size=(8, 3)):
     return ax
 
 
-def plot_step_tokens(history, ax=None):
-    """Stacked bars: prefill and decode tokens each step, against the token budget."""
-    frame = history.to_dataframe()
+def plot_step_tokens(history, ax=None, last: int = 200):
+    """Stacked bars: prefill and decode tokens each step, against the token budget.
+
+    Only the ``last`` steps are drawn (a served engine keeps thousands).
+    """
+    frame = history.to_dataframe().tail(last)
     ax = _axes(ax)
     if frame.empty:
         ax.set_title("no steps yet")
