@@ -54,6 +54,16 @@ class SchedulerOutput:
     def total_num_scheduled_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled)
 
+    def _id_groups(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The non-empty (label, request ids) groups: new, resumed, preempted, finished."""
+        groups = (
+            ("new", self.new_request_ids),
+            ("resumed", self.resumed_request_ids),
+            ("preempted", self.preempted_request_ids),
+            ("finished", self.finished_request_ids),
+        )
+        return [(name, ids) for name, ids in groups if ids]
+
     def _chunk_line(self, s: ScheduledRequest) -> str:
         kind = "prefill" if s.is_prefill else "decode"
         hit = f" cached={s.num_cached_tokens}" if s.num_cached_tokens else ""
@@ -65,16 +75,7 @@ class SchedulerOutput:
 
     def __repr__(self) -> str:
         """Deterministic: one header line, then one line per scheduled chunk."""
-        ids = [
-            f"{name}={list(v)}"
-            for name, v in (
-                ("new", self.new_request_ids),
-                ("resumed", self.resumed_request_ids),
-                ("preempted", self.preempted_request_ids),
-                ("finished", self.finished_request_ids),
-            )
-            if v
-        ]
+        ids = [f"{name}={list(v)}" for name, v in self._id_groups()]
         head = (
             f"SchedulerOutput(step={self.step}, tokens={self.total_num_scheduled_tokens}/{self.token_budget}"
             + "".join(f", {x}" for x in ids)
@@ -108,16 +109,7 @@ class SchedulerOutput:
         head = "".join(
             f"<th>{h}</th>" for h in ("request", "kind", "tokens", "new", "cached", "blocks", "samples")
         )
-        notes = "".join(
-            f", {name}: {html.escape(' '.join(v))}"
-            for name, v in (
-                ("new", self.new_request_ids),
-                ("resumed", self.resumed_request_ids),
-                ("preempted", self.preempted_request_ids),
-                ("finished", self.finished_request_ids),
-            )
-            if v
-        )
+        notes = "".join(f", {name}: {html.escape(' '.join(v))}" for name, v in self._id_groups())
         return (
             f"<div><b>Step {self.step}</b>: {self.total_num_scheduled_tokens}/{self.token_budget} tokens, "
             f"{len(self.scheduled)} requests{notes}; {self.num_blocks_allocated} blocks allocated, "
