@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field, fields
 
 _GREEDY_EPS = 1e-5
+
+
+class RequestOutputKind(enum.Enum):
+    """What each RequestOutput of a request carries (vLLM's names).
+
+    CUMULATIVE: every step that produced tokens, the text and token ids so far (the default
+    for ``LLMEngine.step()``). DELTA: only what is new since the last output (servers
+    streaming). FINAL_ONLY: one output, when the request finishes (``LLM.generate``).
+    """
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass
@@ -32,6 +46,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_strings: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
