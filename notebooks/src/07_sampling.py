@@ -1,0 +1,226 @@
+# %% [markdown]
+# # Sampling: from logits to a token
+#
+# Each step the model gives every request a vector of *logits*, one score per token of the
+# vocabulary. The sampler turns that vector into one token, in a fixed order (vLLM's, spelled
+# out at the top of `workbench/sampling.py`): penalties for tokens already seen, temperature,
+# then the truncations top-k, top-p and min-p, then a random draw. This tutorial applies each
+# stage to the real logits of one step of the embedded model and draws what it does. You will
+# see:
+#
+# - how temperature sharpens or flattens the distribution;
+# - which tokens top-k, top-p and min-p keep, and how much probability each throws away;
+# - how repetition, frequency and presence penalties push back on tokens already used;
+# - why a per-request `seed` gives the same tokens whatever else shares the batch.
+
+# %%
+import matplotlib.pyplot as plt
+import torch
+
+from workbench import LLMEngine, SamplingParams
+from workbench.request import Request
+from workbench.sampling import apply_min_p, apply_penalties, apply_top_k_top_p
+
+engine = LLMEngine(block_size=8, num_kv_blocks=64)
+tokenizer = engine.tokenizer
+VOCAB = engine.model_config.vocab_size
+
+
+def generate(requests):
+    """Run {request_id: (prompt, SamplingParams)} to completion; return each final output."""
+    for request_id, (prompt, params) in requests.items():
+        engine.add_request(request_id, prompt, params)
+    finished = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out.outputs[0]
+    return finished
+
+
+def next_token_logprobs(prompt):
+    """The model's log-probabilities for the token after `prompt`, from one engine step.
+
+    Asking for the logprobs of the whole vocabulary returns log_softmax(logits): the logits
+    minus one constant, which changes nothing below except where a sign matters.
+    """
+    params = SamplingParams(temperature=0, max_tokens=1, logprobs=VOCAB)
+    out = generate({"probe": (prompt, params)})["probe"]
+    row = out.logprobs[0]
+    return torch.tensor([row[t].logprob for t in range(VOCAB)])
+
+
+def label(token_id):
+    return repr(tokenizer.decode([token_id]))
+
+# %% [markdown]
+# ## One step's distribution
+#
+# Romeo has said "I love thee" twice; what comes after the third "I"? The engine computes the
+# prompt, and the sampler sees one row of 4096 logits. Softmax turns them into probabilities:
+# no token is very likely, and a long tail of unlikely tokens shares the rest.
+
+# %%
+prompt = "ROMEO:\nI love thee, I love thee, I"
+logprobs = next_token_logprobs(prompt)
+probs = logprobs.softmax(-1)
+top = probs.topk(12)
+for p, t in zip(top.values.tolist(), top.indices.tolist()):
+    print(f"{label(t):10} {p:.3f}")
+print(f"the 12 most likely tokens hold {top.values.sum():.2f} of the probability")
+
+# %% [markdown]
+# ## Temperature
+#
+# The sampler divides the logits by the temperature before the softmax. Below 1 the likely
+# tokens get likelier (at 0 the sampler simply takes the argmax: greedy); above 1 the
+# distribution flattens towards the tail. *Entropy* (in bits) measures how spread out it is.
+
+# %%
+def entropy_bits(p):
+    p = p[p > 0]
+    return float(-(p * p.log2()).sum())
+
+
+ids = top.indices.tolist()
+fig, ax = plt.subplots(figsize=(10, 3.2), layout="constrained")
+for k, temperature in enumerate((0.5, 1.0, 2.0)):
+    p = (logprobs / temperature).softmax(-1)
+    ax.bar([i + (k - 1) * 0.27 for i in range(len(ids))], p[ids], width=0.27,
+           label=f"T={temperature}: top token {p.max():.2f}, entropy {entropy_bits(p):.1f} bits")
+ax.set_xticks(range(len(ids)), [label(t) for t in ids])
+ax.set_ylabel("probability")
+ax.set_title("The 12 most likely next tokens at three temperatures")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# ## Truncation: top-k, top-p, min-p
+#
+# Truncation removes the tail before the draw, so that one unlucky draw cannot pick a token
+# the model barely considered. The engine's own functions do it on a batch of rows:
+#
+# - **top-k** keeps the k most likely tokens;
+# - **top-p** (nucleus) keeps the smallest set of most likely tokens whose probability reaches p;
+# - **min-p** keeps the tokens at least `min_p` times as likely as the most likely one, so it
+#   keeps few tokens when the model is sure and many when it is not.
+
+# %%
+row = logprobs[None]  # a batch of one row, as the sampler sees it
+kept = {
+    "top_k=10": apply_top_k_top_p(row, torch.tensor([10]), torch.tensor([1.0]))[0],
+    "top_p=0.5": apply_top_k_top_p(row, torch.tensor([VOCAB]), torch.tensor([0.5]))[0],
+    "min_p=0.2": apply_min_p(row, torch.tensor([0.2]))[0],
+}
+order = probs.argsort(descending=True)[:60]
+fig, axes = plt.subplots(1, 3, figsize=(13, 3), sharey=True, layout="constrained")
+for ax, (name, filtered) in zip(axes, kept.items()):
+    survives = torch.isfinite(filtered)
+    ax.bar(range(60), probs[order], color=["tab:blue" if s else "lightgray" for s in survives[order]])
+    ax.set_title(f"{name}: keeps {int(survives.sum())} tokens, {probs[survives].sum():.2f} of the mass")
+    ax.set_xlabel("tokens, most likely first")
+axes[0].set_ylabel("probability")
+plt.show()
+for name, filtered in kept.items():
+    survivors = [t for t in order.tolist() if torch.isfinite(filtered[t])]
+    print(f"{name:10} keeps {[tokenizer.decode([t]) for t in survivors]}")
+
+# %% [markdown]
+# The kept tokens are then renormalised and one is drawn. Here the three filters keep about
+# the same dozen tokens, because this distribution has a flat tail; without any of them,
+# about every other draw (0.48 of the mass) would pick a token outside the 12 printed above.
+#
+# ## Penalties
+#
+# Small models, greedy ones especially, repeat themselves. Greedy decoding after Juliet's
+# question loops on one line:
+
+# %%
+juliet = "JULIET:\nO Romeo, Romeo, wherefore art thou"
+greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+looping = generate({"greedy": (juliet, greedy)})["greedy"]
+print(repr(looping.text))
+
+# %% [markdown]
+# Penalties lower the logits of tokens that were already used: `frequency_penalty` subtracts
+# its value once per earlier occurrence in the *output*, `presence_penalty` once if the token
+# occurred at all, `repetition_penalty` divides a positive logit (multiplies a negative one)
+# of any token seen in the prompt *or* the output. Here is the step where the loop starts
+# again: the model ended its scene (`<|eos|>`, which `ignore_eos` lets through), began a new
+# one, and wants to repeat `I am not well`. We build the request as the scheduler holds it
+# and apply the engine's penalty function to that step's distribution:
+
+# %%
+cut = looping.token_ids.index(tokenizer.encode(" am", add_special_tokens=False)[0], 10)
+prompt_ids = tokenizer(juliet).input_ids
+history_ids = looping.token_ids[:cut]
+print("generated so far:", repr(tokenizer.decode(history_ids)))
+step_logprobs = next_token_logprobs(prompt_ids + history_ids)
+
+candidates = step_logprobs.topk(8).indices.tolist()
+fig, ax = plt.subplots(figsize=(10, 3), layout="constrained")
+settings = {"no penalty": {}, "frequency_penalty=1": {"frequency_penalty": 1.0},
+            "presence_penalty=1.5": {"presence_penalty": 1.5}}
+for k, (name, options) in enumerate(settings.items()):
+    request = Request("demo", prompt_ids, SamplingParams(**options), output_token_ids=list(history_ids))
+    penalised = step_logprobs[None].clone()
+    apply_penalties(penalised, [request])
+    p = penalised[0].softmax(-1)
+    ax.bar([i + (k - 1) * 0.27 for i in range(len(candidates))], p[candidates], width=0.27,
+           label=f"{name}: picks {label(int(p.argmax()))}")
+ax.set_xticks(range(len(candidates)), [label(t) for t in candidates])
+ax.set_ylabel("probability")
+ax.set_title("The step before the loop repeats, with and without penalties")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# The same penalties over a whole generation break the loop:
+
+# %%
+runs = generate({
+    name: (juliet, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, **options))
+    for name, options in {**settings, "repetition_penalty=1.2": {"repetition_penalty": 1.2}}.items()
+})
+for name, out in runs.items():
+    print(f"{name:22} {out.text!r}")
+
+# %% [markdown]
+# ## Seeds: the same tokens whatever shares the batch
+#
+# A sampled (temperature > 0) request draws random numbers. If all requests drew from one
+# shared generator, a request's tokens would depend on how many other requests were in its
+# batches and in which order: rerunning it under a different load would give different
+# text. A request with its own `seed` draws from its own generator, so its tokens depend only
+# on its own logits. We run a seeded request alone, then next to three unseeded ones:
+
+# %%
+seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=24, ignore_eos=True)
+unseeded = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=24, ignore_eos=True)
+alone = generate({"romeo": (prompt, seeded), "romeo-unseeded": (prompt, unseeded)})
+crowd = generate({
+    "other-1": ("HAMLET:\n", unseeded),
+    "romeo": (prompt, seeded),
+    "other-2": ("KING LEAR:\nBlow, winds", unseeded),
+    "romeo-unseeded": (prompt, unseeded),
+})
+print("seeded, alone:    ", repr(alone["romeo"].text))
+print("seeded, in crowd: ", repr(crowd["romeo"].text))
+print("unseeded, alone:  ", repr(alone["romeo-unseeded"].text))
+print("unseeded, crowd:  ", repr(crowd["romeo-unseeded"].text))
+print("seeded request unchanged by the crowd:", alone["romeo"].token_ids == crowd["romeo"].token_ids)
+
+# %% [markdown]
+# The seeded request produced the same 24 tokens both times; the unseeded one changed,
+# because its draws now came from a generator the other requests also drew from. Servers
+# pass `seed` through from the OpenAI API's `seed` field for exactly this reason.
+#
+# ## Exercises
+#
+# 1. Find the temperature at which the most likely token after Romeo's `I` has a
+#    probability of one half (`(logprobs / T).softmax(-1).max()`).
+# 2. Draw the number of tokens `min_p=0.1` keeps at each of the 40 steps of the looping
+#    generation above (call `next_token_logprobs(prompt_ids + looping.token_ids[:i])` for each
+#    `i`): when is the model sure of itself?
+# 3. Run the seeded request with `seed=1235` instead: how many of its first 24 tokens agree
+#    with the `seed=1234` run?
