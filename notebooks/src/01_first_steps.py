@@ -72,11 +72,17 @@ for _ in range(2):
 # %%
 {rid: engine.kv_cache.block_table(rid) for rid in engine.scheduler.requests}
 
-# %%
-from workbench.viz import plot_kv_blocks
+# %% [markdown]
+# `BlockMap` draws the pool: one cell per block, coloured by the request that owns it (each
+# request keeps its colour in every view), with the number of tokens each block holds. Pick
+# a block to see its hash and its tokens as text, or a request to highlight its block table.
+# Below the widget, the text is what it holds; in JupyterLab you see the grid.
 
-plot_kv_blocks(engine.kv_cache, columns=12)
-plt.show()
+# %%
+from workbench import BlockMap
+
+block_map = BlockMap(engine)
+block_map
 
 # %% [markdown]
 # Now run to the end. With only 8 blocks the three requests cannot all grow to their full
@@ -90,13 +96,45 @@ plt.show()
 # %%
 results = {}
 while engine.has_unfinished_requests():
-    for out in engine.step():
-        results[out.request_id] = out
+    for out in engine.step():  # an output for every request that progressed
+        if out.finished:
+            results[out.request_id] = out
 for rid, out in results.items():
     print(f"{rid:>7}: {out.outputs[0].finish_reason:6} {out.outputs[0].text!r}")
 for record in engine.history:
     if record.scheduler_output.preempted_request_ids or record.scheduler_output.resumed_request_ids:
         print(record)
+
+# %% [markdown]
+# ## Scrubbing back
+#
+# Every step recorded what the scheduler decided and what the KV cache did, so the
+# `StepPlayer` can show any past step as it was: the batch, the queues after it, what
+# happened and why, and the block map of that moment. We open it at the first preemption;
+# in JupyterLab the slider moves to any other step, and the text below is what the player
+# shows at this one.
+
+# %%
+from workbench import StepPlayer
+
+first_preemption = next(r.step for r in engine.history if r.scheduler_output.preempted_request_ids)
+player = StepPlayer(engine)
+player.show(first_preemption)
+player
+
+# %%
+for note in player.notes:
+    print(note)
+print("after the step:", player.queues)
+
+# %% [markdown]
+# The whole run at a glance: one row per request, from arrival to finish, with its prefill
+# chunks, decodes, and the time it spent preempted.
+
+# %%
+from workbench import RequestTimeline
+
+RequestTimeline(engine)
 
 # %%
 frame = engine.history.to_dataframe()

@@ -3,91 +3,137 @@
 #
 # The scheduler asks a *policy* object two questions: in which order should waiting requests be
 # admitted, and which running request should be preempted when the KV cache is full. This
-# tutorial compares the built-in first-come-first-served policy with a policy written here, on
-# the same requests, and plots when each request finished.
+# tutorial writes a policy in a few lines and compares it with the built-in first-come,
+# first-served (FCFS) and priority policies on the same bursty workload. You will see:
+#
+# - what a policy is (`sort_key` and `pick_victim`) and how to write one;
+# - `compare_runs`: one workload, several engine configurations, a table of latencies;
+# - the latency distributions (CDFs) and the request timelines of the runs side by side;
+# - that a policy changes *when* tokens are computed, never *which* tokens.
 
 # %%
-import matplotlib.pyplot as plt
-from workbench import LLMEngine, SamplingParams
+%matplotlib inline
+import dataclasses
+
+from workbench import Comparison, ComparisonView, Workload, compare_runs, run_workload, teaching_config
 from workbench.core.policy import SchedulingPolicy
+from workbench.viz.comparison import aligned_timelines
 
-speech = {
-    "KING HENRY": "Once more unto the breach, dear friends, once more; or close the wall up with our English dead. ",
-    "MACBETH": "Tomorrow, and tomorrow, and tomorrow, creeps in this petty pace from day to day. ",
-    "PUCK": "If we shadows have offended, think but this, and all is mended. ",
-}
-long_prompts = [f"{name}:\n" + text * 4 for name, text in speech.items()]
-prompts = [long_prompts[0], "ROMEO:", long_prompts[1], "LEAR:", long_prompts[2], "JULIET:"]
-
+workload = Workload.burst(num_requests=10, num_bursts=2, interval=10, input_len=(8, 64),
+                          output_len=(4, 20), priorities=(0, 1), seed=5)
+workload
 
 # %% [markdown]
-# A policy is a small class. `sort_key` orders the waiting queue (smaller first). Here:
-# shortest prompt first, which is what the built-in `"spf"` policy does, written out in full so
-# you can see how little it takes.
+# Two bursts of five requests, ten steps apart, with prompts of 8 to 64 tokens, 4 to 20
+# output tokens and a priority of 0 (urgent) or 1. Arrivals are counted in engine steps, so
+# every run sees the same requests at the same steps and the results below are the same on
+# every machine. The engine is the *teaching engine*: 24 blocks of 4 tokens, 32 tokens and
+# 4 requests per step, small enough for the queue to matter.
 
 # %%
-class ShortestPromptFirst(SchedulingPolicy):
-    name = "my-spf"
+print(teaching_config())
+for request in workload:
+    print(f"{request.request_id}: arrives at step {request.arrival_step:2}, priority {request.priority}, "
+          f"{request.params.max_tokens:2} output tokens")
+
+# %% [markdown]
+# ## A policy in a few lines
+#
+# `sort_key(request)` orders the waiting queue (smaller first; the base class returns
+# `None`, which keeps arrival order: FCFS). `pick_victim(running)` chooses whom to preempt;
+# by default the running request with the largest key. Here: *least work first*, the
+# request with the fewest tokens left to compute (prompt plus the tokens it will generate)
+# goes first. The engine knows a request's output length only through `max_tokens`, which
+# is exact in this workload (every request ignores EOS); in real traffic it is an upper
+# bound, and a policy like this one needs an estimate.
+#
+# `compare_runs` runs one workload under several configurations, each on a fresh engine. As
+# in vLLM, an engine refuses a request priority unless its policy is `"priority"`, so FCFS
+# and least work first run the same requests with the priorities cleared, and the priority
+# run (`run_workload`) joins them in one `Comparison`.
+
+# %%
+class LeastWorkFirst(SchedulingPolicy):
+    name = "least-work"
 
     def sort_key(self, request):
-        return (request.num_prompt_tokens, request.arrival_time)
+        work = request.num_prompt_tokens + request.sampling_params.max_tokens - request.num_computed_tokens
+        return (work, request.arrival_time)
 
 
-def run(policy):
-    engine = LLMEngine(policy=policy, block_size=8, num_kv_blocks=128,
-                       max_num_seqs=2, max_num_batched_tokens=16)
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
-    finished_at, texts = {}, {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            texts[out.request_id] = out.outputs[0].text
-            finished_at[out.request_id] = engine.history[-1].step
-    return finished_at, texts
-
-
-fcfs, fcfs_texts = run("fcfs")
-spf, spf_texts = run(ShortestPromptFirst())
-print("FCFS finish steps:", dict(sorted(fcfs.items())))
-print("SPF  finish steps:", dict(sorted(spf.items())))
+without_priorities = Workload([dataclasses.replace(r, priority=0) for r in workload])
+runs = compare_runs(without_priorities, {"fcfs": {"policy": "fcfs"}, "least-work": {"policy": LeastWorkFirst()}},
+                    base=teaching_config())
+comparison = Comparison(workload, {
+    "fcfs": runs.results["fcfs"],
+    "priority": run_workload(workload, teaching_config(policy="priority")),
+    "least-work": runs.results["least-work"],
+})
+columns = ["num_steps", "ttft_steps_p50", "ttft_steps_p90", "e2e_steps_p50", "e2e_steps_p90",
+           "num_preemptions", "num_recomputed_tokens"]
+comparison.table[columns]
 
 # %% [markdown]
-# Three long prompts (about 80-100 tokens) alternate with three short ones, all queued at
-# once; the engine runs at most two requests at a time and computes at most 16 tokens a step,
-# so a long prompt takes several steps to prefill. FCFS serves them in arrival order, so the
-# short requests wait behind the long prefills; shortest-prompt-first lets them through
-# first. The mean step at which requests finish (latency counted in steps rather than seconds,
-# so that the result is reproducible):
+# Latencies are counted in steps (`*_steps`): the number of engine steps from a request's
+# arrival to its first token (TTFT) or to its last (end to end). The policies do not even
+# take the same number of steps to finish the same work: the order of admissions decides
+# how well the batches fill and how often the pool overflows. The CDFs show the whole
+# distribution, one line per policy (`Comparison.cdf_figure` draws them):
 
 # %%
-for name, done in (("FCFS", fcfs), ("SPF", spf)):
-    print(f"{name}: mean finish step {sum(done.values()) / len(done):.2f}, last {max(done.values())}")
+comparison.cdf_figure("ttft_steps")
 
 # %%
-fig, ax = plt.subplots(figsize=(9, 3), layout="constrained")
-ids = sorted(fcfs)
-ax.barh([i + 0.2 for i in range(len(ids))], [fcfs[r] for r in ids], height=0.4, label="FCFS")
-ax.barh([i - 0.2 for i in range(len(ids))], [spf[r] for r in ids], height=0.4, label="shortest prompt first")
-ax.set_yticks(range(len(ids)), [f"{r} ({len(p)} chars)" for r, p in zip(ids, prompts)])
-ax.set_title("Each request's finishing step under each policy")
-ax.set_xlabel("step at which the request finished")
-ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
-plt.show()
+comparison.cdf_figure("e2e_steps")
+
+# %% [markdown]
+# Under priority the urgent requests wait less, and the others pay for it. Least work first
+# lets the small requests through first, which lowers the median; the long ones wait
+# longest, the price of any shortest-job-first rule. Per priority class:
+
+# %%
+for name, result in comparison.results.items():
+    by_priority = result.requests.groupby("priority")["ttft_steps"].mean()
+    print(f"{name:10} mean TTFT in steps: " + ", ".join(f"priority {p}: {v:.1f}" for p, v in by_priority.items()))
+
+# %% [markdown]
+# ## The timelines side by side
+#
+# One panel per run, one row per request (the same row and colour in every panel), from
+# arrival to finish: waiting, prefill chunks, decoding and any time spent preempted. Look
+# for the price of least work first: a request with much work left is the last to be
+# admitted and the first to be preempted, again and again (starvation).
+
+# %%
+aligned_timelines(comparison.results)
+
+# %% [markdown]
+# `ComparisonView` puts the table and CDFs, the timelines and a `StepPlayer` over any of the
+# runs in one widget (in JupyterLab: tabs, a metric picker and a run picker):
+
+# %%
+# NBVAL_IGNORE_OUTPUT  (the widget's static HTML also shows wall-clock seconds)
+view = ComparisonView(comparison)
+view.show_metric("e2e_steps")
+view
 
 # %% [markdown]
 # The generated text does not depend on the policy: scheduling changes *when* tokens are
-# computed, never *which* tokens (greedy decoding, same model).
+# computed, never *which* tokens (greedy decoding, the same model).
 
 # %%
-print("same texts under both policies:", fcfs_texts == spf_texts)
-print(repr(spf_texts["r1"]))
+texts = {name: {rid: out.outputs[0].text for rid, out in result.outputs.items()}
+         for name, result in comparison.results.items()}
+print("same texts under every policy:", texts["fcfs"] == texts["priority"] == texts["least-work"])
+print(repr(texts["fcfs"][workload[0].request_id]))
 
 # %% [markdown]
 # ## Exercises
 #
 # 1. Write `LongestPromptFirst` (its `sort_key` returns `(-request.num_prompt_tokens,
-#    request.arrival_time)`), pass it to `run(...)` and compare its mean finish step with FCFS.
-# 2. Let four requests run at once (`max_num_seqs=4` in `run`): does shortest-prompt-first still
-#    help the short requests, and by how much?
-# 3. Give `run` a `max_num_batched_tokens` argument and find the budget at which the two
-#    policies finish every request at the same step.
+#    request.arrival_time)`), add it to `compare_runs` and compare its p90 TTFT with FCFS.
+# 2. Override `pick_victim` in `LeastWorkFirst` to preempt the request with the *least*
+#    work done (`min(running, key=lambda r: r.num_computed_tokens)`) and compare the
+#    recomputed tokens.
+# 3. Give the engine more room (`base=teaching_config(num_kv_blocks=64, max_num_seqs=8)`):
+#    do the policies still differ, and why?

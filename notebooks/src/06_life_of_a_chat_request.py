@@ -9,7 +9,8 @@
 # - `%llm serve`: the engine you can step by hand, served by an OpenAI-compatible server;
 # - the official `openai` client sending chat requests, plain and streamed;
 # - the raw server-sent events (SSE) of one streamed request, chunk by chunk;
-# - what the engine recorded while serving, and the Prometheus `/metrics` it exports;
+# - the dashboard watching the server's engine, what the engine recorded while serving, and
+#   the Prometheus `/metrics` it exports under vLLM's names;
 # - a client that hangs up mid-stream, and the abort that frees its KV blocks;
 # - an invalid request answered with an OpenAI-shaped 400, and the server carrying on.
 #
@@ -23,23 +24,25 @@ import time
 import httpx
 from openai import OpenAI, BadRequestError
 
-%load_ext workbench.magics
+%load_ext workbench
 
 # %% [markdown]
 # ## Serving the notebook's engine
 #
-# `%llm load` creates the session's `LLM` (keyword options are `EngineConfig` fields) and
-# `%llm serve` starts a FastAPI server over its engine in a background thread. From then on
-# the server's engine thread owns the engine: we only *read* it from the notebook. We pick a
-# free port ourselves so that the notebook never collides with another server; the port
+# `%llm load` builds an engine and binds it in the notebook as `engine` (its options are
+# `EngineConfig` fields; `--no-teaching` starts from the defaults rather than the tiny
+# teaching engine, whose 24 blocks would be too few for the long request below).
+# `%llm serve` starts a FastAPI server over that engine in a background thread. From then
+# on the server's engine thread owns the engine: we only *read* it from the notebook. We pick
+# a free port ourselves so that the notebook never collides with another server; the port
 # differs from run to run, so the serving cell's output is not checked.
 
 # %%
-llm = %llm load --block-size 8 --num-kv-blocks 128
-engine = llm.engine
+%llm load --no-teaching --block-size 8 --num-kv-blocks 128
 with socket.socket() as probe:
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
+engine
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -50,6 +53,9 @@ base_url = %llm serve --port {port}
 #
 # The `openai` package only needs the server's base URL. `/v1/models` names the one model the
 # server holds, and a chat request comes back as one JSON body, with token counts in `usage`.
+# Each request carries our own id in the `X-Request-Id` header (vLLM's convention): the
+# engine then knows it as `chatcmpl-<our id>`, and the outputs below do not change from run
+# to run.
 
 # %%
 client = OpenAI(base_url=base_url, api_key="not-needed")
@@ -57,8 +63,15 @@ model = client.models.list().data[0].id
 print("model:", model)
 
 question = [{"role": "user", "content": "Good morrow, sweet Juliet. What news?"}]
-reply = client.chat.completions.create(model=model, messages=question, max_tokens=32, temperature=0)
-print(repr(reply.choices[0].message.content))
+
+
+def ids(name):
+    return {"extra_headers": {"X-Request-Id": name}}
+
+
+reply = client.chat.completions.create(model=model, messages=question, max_tokens=32, temperature=0,
+                                       **ids("first"))
+print(reply.id, repr(reply.choices[0].message.content))
 print(reply.choices[0].finish_reason, reply.usage.prompt_tokens, "prompt +",
       reply.usage.completion_tokens, "completion tokens")
 
@@ -83,7 +96,7 @@ print(rendered["count"], "tokens:", repr(engine.tokenizer.decode(rendered["token
 # %%
 stream = client.chat.completions.create(
     model=model, messages=question, max_tokens=12, temperature=0, stream=True,
-    stream_options={"include_usage": True},
+    stream_options={"include_usage": True}, **ids("streamed"),
 )
 for chunk in stream:
     if chunk.choices:
@@ -95,20 +108,21 @@ for chunk in stream:
 # %% [markdown]
 # The same stream without the client: a plain HTTP POST whose response is
 # `text/event-stream`, one `data: {json}` event per chunk and `data: [DONE]` at the end.
-# Each chunk carries a request id and a creation time that change from run to run; we mask
-# them.
+# Each chunk carries the request's id and a creation time, which changes from run to run; we
+# mask the time.
 
 # %%
 def masked(line: str) -> str:
     if not line.startswith("data: {"):
         return line
     event = json.loads(line.removeprefix("data: "))
-    event["id"], event["created"] = "<id>", "<time>"
+    event["created"] = "<time>"
     return "data: " + json.dumps(event)
 
 
 body = {"model": model, "messages": question, "max_tokens": 4, "temperature": 0, "stream": True}
-with httpx.stream("POST", base_url + "/chat/completions", json=body) as response:
+with httpx.stream("POST", base_url + "/chat/completions", json=body,
+                  headers={"X-Request-Id": "raw"}) as response:
     print(response.status_code, response.headers["content-type"])
     for line in response.iter_lines():
         if line:
@@ -119,30 +133,52 @@ with httpx.stream("POST", base_url + "/chat/completions", json=body) as response
 #
 # The server drove the same `LLMEngine` you would step by hand, and it kept a `StepRecord`
 # per step. The requests came one after another, so each step ran one request: a prefill
-# (`prefill_tokens`) then one decode per generated token. The last request asked the same
-# question as the ones before it, so 16 of its 18 prompt tokens (two full blocks of 8) were
-# found in the prefix cache and only 2 were computed. Every block went back to the pool
-# when its request finished.
+# (`P`, its prompt) then one decode per generated token (`D1`). The last request asked the
+# same question as the ones before it, so most of its prompt was found in the prefix cache
+# and only the tokens after the last full block were computed. Every block went back to
+# the pool when its request finished.
 
 # %%
-steps = engine.history.to_dataframe()
-print(len(steps), "steps so far; the last request's:")
-steps[["num_seqs", "prefill_tokens", "prefix_hit_tokens", "decode_tokens", "finished", "free_blocks"]].tail(4)
+for record in engine.history[-4:]:
+    print(record)
+print("free blocks:", engine.kv_cache.num_free_blocks, "of", engine.kv_cache.num_blocks)
+
+# %% [markdown]
+# One row per request, with its latencies counted in engine steps (`requests_dataframe()`
+# also has them in seconds, which change from run to run):
+
+# %%
+engine.requests_dataframe().set_index("request_id")[
+    ["num_prompt_tokens", "num_cached_tokens", "num_output_tokens", "ttft_steps", "e2e_steps", "finish_reason"]
+]
+
+# %% [markdown]
+# `%llm dashboard` shows the server's engine live while it serves (read-only: the server's
+# engine thread drives it). Run the next cell in JupyterLab, then send requests from
+# another notebook or `curl`, and watch the queues, the batch and the blocks move.
+
+# %%
+%llm dashboard
 
 # %% [markdown]
 # ## Metrics
 #
-# `/metrics` is Prometheus' text format: counters of requests and tokens, gauges of the
-# queues and the KV cache, histograms of latencies. The latencies vary from run to run, so
-# we print only the counters and the number of latency observations.
+# `/metrics` is Prometheus' text format, with vLLM's metric names (`vllm:...`), so a
+# dashboard or alert written for vLLM works unchanged: counters of requests and tokens,
+# gauges of the queues and the KV cache, histograms of latencies. The latencies vary from
+# run to run, so we print only the counters and the number of latency observations.
 
 # %%
-metrics = httpx.get(base_url.removesuffix("/v1") + "/metrics").text
-wanted = ("request_success_total", "prompt_tokens_total", "generation_tokens_total",
-          "time_to_first_token_seconds_count", "num_requests_running", "kv_cache_usage_perc")
-for line in metrics.splitlines():
-    if not line.startswith("#") and any(name in line for name in wanted):
-        print(line)
+def metric_lines(*names):
+    text = httpx.get(base_url.removesuffix("/v1") + "/metrics").text
+    return [line for line in text.splitlines()
+            if not line.startswith("#") and any(line.startswith(name) for name in names)]
+
+
+for line in metric_lines("vllm:request_success_total", "vllm:prompt_tokens_total",
+                         "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_count",
+                         "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+    print(line)
 
 # %% [markdown]
 # ## A client that hangs up
@@ -155,7 +191,7 @@ for line in metrics.splitlines():
 
 # %%
 long_request = dict(model=model, messages=question, max_tokens=600, temperature=0, stream=True,
-                    extra_body={"ignore_eos": True})
+                    extra_body={"ignore_eos": True}, **ids("hangs-up"))
 with client.chat.completions.create(**long_request) as stream:
     received = [chunk.choices[0].delta.content for chunk, _ in zip(stream, range(3))]
 print("received:", received)
@@ -165,9 +201,9 @@ while engine.has_unfinished_requests() and time.monotonic() < deadline:
     time.sleep(0.05)
 print("unfinished requests:", engine.get_num_unfinished_requests())
 print("free blocks:", engine.kv_cache.num_free_blocks, "of", engine.kv_cache.num_blocks)
-aborted = [line for line in httpx.get(base_url.removesuffix("/v1") + "/metrics").text.splitlines()
-           if line.startswith("workbench:request_aborted_total")]
-print(aborted[0])
+requests = engine.requests_dataframe().set_index("request_id")
+print("finish reason:", requests.loc["chatcmpl-hangs-up", "finish_reason"])
+print(*metric_lines('vllm:request_success_total{finished_reason="abort"'))
 
 # %% [markdown]
 # The number of tokens generated before the abort depends on how fast this machine is, so we
@@ -185,7 +221,8 @@ try:
 except BadRequestError as error:
     print(error.status_code, json.dumps(error.body, indent=1))
 
-reply = client.chat.completions.create(model=model, messages=question, max_tokens=8, temperature=0)
+reply = client.chat.completions.create(model=model, messages=question, max_tokens=8, temperature=0,
+                                       **ids("after-the-400"))
 print("still serving:", repr(reply.choices[0].message.content))
 
 # %% [markdown]

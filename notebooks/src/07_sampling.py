@@ -3,14 +3,16 @@
 #
 # Each step the model gives every request a vector of *logits*, one score per token of the
 # vocabulary. The sampler turns that vector into one token, in a fixed order (vLLM's, spelled
-# out at the top of `workbench/sampling.py`): penalties for tokens already seen, temperature,
-# then the truncations top-k, top-p and min-p, then a random draw. This tutorial applies each
-# stage to the real logits of one step of the embedded model and draws what it does. You will
-# see:
+# out at the top of `workbench/sampling.py`): the request's own logits processors and logit
+# bias, penalties for tokens already seen, temperature, then the truncations top-k, top-p and
+# min-p, then a random draw. This tutorial applies each stage to the real logits of one step
+# of the embedded model and draws what it does. You will see:
 #
+# - how to read a step's logits with a per-request logits processor;
 # - how temperature sharpens or flattens the distribution;
 # - which tokens top-k, top-p and min-p keep, and how much probability each throws away;
 # - how repetition, frequency and presence penalties push back on tokens already used;
+# - how `logit_bias`, `allowed_token_ids` and `bad_words` steer the choice;
 # - why a per-request `seed` gives the same tokens whatever else shares the batch.
 
 # %%
@@ -27,7 +29,7 @@ VOCAB = engine.model_config.vocab_size
 
 
 def generate(requests):
-    """Run {request_id: (prompt, SamplingParams)} to completion; return each final output."""
+    """Run {request_id: (prompt, SamplingParams)} to completion; return each final output, in order."""
     for request_id, (prompt, params) in requests.items():
         engine.add_request(request_id, prompt, params)
     finished = {}
@@ -35,19 +37,25 @@ def generate(requests):
         for out in engine.step():
             if out.finished:
                 finished[out.request_id] = out.outputs[0]
-    return finished
+    return {request_id: finished[request_id] for request_id in requests}
 
 
-def next_token_logprobs(prompt):
-    """The model's log-probabilities for the token after `prompt`, from one engine step.
+def next_token_logits(prompt):
+    """The logits the sampler receives for the token after `prompt`, from one engine step.
 
-    Asking for the logprobs of the whole vocabulary returns log_softmax(logits): the logits
-    minus one constant, which changes nothing below except where a sign matters.
+    A request's `logits_processors` (vLLM's `fn(output_token_ids, logits) -> logits`) are the
+    first thing the sampler applies to its row of logits; this one keeps a copy and changes
+    nothing.
     """
-    params = SamplingParams(temperature=0, max_tokens=1, logprobs=VOCAB)
-    out = generate({"probe": (prompt, params)})["probe"]
-    row = out.logprobs[0]
-    return torch.tensor([row[t].logprob for t in range(VOCAB)])
+    seen = []
+
+    def keep_a_copy(output_token_ids, logits):
+        seen.append(logits.clone())
+        return logits
+
+    params = SamplingParams(temperature=0, max_tokens=1, logits_processors=[keep_a_copy])
+    generate({"probe": (prompt, params)})
+    return seen[0]
 
 
 def label(token_id):
@@ -62,8 +70,9 @@ def label(token_id):
 
 # %%
 prompt = "ROMEO:\nI love thee, I love thee, I"
-logprobs = next_token_logprobs(prompt)
-probs = logprobs.softmax(-1)
+logits = next_token_logits(prompt)
+print("logits:", tuple(logits.shape), logits.dtype)
+probs = logits.softmax(-1)
 top = probs.topk(12)
 for p, t in zip(top.values.tolist(), top.indices.tolist()):
     print(f"{label(t):10} {p:.3f}")
@@ -85,7 +94,7 @@ def entropy_bits(p):
 ids = top.indices.tolist()
 fig, ax = plt.subplots(figsize=(10, 3.2), layout="constrained")
 for k, temperature in enumerate((0.5, 1.0, 2.0)):
-    p = (logprobs / temperature).softmax(-1)
+    p = (logits / temperature).softmax(-1)
     ax.bar([i + (k - 1) * 0.27 for i in range(len(ids))], p[ids], width=0.27,
            label=f"T={temperature}: top token {p.max():.2f}, entropy {entropy_bits(p):.1f} bits")
 ax.set_xticks(range(len(ids)), [label(t) for t in ids])
@@ -106,7 +115,7 @@ plt.show()
 #   keeps few tokens when the model is sure and many when it is not.
 
 # %%
-row = logprobs[None]  # a batch of one row, as the sampler sees it
+row = logits[None]  # a batch of one row, as the sampler sees it
 kept = {
     "top_k=10": apply_top_k_top_p(row, torch.tensor([10]), torch.tensor([1.0]))[0],
     "top_p=0.5": apply_top_k_top_p(row, torch.tensor([VOCAB]), torch.tensor([0.5]))[0],
@@ -155,18 +164,20 @@ cut = looping.token_ids.index(tokenizer.encode(" am", add_special_tokens=False)[
 prompt_ids = tokenizer(juliet).input_ids
 history_ids = looping.token_ids[:cut]
 print("generated so far:", repr(tokenizer.decode(history_ids)))
-step_logprobs = next_token_logprobs(prompt_ids + history_ids)
+step_logits = next_token_logits(prompt_ids + history_ids)
 
-candidates = step_logprobs.topk(8).indices.tolist()
+candidates = step_logits.topk(8).indices.tolist()
 fig, ax = plt.subplots(figsize=(10, 3), layout="constrained")
 settings = {"no penalty": {}, "frequency_penalty=1": {"frequency_penalty": 1.0},
-            "presence_penalty=1.5": {"presence_penalty": 1.5}}
+            "presence_penalty=1.5": {"presence_penalty": 1.5},
+            "repetition_penalty=1.2": {"repetition_penalty": 1.2}}
+width = 0.8 / len(settings)
 for k, (name, options) in enumerate(settings.items()):
     request = Request("demo", prompt_ids, SamplingParams(**options), output_token_ids=list(history_ids))
-    penalised = step_logprobs[None].clone()
+    penalised = step_logits[None].clone()
     apply_penalties(penalised, [request])
     p = penalised[0].softmax(-1)
-    ax.bar([i + (k - 1) * 0.27 for i in range(len(candidates))], p[candidates], width=0.27,
+    ax.bar([i + (k - 1.5) * width for i in range(len(candidates))], p[candidates], width=width,
            label=f"{name}: picks {label(int(p.argmax()))}")
 ax.set_xticks(range(len(candidates)), [label(t) for t in candidates])
 ax.set_ylabel("probability")
@@ -180,10 +191,34 @@ plt.show()
 # %%
 runs = generate({
     name: (juliet, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, **options))
-    for name, options in {**settings, "repetition_penalty=1.2": {"repetition_penalty": 1.2}}.items()
+    for name, options in settings.items()
 })
 for name, out in runs.items():
     print(f"{name:22} {out.text!r}")
+
+# %% [markdown]
+# ## Steering: logit bias, allowed tokens, bad words
+#
+# `logit_bias` (OpenAI's and vLLM's `{token id: bias}`, biases in [-100, 100]) is added to
+# the logits before anything else; +100 all but forces a token, -100 all but bans it.
+# `allowed_token_ids` masks every other token, and `bad_words` bans a word (the last token
+# of each of its tokenizations, once the tokens before it have been generated). Back to Romeo:
+
+# %%
+love = tokenizer.encode(" love", add_special_tokens=False)[0]
+am = tokenizer.encode(" am", add_special_tokens=False)[0]
+for bias in (0.0, 2.0, 5.0):
+    p = (logits + torch.nn.functional.one_hot(torch.tensor(love), VOCAB) * bias).softmax(-1)
+    print(f"logit_bias {{' love': {bias:+}}}: P(' love') = {p[love]:.3f}, most likely {label(int(p.argmax()))}")
+
+steered = generate({
+    "plain": (prompt, SamplingParams(temperature=0, max_tokens=12)),
+    "biased": (prompt, SamplingParams(temperature=0, max_tokens=12, logit_bias={love: 5.0})),
+    "no ' am'": (prompt, SamplingParams(temperature=0, max_tokens=12, logit_bias={am: -100})),
+    "bad_words": (prompt, SamplingParams(temperature=0, max_tokens=12, bad_words=["am", "not"])),
+})
+for name, out in steered.items():
+    print(f"{name:10} {out.text!r}")
 
 # %% [markdown]
 # ## Seeds: the same tokens whatever shares the batch
@@ -218,9 +253,9 @@ print("seeded request unchanged by the crowd:", alone["romeo"].token_ids == crow
 # ## Exercises
 #
 # 1. Find the temperature at which the most likely token after Romeo's `I` has a
-#    probability of one half (`(logprobs / T).softmax(-1).max()`).
+#    probability of one half (`(logits / T).softmax(-1).max()`).
 # 2. Draw the number of tokens `min_p=0.1` keeps at each of the 40 steps of the looping
-#    generation above (call `next_token_logprobs(prompt_ids + looping.token_ids[:i])` for each
+#    generation above (call `next_token_logits(prompt_ids + looping.token_ids[:i])` for each
 #    `i`): when is the model sure of itself?
 # 3. Run the seeded request with `seed=1235` instead: how many of its first 24 tokens agree
 #    with the `seed=1234` run?
