@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 
-from workbench.config import EngineConfig
 from workbench.engine import LLMEngine
+from workbench.engine_args import EngineArgs
 from workbench.inputs import PromptType
 from workbench.outputs import RequestOutput
-from workbench.sampling_params import SamplingParams
+from workbench.sampling_params import RequestOutputKind, SamplingParams
 
 Conversation = Sequence[Mapping[str, str]]
 
@@ -17,12 +18,13 @@ Conversation = Sequence[Mapping[str, str]]
 class LLM:
     """Offline batched generation. ``LLM()`` loads the embedded default model.
 
-    Keyword arguments are :class:`~workbench.config.EngineConfig` fields. ``llm.engine`` is the
-    LLMEngine behind it: step it yourself, or inspect ``llm.engine.history`` after a run.
+    Keyword arguments are :class:`~workbench.engine_args.EngineArgs` (EngineConfig) fields.
+    ``llm.engine`` is the LLMEngine behind it: step it yourself, or inspect
+    ``llm.engine.history`` after a run. ``generate``/``chat`` ask for FINAL_ONLY outputs.
     """
 
     def __init__(self, model: str | None = None, **kwargs) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self.engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
         self._ids = itertools.count()
 
     def get_tokenizer(self):
@@ -88,6 +90,7 @@ class LLM:
         from tqdm.auto import tqdm
 
         engine = self.engine
+        params = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         for i, (prompt, p) in enumerate(zip(prompts, params)):  # validate all before adding any
             try:
                 engine.input_processor.process(prompt, p)

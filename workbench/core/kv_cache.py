@@ -123,8 +123,10 @@ class KVCacheManager:
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest run of the request's leading full blocks found in the cache, and the
         number of tokens they hold. Capped at ``(num_tokens - 1) // block_size`` blocks so at
-        least the last known token is computed (and sampled from). Changes no state."""
-        if not self.enable_prefix_caching:
+        least the last known token is computed (and sampled from). A request that asks for
+        prompt logprobs gets no hit: its whole prompt must be computed (as vLLM). Changes no
+        state."""
+        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
         self.update_block_hashes(request)
         bs = self.block_size

@@ -4,12 +4,18 @@ The engine is not thread-safe, so exactly one thread (the *engine thread*) ever 
 it. Everything else reaches the engine by submitting a callable that the engine thread runs
 between two steps (:meth:`AsyncLLM.call`). Outputs go back to each request's asyncio loop with
 ``loop.call_soon_threadsafe`` into a per-request ``asyncio.Queue``.
+
+Input processing (tokenization, chat templates, decoding for echo) runs on a separate
+*input thread*, so a huge prompt never pauses the running streams: the engine thread only
+receives token ids that were already validated.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import functools
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -18,7 +24,7 @@ from typing import Any, TypeVar
 from workbench.engine import LLMEngine
 from workbench.inputs import PromptType
 from workbench.outputs import RequestOutput
-from workbench.sampling_params import SamplingParams
+from workbench.sampling_params import RequestOutputKind, SamplingParams
 
 T = TypeVar("T")
 
@@ -89,8 +95,11 @@ class AsyncLLM:
     """
 
     def __init__(self, engine: LLMEngine) -> None:
-        engine.stream_outputs = True
         self.engine = engine
+        # One input thread: the tokenizer is used by it and the engine thread, no more.
+        self._inputs = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="workbench-inputs"
+        )
         self._cond = threading.Condition()
         self._calls: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
         self._stopping = False
@@ -114,21 +123,58 @@ class AsyncLLM:
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn()`` on the engine thread between two steps; return or raise its result."""
-        return await asyncio.wrap_future(self._submit(fn))
+        return await asyncio.wrap_future(self.submit(fn))
+
+    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future:
+        """Queue ``fn()`` for the engine thread (between two steps); its future. Safe from
+        any thread; a dead engine fails the future with EngineDeadError."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._stopping or self._error is not None:
+                future.set_exception(EngineDeadError(self._dead_message()))
+                return future
+            self._calls.append((fn, future))
+            self._cond.notify_all()
+        return future
+
+    async def run_input(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` on the input thread (tokenizer work off the engine)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._inputs, functools.partial(fn, *args, **kwargs))
+
+    async def process_inputs(
+        self, prompt: PromptType, params: SamplingParams, *, add_special_tokens: bool = True
+    ) -> tuple[str | None, list[int], SamplingParams]:
+        """``InputProcessor.process`` on the input thread (raises its ValueError)."""
+        return await self.run_input(
+            self.engine.input_processor.process, prompt, params,
+            add_special_tokens=add_special_tokens,
+        )
+
+    async def render_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+        """``InputProcessor.render_chat`` on the input thread (raises its ValueError)."""
+        return await self.run_input(self.engine.input_processor.render_chat, messages, **kwargs)
+
+    async def decode(self, token_ids: list[int]) -> str:
+        return await self.run_input(self.engine.tokenizer.decode, token_ids)
 
     async def add_request(
-        self, prompt: PromptType, params: SamplingParams, request_id: str
+        self, prompt: PromptType, params: SamplingParams, request_id: str, *, priority: int = 0
     ) -> RequestStream:
         """Validate and queue a request; return the stream of its delta RequestOutputs.
 
+        The prompt is processed on the input thread; the engine thread gets its token ids.
         A ValueError from validation propagates unchanged and nothing is queued (requests
         already in flight are untouched).
         """
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
+        text, token_ids, params = await self.process_inputs(prompt, params)
+        processed = {"prompt": text, "prompt_token_ids": token_ids}
+        delta = dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
 
         def add() -> None:
-            self.engine.add_request(request_id, prompt, params)
+            self.engine.add_request(request_id, processed, delta, priority=priority)
             self._streams[request_id] = (loop, queue)
 
         try:
@@ -161,7 +207,7 @@ class AsyncLLM:
             self.engine.abort_request(request_id)
 
         if self.is_running:
-            self._submit(do_abort)
+            self.submit(do_abort)
 
     async def shutdown(self) -> None:
         """Stop the engine thread and wait for it: requests in flight are aborted (their
@@ -170,18 +216,9 @@ class AsyncLLM:
             self._stopping = True
             self._cond.notify_all()
         await asyncio.to_thread(self._thread.join)
+        self._inputs.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ engine thread
-    def _submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        with self._cond:
-            if self._stopping or self._error is not None:
-                future.set_exception(EngineDeadError(self._dead_message()))
-                return future
-            self._calls.append((fn, future))
-            self._cond.notify_all()
-        return future
-
     def _dead_message(self) -> str:
         if self._error is not None:
             return f"The engine stopped after an error: {self._error!r}"
