@@ -267,7 +267,7 @@ def test_logprobs_shapes_and_values(app, hf):
 # ---------------------------------------------------------------------------- errors
 ERRORS = [
     ("temperature", {**GOOD, "temperature": -0.5}, 400, "temperature must be non-negative", "temperature"),
-    ("context", {**GOOD, "prompt": "word " * 1100}, 400, "maximum context length is 1024 tokens", None),
+    ("context", {**GOOD, "prompt": "word " * 1100}, 400, "maximum context length is 1024 tokens", "prompt"),
     ("max_tokens", {**GOOD, "max_tokens": 5000}, 400, "'max_tokens' or 'max_completion_tokens' is too large: 5000", "max_tokens"),
     ("bad_type", {**GOOD, "top_k": "many"}, 400, "top_k: Input should be a valid integer", "top_k"),
     ("model", {**GOOD, "model": "gpt-5"}, 404, "The model `gpt-5` does not exist.", "model"),
@@ -446,9 +446,10 @@ async def _drive_asgi(app, body, disconnect_after_chunks, hang_on_start=False):
 
 def _aborted_count(metrics_text):
     for family in text_string_to_metric_families(metrics_text):
-        if family.name == "workbench:request_aborted":
-            return sum(s.value for s in family.samples if s.name.endswith("_total"))
-    raise AssertionError("no workbench:request_aborted metric")
+        if family.name == "vllm:request_success":
+            return sum(s.value for s in family.samples
+                       if s.name.endswith("_total") and s.labels["finished_reason"] == "abort")
+    raise AssertionError("no vllm:request_success metric")
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["plain", "api_key_middleware"])
@@ -510,12 +511,12 @@ def test_metrics_tokenize_models(app, hf):
         key = (name, tuple(sorted(labels + extra)))
         return after.get(key, 0) - before.get(key, 0)
 
-    assert delta("workbench:generation_tokens_total") == 5
-    assert delta("workbench:prompt_tokens_total") == len(tok("LEAR:").input_ids)
-    assert delta("workbench:request_success_total", (("finished_reason", "length"),)) == 1
-    assert delta("workbench:time_to_first_token_seconds_count") == 1
+    assert delta("vllm:generation_tokens_total") == 5
+    assert delta("vllm:prompt_tokens_total") == len(tok("LEAR:").input_ids)
+    assert delta("vllm:request_success_total", (("finished_reason", "length"),)) == 1
+    assert delta("vllm:time_to_first_token_seconds_count") == 1
     for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
-        assert (f"workbench:{gauge}", labels) in after
+        assert (f"vllm:{gauge}", labels) in after
 
     ids = tok("ROMEO: good night").input_ids
     assert toks.json() == {"tokens": ids, "count": len(ids), "max_model_len": 1024}

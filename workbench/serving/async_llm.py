@@ -139,6 +139,8 @@ class AsyncLLM:
 
     async def run_input(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` on the input thread (tokenizer work off the engine)."""
+        if not self.is_running:
+            raise EngineDeadError(self._dead_message())
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._inputs, functools.partial(fn, *args, **kwargs))
 
