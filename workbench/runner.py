@@ -305,10 +305,12 @@ class ModelRunner:
         for chunk in scheduler_output.scheduled:
             request = requests[chunk.request_id]
             k = getattr(request.sampling_params, "prompt_logprobs", None)
-            start, stop = chunk.num_computed_tokens, min(chunk.seq_len, request.num_prompt_tokens)
-            if k is not None and stop - 1 > start:
-                logits = self.model.compute_logits(hidden[offset : offset + stop - 1 - start])
-                targets = request.prompt_token_ids[start + 1 : stop]
+            # Positions start..last predict prompt tokens start+1..last+1.
+            start = chunk.num_computed_tokens
+            last = min(chunk.seq_len, request.num_prompt_tokens - 1) - 1
+            if k is not None and last >= start:
+                logits = self.model.compute_logits(hidden[offset : offset + last + 1 - start])
+                targets = request.prompt_token_ids[start + 1 : last + 2]
                 out[chunk.request_id] = (start + 1, token_logprobs(logits, targets, k))
             offset += chunk.num_new_tokens
         return out
