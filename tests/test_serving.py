@@ -19,9 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from workbench import LLMEngine, SamplingParams, default_model_path
 from workbench.serving import AsyncLLM, EngineDeadError, build_app
 
-MODEL = "tiny-shakespeare"
-KEY = "sesame"
-NUM_BLOCKS = 64
+
+from serving_support import (
+    GOOD, KEY, MODEL, NUM_BLOCKS, client, num_free_blocks, sse_events, uvicorn_server, wait_all_free,
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +55,6 @@ def hf():
     return model, transformers.AutoTokenizer.from_pretrained(path)
 
 
-def client(app, **kw):
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", **kw)
-
-
 def hf_greedy_ids(model, prompt_ids, n):
     """transformers' greedy continuation of exactly ``n`` tokens (eos does not stop it)."""
     ids = torch.tensor([prompt_ids])
@@ -67,39 +64,6 @@ def hf_greedy_ids(model, prompt_ids, n):
     new = out[0, len(prompt_ids):].tolist()
     assert len(new) == n
     return new
-
-
-def sse_events(body: str):
-    """Split an SSE body into its data payloads, checking the framing by hand."""
-    assert body.endswith("data: [DONE]\n\n"), body[-200:]
-    events = body.split("\n\n")
-    assert events[-1] == ""
-    payloads = []
-    for event in events[:-1]:
-        assert event.startswith("data: "), event
-        payloads.append(event[len("data: "):])
-    assert payloads[-1] == "[DONE]" and "[DONE]" not in payloads[:-1]
-    return [json.loads(p) for p in payloads[:-1]]
-
-
-async def num_free_blocks(async_llm):
-    return await async_llm.call(lambda: async_llm.engine.kv_cache.num_free_blocks)
-
-
-async def wait_all_free(async_llm, timeout=10.0):
-    """Poll (on the engine thread) until no request is in flight and every block is free."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        busy, free = await async_llm.call(
-            lambda: (async_llm.engine.has_unfinished_requests(),
-                     async_llm.engine.kv_cache.num_free_blocks))
-        if not busy and free == NUM_BLOCKS:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"blocks not freed: {free}/{NUM_BLOCKS} free, busy={busy}")
-
-
-GOOD = {"model": MODEL, "prompt": "ROMEO:", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
 
 
 # ---------------------------------------------------------------------------- generation
@@ -531,26 +495,12 @@ def test_metrics_tokenize_models(app, hf):
 
 
 def test_uvicorn_serves_on_a_free_port(app):
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.02)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=20) as c:
-            assert c.get("/health").status_code == 200
-            with c.stream("POST", "/v1/completions", json={**GOOD, "stream": True}) as r:
-                lines = [line for line in r.iter_lines() if line]
-        assert lines[-1] == "data: [DONE]"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-    assert not thread.is_alive()
+    with uvicorn_server(app) as base_url, httpx.Client(base_url=base_url, timeout=20) as c:
+        assert c.get("/health").status_code == 200
+        with c.stream("POST", "/v1/completions", json={**GOOD, "stream": True}) as r:
+            lines = [line for line in r.iter_lines() if line]
+            assert r.headers["x-request-id"]
+    assert lines[-1] == "data: [DONE]"
 
 
 def test_shutdown_and_engine_failure_fail_streams_and_health():

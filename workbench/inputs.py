@@ -44,6 +44,11 @@ class InputProcessor:
         """
         text, token_ids = self._tokenize(prompt, add_special_tokens)
         k = params.truncate_prompt_tokens
+        if k is not None and k > self.max_model_len:
+            raise ValueError(
+                f"truncate_prompt_tokens value ({k}) is greater than max_model_len "
+                f"({self.max_model_len}). Please select a smaller truncation size."
+            )
         if k is not None:  # keep the last k tokens (-1: as many as the context holds)
             token_ids = token_ids[-(self.max_model_len - 1 if k == -1 else k):]
             text = None if text is None else self.tokenizer.decode(token_ids)

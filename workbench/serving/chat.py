@@ -123,6 +123,10 @@ def chat_router(serving: OpenAIServing) -> APIRouter:
         )
         requested = req.requested_max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        limit = serving.engine.input_processor.max_logprobs
+        if logprobs is not None and logprobs > limit:
+            raise APIError(400, f"top_logprobs: Requested sample logprobs of {logprobs}, which "
+                                f"is greater than max allowed: {limit}", "top_logprobs")
         params = serving.sampling_params(req, max_tokens=requested, logprobs=logprobs)
         prompts, params = await serving.prepare(req, [text], params,
                                                 requested_max_tokens=requested)

@@ -65,6 +65,8 @@ def error_event(status: int, message: str) -> str:
 def param_of(message: str, fields: set[str]) -> str | None:
     """The request field a validation message starts with (SamplingParams / engine wording)."""
     m = re.match(r"'?([a-z_]+)'?", message)
+    if m and m.group(1) == "prompt_token_ids" and "prompt" in fields:
+        return "prompt"
     if m and m.group(1) in fields:
         return m.group(1)
     if message.startswith("This model's maximum context length"):
@@ -81,6 +83,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
             continue
         cause = (err.get("ctx") or {}).get("error")
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        if not loc and err.get("type") == "missing":
+            parts.append("The request body is missing: send a JSON object.")
+            continue
         if isinstance(cause, P.FieldError):  # a cross-field rule: its own message and field
             param = param or cause.field
             parts.append(str(cause))

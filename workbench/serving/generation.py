@@ -155,9 +155,12 @@ class OpenAIServing:
                 text, ids, _ = await self.llm.process_inputs(
                     prompt, params, add_special_tokens=req.add_special_tokens
                 )
-                self.engine.input_processor.check_context_length(len(ids), requested_max_tokens)
             except (ValueError, TypeError) as exc:
                 raise APIError.bad_request(exc, fields) from exc
+            try:
+                self.engine.input_processor.check_context_length(len(ids), requested_max_tokens)
+            except ValueError as exc:
+                raise APIError(400, str(exc), req.max_tokens_field) from exc
             if text is None:
                 text = await self.llm.decode(ids)
             prepared.append(PreparedPrompt(text, ids))

@@ -10,7 +10,7 @@ Fields nobody declares are accepted and named in one warning per request (vLLM's
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -208,6 +208,8 @@ class CompletionRequest(_CommonFields):
                                            "echo: the prompt alone), got 0.")
         return self
 
+    max_tokens_field: ClassVar[str] = "max_tokens"
+
     def check_supported(self) -> None:
         super().check_supported()
         if self.suffix is not None:
@@ -296,6 +298,11 @@ class ChatCompletionRequest(_CommonFields):
             raise unsupported("reasoning_effort")
         if self.mm_processor_kwargs:
             raise unsupported("mm_processor_kwargs", "mm_processor_kwargs (multimodal input)")
+
+    @property
+    def max_tokens_field(self) -> str:
+        """The field that set the limit, as errors name it."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
     @property
     def requested_max_tokens(self) -> int | None:

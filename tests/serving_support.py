@@ -1,0 +1,72 @@
+"""Helpers shared by the serving tests: one engine per test module, an ASGI client, SSE
+parsing checked by hand, waiting for every KV block to be free, a uvicorn server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+
+import httpx
+
+MODEL = "tiny-shakespeare"
+KEY = "sesame"
+NUM_BLOCKS = 64
+GOOD = {"model": MODEL, "prompt": "ROMEO:", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+
+
+def client(app, **kw) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", **kw)
+
+
+def sse_events(body: str) -> list:
+    """Split an SSE body into its data payloads (JSON-decoded), checking the framing by hand."""
+    assert body.endswith("data: [DONE]\n\n"), body[-200:]
+    events = body.split("\n\n")
+    assert events[-1] == ""
+    payloads = []
+    for event in events[:-1]:
+        assert event.startswith("data: "), event
+        payloads.append(event[len("data: "):])
+    assert payloads[-1] == "[DONE]" and "[DONE]" not in payloads[:-1]
+    return [json.loads(p) for p in payloads[:-1]]
+
+
+async def num_free_blocks(async_llm) -> int:
+    return await async_llm.call(lambda: async_llm.engine.kv_cache.num_free_blocks)
+
+
+async def wait_all_free(async_llm, timeout: float = 10.0, num_blocks: int = NUM_BLOCKS) -> None:
+    """Poll (on the engine thread) until no request is in flight and every block is free."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy, free = await async_llm.call(
+            lambda: (async_llm.engine.has_unfinished_requests(),
+                     async_llm.engine.kv_cache.num_free_blocks))
+        if not busy and free == num_blocks:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"blocks not freed: {free}/{num_blocks} free, busy={busy}")
+
+
+@contextlib.contextmanager
+def uvicorn_server(app):
+    """Serve ``app`` on 127.0.0.1 (a free port) in a thread; yields its base URL."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert not thread.is_alive()
