@@ -366,3 +366,43 @@ def test_a_forward_pass_failure_stops_the_step(llm, monkeypatch):
     monkeypatch.undo()
     engine.abort_request("x")
     drain(engine, check=False)
+
+
+def test_an_output_building_fault_fails_only_its_request(llm):
+    def install(engine):
+        parent = engine.output_processor.parents["faulty"]
+        real, calls = parent.make_output, []
+
+        def make_output():
+            calls.append(1)
+            if len(calls) == 3:
+                raise KeyError("no such field")
+            return real()
+
+        parent.make_output = make_output
+
+    outs = run_with_fault(llm, greedy(10, ignore_eos=True), install)
+    bad = outs["faulty"]
+    assert bad.finished and bad.error == "KeyError: 'no such field'"
+    assert [c.finish_reason for c in bad.outputs] == ["error"]
+    assert_others_unaffected(llm, outs)
+
+
+def test_a_failed_first_sequence_still_lets_its_siblings_run(llm):
+    calls = []
+
+    def fail_first_call(output_token_ids, logits):
+        calls.append(len(output_token_ids))
+        if len(calls) == 1:
+            raise RuntimeError("first sample")
+        return logits
+
+    engine = llm.engine
+    engine.add_request("fam", PROMPTS[0], SamplingParams(
+        n=3, temperature=0, max_tokens=4, ignore_eos=True, logits_processors=[fail_first_call],
+        output_kind=KINDS.FINAL_ONLY))
+    (out,) = drain(engine)
+    assert [c.finish_reason for c in out.outputs] == ["error", "length", "length"]
+    (alone,) = final_alone(llm, [PROMPTS[0]], greedy(4, ignore_eos=True))
+    assert out.outputs[1].token_ids == out.outputs[2].token_ids == alone.token_ids
+    assert out.error == "RuntimeError: first sample"

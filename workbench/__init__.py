@@ -12,6 +12,7 @@ _EXPORTS = {
     "LLM": "workbench.llm",
     "LLMEngine": "workbench.engine",
     "EngineConfig": "workbench.config",
+    "EngineArgs": "workbench.engine_args",
     "SamplingParams": "workbench.sampling_params",
     "RequestOutput": "workbench.outputs",
     "CompletionOutput": "workbench.outputs",

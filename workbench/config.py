@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from workbench.reprs import html_table
 
 
 def option(default: Any, help: str, **cli: Any) -> Any:
@@ -86,3 +88,6 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."
             )
+
+    def _repr_html_(self) -> str:
+        return html_table(type(self).__name__, {f.name: getattr(self, f.name) for f in fields(self)})

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from workbench.detokenizer import IncrementalDetokenizer
 from workbench.outputs import CompletionOutput, Logprob, RequestOutput
 from workbench.parent_request import ParentRequest
+from workbench.reprs import html_table
 from workbench.request import Request, RequestStatus
 from workbench.stats import FinishedRequestStats, IterationStats
 
@@ -185,29 +186,28 @@ class OutputProcessor:
         result = StepOutputs()
         touched: dict[str, ParentRequest] = {}
 
-        def fail(parent: ParentRequest, state: SequenceState, exc: BaseException | str) -> None:
-            message = exc if isinstance(exc, str) else describe(exc)
-            if not isinstance(exc, str):
-                logger.error(
-                    "request %r failed and was finished with an error; the others go on",
-                    state.request.request_id, exc_info=exc,
-                )
-            state.error = message
+        def fail(state: SequenceState, error: BaseException | str) -> None:
+            """Finish ``state`` with the error; an exception's traceback is logged once."""
+            if isinstance(error, BaseException):
+                logger.error("request %r failed and was finished with an error; the others "
+                             "go on", state.request.request_id, exc_info=error)
+                error = describe(error)
+            state.error = error
             state.finish("error", None, now)
             result.error_ids.append(state.request.request_id)
 
         for rid, (start, entries) in (prompt_logprobs or {}).items():
             parent, state = self._sequences[rid]
+            touched[parent.request_id] = parent
             try:
                 self._add_prompt_logprobs(state, start, entries)
             except Exception as exc:  # noqa: BLE001 - isolate this request
-                fail(parent, state, exc)
-            touched[parent.request_id] = parent
+                fail(state, exc)
         for rid, message in (failed or {}).items():
             parent, state = self._sequences[rid]
-            if state.finish_reason is None:
-                fail(parent, state, message)
             touched[parent.request_id] = parent
+            if state.finish_reason is None:
+                fail(state, message)
         for request in requests:
             entry = self._sequences.get(request.request_id)
             if entry is None:
@@ -223,14 +223,17 @@ class OutputProcessor:
                     if not request.is_finished:
                         result.stop_ids.append(request.request_id)
             except Exception as exc:  # noqa: BLE001 - isolate this request
-                fail(parent, state, exc)
+                fail(state, exc)
         for parent in touched.values():
             try:
                 out = parent.make_output()
             except Exception as exc:  # noqa: BLE001 - isolate this request
+                logger.error("building the output of request %r failed; it was finished with "
+                             "an error", parent.request_id, exc_info=exc)
                 for state in parent.sequences:
                     if state.finish_reason is None:
-                        fail(parent, state, exc)
+                        fail(state, describe(exc))
+                parent.deferred = []
                 out = parent.error_output(describe(exc))
             if out is not None:
                 result.outputs.append(out)
@@ -271,6 +274,10 @@ class OutputProcessor:
 
     def __repr__(self) -> str:
         return f"OutputProcessor(unfinished={len(self.parents)})"
+
+    def _repr_html_(self) -> str:
+        return html_table("OutputProcessor: requests in flight",
+                          {rid: repr(p) for rid, p in self.parents.items()} or {"none": ""})
 
     # ------------------------------------------------------------------ internals
     def _forget(self, parent: ParentRequest) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from workbench.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from workbench.reprs import html_table
 from workbench.request import Request
 from workbench.sampling_params import RequestOutputKind, SamplingParams
 
@@ -139,3 +140,12 @@ class ParentRequest:
             f"ParentRequest({self.request_id!r}, n={self.n}, finished={done}/{self.n}, "
             f"deferred={len(self.deferred)}, output_kind={self.params.output_kind.name})"
         )
+
+    def _repr_html_(self) -> str:
+        return html_table(f"ParentRequest {self.request_id}", {
+            f"sequence {s.index} ({s.request.request_id})": (
+                f"{s.request.num_output_tokens} tokens, "
+                + (s.finish_reason or ("deferred" if s.request in self.deferred else "running"))
+            )
+            for s in self.sequences
+        })

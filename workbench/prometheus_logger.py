@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from workbench.reprs import html_table
 from workbench.stats import IterationStats, SchedulerStats, StatLoggerBase
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
@@ -138,3 +139,8 @@ class PrometheusStatLogger(StatLoggerBase):
 
     def __repr__(self) -> str:
         return f"PrometheusStatLogger(model_name={self.model_name!r})"
+
+    def _repr_html_(self) -> str:
+        series = sorted({m.name for m in self.registry.collect()})
+        return html_table("PrometheusStatLogger", {
+            "model_name": self.model_name, "series": ", ".join(series)})

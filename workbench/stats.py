@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+
+from workbench.reprs import html_table
 
 logger = logging.getLogger("workbench")
 
@@ -31,6 +33,9 @@ class SchedulerStats:
     prefix_cache_hits: int = 0  # of those, tokens found
     num_preemptions: int = 0  # requests preempted this step
 
+    def _repr_html_(self) -> str:
+        return html_table("SchedulerStats", asdict(self))
+
 
 @dataclass(frozen=True)
 class FinishedRequestStats:
@@ -46,6 +51,17 @@ class FinishedRequestStats:
     num_generation_tokens: int
     mean_time_per_output_token: float  # decode_time / (generation tokens - 1); 0 for one token
 
+    def __repr__(self) -> str:  # times vary from run to run: counts only
+        return (
+            f"FinishedRequestStats(finish_reason={self.finish_reason!r}, "
+            f"num_prompt_tokens={self.num_prompt_tokens}, "
+            f"num_generation_tokens={self.num_generation_tokens})"
+        )
+
+    def _repr_html_(self) -> str:
+        return html_table("FinishedRequestStats", {
+            k: f"{v:.4f} s" if isinstance(v, float) else v for k, v in asdict(self).items()})
+
 
 @dataclass
 class IterationStats:
@@ -56,6 +72,26 @@ class IterationStats:
     time_to_first_tokens: list[float] = field(default_factory=list)  # arrival -> first token
     inter_token_latencies: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+
+    def __repr__(self) -> str:  # latencies vary from run to run: counts only
+        return (
+            f"IterationStats(num_prompt_tokens={self.num_prompt_tokens}, "
+            f"num_generation_tokens={self.num_generation_tokens}, "
+            f"first_tokens={len(self.time_to_first_tokens)}, "
+            f"finished={[f.finish_reason for f in self.finished_requests]})"
+        )
+
+    def _repr_html_(self) -> str:
+        def ms(values: list[float]) -> str:
+            return ", ".join(f"{v * 1e3:.1f} ms" for v in values) or "-"
+
+        return html_table("IterationStats", {
+            "prompt tokens": self.num_prompt_tokens,
+            "generation tokens": self.num_generation_tokens,
+            "time to first token": ms(self.time_to_first_tokens),
+            "inter-token latency": ms(self.inter_token_latencies),
+            "finished": ", ".join(f.finish_reason for f in self.finished_requests) or "-",
+        })
 
 
 class StatLoggerBase:
@@ -73,6 +109,9 @@ class StatLoggerBase:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+    def _repr_html_(self) -> str:
+        return html_table(type(self).__name__, {"kind": "stat logger"})
 
 
 class LoggingStatLogger(StatLoggerBase):
@@ -111,3 +150,6 @@ class LoggingStatLogger(StatLoggerBase):
         )
         logger.info(self.last_line)
         self._reset(now)
+
+    def _repr_html_(self) -> str:
+        return html_table("LoggingStatLogger", {"last line": self.last_line or "(none yet)"})
