@@ -81,8 +81,9 @@ they are reused, so on resuming it finds most of them again and recomputes only 
 tokens."""),
     ("code", """results = {}
 while engine.has_unfinished_requests():
-    for out in engine.step():
-        results[out.request_id] = out
+    for out in engine.step():  # an output for every request that progressed
+        if out.finished:
+            results[out.request_id] = out
 for rid, out in results.items():
     print(f"{rid:>7}: {out.outputs[0].finish_reason:6} {out.outputs[0].text!r}")
 for record in engine.history:
