@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from workbench.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from workbench.reprs import html_table
 from workbench.request import Request
 from workbench.sampling_params import RequestOutputKind, SamplingParams
-
-if TYPE_CHECKING:
-    from workbench.output_processor import SequenceState
+from workbench.sequence_state import SequenceState
 
 
 class ParentRequest:
