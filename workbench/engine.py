@@ -113,7 +113,7 @@ class LLMEngine:
         )
         self._last_log_time = time.monotonic()
         self._prefix_mark = (0, 0)  # cumulative prefix-cache (queries, hits) at the last step
-        self._freed_mark = 0  # blocks freed by the pool at the end of the previous step
+        self._freed_mark = 0  # kv_cache.num_blocks_freed at the end of the previous step
         self._pending_outputs: list[RequestOutput] = []  # aborts reported by the next step
         # The tokenizer's eos ends a request; other eos ids of generation_config.json join
         # each request's stop_token_ids (as vLLM does), unless it ignores eos.
@@ -281,10 +281,10 @@ class LLMEngine:
             num_waiting=len(self.scheduler.waiting),
             num_free_blocks=self.kv_cache.num_free_blocks,
             kv_usage=self.kv_cache.usage,
-            num_blocks_freed=self.kv_cache.pool.num_freed - self._freed_mark,
+            num_blocks_freed=self.kv_cache.num_blocks_freed - self._freed_mark,
             timings=timings,
         )
-        self._freed_mark = self.kv_cache.pool.num_freed
+        self._freed_mark = self.kv_cache.num_blocks_freed
         self.history.append(record)
         self.scheduler_stats = self._make_scheduler_stats(so)
         for stat_logger in self.stat_loggers.values():

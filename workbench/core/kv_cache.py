@@ -90,6 +90,11 @@ class KVCacheManager:
         return 1.0 - self.pool.num_free_blocks / self.pool.num_blocks
 
     @property
+    def num_blocks_freed(self) -> int:
+        """Blocks whose ref_count fell to 0 so far (only grows; readers take differences)."""
+        return self.pool.num_freed
+
+    @property
     def num_cached_blocks(self) -> int:
         """Blocks currently findable by the prefix cache (in use or not)."""
         return len(self.pool.cached)
