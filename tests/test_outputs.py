@@ -62,11 +62,14 @@ def make_request(prompt_ids, rid="r", **params) -> Request:
 
 
 def track(proc, prompt, *children, parent_id=None) -> ParentRequest:
-    """Add ``children`` (the n sequences of one request) to the processor, as the engine does."""
+    """Add a request to the processor whose n sequences are the hand-made ``children``
+    (the test plays the scheduler on them)."""
     first = children[0]
     parent = ParentRequest(parent_id or first.request_id, prompt, first.prompt_token_ids,
-                           first.sampling_params)
-    proc.add_request(parent, list(children))
+                           first.sampling_params, arrival_time=first.arrival_time)
+    assert [c.request_id for c in parent.children] == [c.request_id for c in children]
+    parent.children, parent.deferred = list(children), []
+    proc.add_request(parent)
     return parent
 
 
@@ -507,3 +510,32 @@ def test_metrics_and_reprs(tok):
         "CompletionOutput(index=0, text='x', token_ids=[1], cumulative_logprob=-1.2346, "
         "logprobs=None, finish_reason=None, stop_reason=None)"
     )
+
+
+def test_cumulative_text_never_shows_a_stop_string_it_later_cuts(tok):
+    text = "the quick brown fox jumps over"
+    ids = ids_of(tok, text)
+    stop = "own fox ju"
+    proc = OutputProcessor(tok)
+    request = make_request([5], stop=[stop], output_kind=RequestOutputKind.CUMULATIVE)
+    track(proc, None, request)
+    outs = drive(proc, request, ids, finish_after=len(ids),
+                 status=RequestStatus.FINISHED_LENGTH_CAPPED)
+    final = text[: text.find(stop)]
+    assert outs[-1].outputs[0].text == final and outs[-1].finished
+    assert len(outs) > 2 and all(final.startswith(o.outputs[0].text) for o in outs)
+
+
+def test_parent_request_fans_out_seeded_children():
+    params = SamplingParams(n=3, seed=10, max_tokens=4)
+    parent = ParentRequest("p", "hi", [1, 2], params, eos_token_id=7, priority=2,
+                           arrival_time=5.0)
+    assert [c.request_id for c in parent.children] == ["0_p", "1_p", "2_p"]
+    assert [c.sampling_params.seed for c in parent.children] == [10, 11, 12]
+    assert all(c.sampling_params.n == 1 and c.priority == 2 and c.arrival_time == 5.0
+               and c.eos_token_id == 7 for c in parent.children)
+    assert parent.deferred == parent.children[1:] and parent.release_siblings() == []
+    parent.children[0].output_token_ids.append(3)  # child 0 computed its prompt
+    assert parent.release_siblings() == parent.children[1:] and parent.deferred == []
+    single = ParentRequest("q", None, [1], SamplingParams(), arrival_time=0.0)
+    assert [c.request_id for c in single.children] == ["q"] and single.deferred == []

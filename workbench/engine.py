@@ -26,7 +26,7 @@ from workbench.model.model_config import ModelConfig
 from workbench.output_processor import OutputProcessor
 from workbench.outputs import RequestOutput
 from workbench.parent_request import ParentRequest
-from workbench.request import Request, RequestStatus
+from workbench.request import RequestStatus
 from workbench.runner import ModelRunner
 from workbench.sampling_params import SamplingParams
 from workbench.stats import IterationStats, LoggingStatLogger, SchedulerStats, StatLoggerBase
@@ -186,27 +186,19 @@ class LLMEngine:
             params = dataclasses.replace(
                 params, stop_token_ids=params.stop_token_ids + self._extra_eos_ids
             )
-        parent = ParentRequest(request_id, text, token_ids, params)
-        arrival = time.monotonic() if arrival_time is None else arrival_time
-        children = [
-            Request(
-                parent.child_id(i),
-                list(token_ids),
-                parent.child_params(i),
-                eos_token_id=self._eos_token_id,
-                priority=priority,
-                arrival_time=arrival,
-            )
-            for i in range(parent.n)
-        ]
-        self.output_processor.add_request(parent, children)  # raises on an id in flight
+        parent = ParentRequest(
+            request_id, text, token_ids, params, eos_token_id=self._eos_token_id,
+            priority=priority,
+            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+        )
+        self.output_processor.add_request(parent)  # raises on an id in flight
         try:
-            self.scheduler.add_request(children[0])  # raises (nothing queued) if it can never fit
+            # Raises (nothing queued) if it can never fit. Its siblings join once it computed
+            # the prompt, to share the prompt's blocks through the prefix cache.
+            self.scheduler.add_request(parent.children[0])
         except ValueError:
             self.output_processor.discard(request_id)
             raise
-        # Siblings join once child 0 computed the prompt, to share its blocks via the cache.
-        parent.deferred = children[1:]
 
     def abort_request(self, request_id: str | Iterable[str], *, report: bool = True) -> None:
         """Abort requests (by the id given to add_request) in any state; frees their blocks.

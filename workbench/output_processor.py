@@ -48,15 +48,16 @@ class OutputProcessor:
         self.parents: dict[str, ParentRequest] = {}  # by the id given to add_request
         self._sequences: dict[str, tuple[ParentRequest, SequenceState]] = {}  # by child id
         self._aborted_stats: list[FinishedRequestStats] = []
+        self._deferring: dict[str, ParentRequest] = {}  # parents with siblings held back
 
     # ------------------------------------------------------------------ registry
-    def add_request(self, parent: ParentRequest, children: list[Request]) -> None:
+    def add_request(self, parent: ParentRequest) -> None:
         """Track a request and its children; ValueError (nothing tracked) if an id is in flight."""
         clash = [parent.request_id] if parent.request_id in self.parents else []
-        clash += [c.request_id for c in children if c.request_id in self._sequences]
+        clash += [c.request_id for c in parent.children if c.request_id in self._sequences]
         if clash:
             raise ValueError(f"request_id {clash[0]!r} is already in flight.")
-        for i, child in enumerate(children):
+        for i, child in enumerate(parent.children):
             wants_logprobs = child.sampling_params.logprobs is not None
             wants_prompt = getattr(child.sampling_params, "prompt_logprobs", None) is not None
             state = SequenceState(
@@ -70,12 +71,13 @@ class OutputProcessor:
             parent.sequences.append(state)
             self._sequences[child.request_id] = (parent, state)
         self.parents[parent.request_id] = parent
+        if parent.deferred:
+            self._deferring[parent.request_id] = parent
 
     def discard(self, request_id: str) -> None:
         """Forget a request nobody has seen (its add was rolled back)."""
-        parent = self.parents.pop(request_id, None)
-        for state in parent.sequences if parent else ():
-            self._sequences.pop(state.request.request_id, None)
+        if request_id in self.parents:
+            self._forget(self.parents[request_id])
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.parents)
@@ -85,7 +87,9 @@ class OutputProcessor:
 
     def release_siblings(self) -> list[Request]:
         """Deferred n > 1 siblings whose child 0 computed its prompt (see ParentRequest)."""
-        return [r for p in self.parents.values() if p.deferred for r in p.release_siblings()]
+        released = [r for p in self._deferring.values() for r in p.release_siblings()]
+        self._deferring = {rid: p for rid, p in self._deferring.items() if p.deferred}
+        return released
 
     # ------------------------------------------------------------------ the step
     def process(
@@ -207,6 +211,7 @@ class OutputProcessor:
     # ------------------------------------------------------------------ internals
     def _forget(self, parent: ParentRequest) -> None:
         del self.parents[parent.request_id]
+        self._deferring.pop(parent.request_id, None)
         for state in parent.sequences:
             del self._sequences[state.request.request_id]
 

@@ -22,8 +22,9 @@ from workbench.sequence_state import SequenceState
 class ParentRequest:
     """The user's request: ``n`` child sequences reported as one RequestOutput.
 
-    Invariants: ``sequences[i]`` is child ``i``; ``deferred`` holds the children not yet
-    handed to the scheduler (only siblings of child 0, until :meth:`release_siblings`).
+    Invariants: ``sequences[i]`` is the output state of ``children[i]``; ``deferred`` holds
+    the children not yet handed to the scheduler (child 0's siblings, until
+    :meth:`release_siblings`).
     """
 
     def __init__(
@@ -32,14 +33,31 @@ class ParentRequest:
         prompt: str | None,
         prompt_token_ids: list[int],
         params: SamplingParams,
+        *,
+        eos_token_id: int | None = None,
+        priority: int = 0,
+        arrival_time: float,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.params = params
         self.n = params.n
-        self.sequences: list[SequenceState] = []
-        self.deferred: list[Request] = []
+        #: The child sequences as the scheduler sees them: child ``i`` is ``"{i}_{id}"``
+        #: (the id itself when n == 1), seeded ``seed + i`` when the request is seeded.
+        self.children = [
+            Request(
+                self.child_id(i),
+                list(prompt_token_ids),
+                self.child_params(i),
+                eos_token_id=eos_token_id,
+                priority=priority,
+                arrival_time=arrival_time,
+            )
+            for i in range(self.n)
+        ]
+        self.deferred: list[Request] = self.children[1:]
+        self.sequences: list[SequenceState] = []  # filled by the OutputProcessor
         self._prompt_logprobs_sent = False
 
     # ------------------------------------------------------------------ fan-out
@@ -53,12 +71,9 @@ class ParentRequest:
             self.params, n=1, seed=None if seed is None else seed + index
         )
 
-    def child_ids(self) -> list[str]:
-        return [self.child_id(i) for i in range(self.n)]
-
     def release_siblings(self) -> list[Request]:
         """The deferred siblings, once child 0 has computed its prompt (got a token) or ended."""
-        first = self.sequences[0].request
+        first = self.children[0]
         if self.deferred and (first.output_token_ids or first.is_finished):
             released, self.deferred = self.deferred, []
             return released

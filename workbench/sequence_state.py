@@ -58,7 +58,8 @@ class SequenceState:
             start, self.num_tokens_sent, self.final_sent = self.num_tokens_sent, n_ids, done
             text = "" if self.error is not None else self.detokenizer.get_delta(done)
         else:
-            start, text = 0, "" if self.error is not None else self.detokenizer.text
+            start = 0
+            text = "" if self.error is not None else self.detokenizer.visible_text(done)
         return CompletionOutput(
             index=self.index,
             text=text,
