@@ -51,6 +51,41 @@ async def wait_all_free(async_llm, timeout: float = 10.0, num_blocks: int = NUM_
     raise AssertionError(f"blocks not freed: {free}/{num_blocks} free, busy={busy}")
 
 
+async def drive_asgi(app, body, disconnect_after_chunks, hang_on_start=False,
+                     path="/v1/completions"):
+    """Call the ASGI app directly; the client disconnects after N response body chunks
+    (``hang_on_start``: sending the response head never completes, as on a dead socket)."""
+    chunks, sent_body = [], False
+    enough = asyncio.Event()
+    if disconnect_after_chunks == 0:
+        enough.set()
+
+    async def receive():
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+        await enough.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if hang_on_start and message["type"] == "http.response.start":
+            await asyncio.Event().wait()
+        if message["type"] == "http.response.body" and message.get("body"):
+            chunks.append(message["body"])
+        if len(chunks) >= disconnect_after_chunks:
+            enough.set()
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"),
+                         (b"authorization", f"Bearer {KEY}".encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    await asyncio.wait_for(app(scope, receive, send), timeout=30)
+    return chunks
+
+
 @contextlib.contextmanager
 def uvicorn_server(app):
     """Serve ``app`` on 127.0.0.1 (a free port) in a thread; yields its base URL."""

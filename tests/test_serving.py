@@ -21,7 +21,8 @@ from workbench.serving import AsyncLLM, EngineDeadError, build_app
 
 
 from serving_support import (
-    GOOD, KEY, MODEL, NUM_BLOCKS, client, num_free_blocks, sse_events, uvicorn_server, wait_all_free,
+    GOOD, KEY, MODEL, NUM_BLOCKS, client, drive_asgi, num_free_blocks, sse_events, uvicorn_server,
+    wait_all_free,
 )
 
 
@@ -374,40 +375,6 @@ def test_abort_from_outside_ends_the_stream_with_abort(async_llm):
     asyncio.run(asyncio.wait_for(go(), 30))
 
 
-async def _drive_asgi(app, body, disconnect_after_chunks, hang_on_start=False):
-    """Call the ASGI app directly; the client disconnects after N response body chunks
-    (``hang_on_start``: sending the response head never completes, as on a dead socket)."""
-    chunks, sent_body = [], False
-    enough = asyncio.Event()
-    if disconnect_after_chunks == 0:
-        enough.set()
-
-    async def receive():
-        nonlocal sent_body
-        if not sent_body:
-            sent_body = True
-            return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
-        await enough.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message):
-        if hang_on_start and message["type"] == "http.response.start":
-            await asyncio.Event().wait()
-        if message["type"] == "http.response.body" and message.get("body"):
-            chunks.append(message["body"])
-        if len(chunks) >= disconnect_after_chunks:
-            enough.set()
-
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
-             "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/json"),
-                         (b"authorization", f"Bearer {KEY}".encode())],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
-    await asyncio.wait_for(app(scope, receive, send), timeout=30)
-    return chunks
-
-
 def _aborted_count(metrics_text):
     for family in text_string_to_metric_families(metrics_text):
         if family.name == "vllm:request_success":
@@ -425,12 +392,12 @@ def test_http_client_disconnect_aborts_request(app, keyed_app, async_llm, keyed)
     async def go():
         async with client(app, headers=headers) as c:
             before = _aborted_count((await c.get("/metrics")).text)
-        streamed = await _drive_asgi(app, {**long, "stream": True}, disconnect_after_chunks=2)
+        streamed = await drive_asgi(app, {**long, "stream": True}, disconnect_after_chunks=2)
         await wait_all_free(async_llm)
-        await _drive_asgi(app, long, disconnect_after_chunks=0)  # non-streaming
+        await drive_asgi(app, long, disconnect_after_chunks=0)  # non-streaming
         await wait_all_free(async_llm)
         # gone while the response head is being sent: the body generator never starts
-        await _drive_asgi(app, {**long, "stream": True}, 0, hang_on_start=True)
+        await drive_asgi(app, {**long, "stream": True}, 0, hang_on_start=True)
         await wait_all_free(async_llm)
         async with client(app, headers=headers) as c:
             after = _aborted_count((await c.get("/metrics")).text)

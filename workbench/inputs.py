@@ -141,7 +141,7 @@ class InputProcessor:
 
     def _tokenize(self, prompt: PromptType, add_special_tokens: bool) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
-            return prompt, self.tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
+            return prompt, self._encode(prompt, add_special_tokens)
         if isinstance(prompt, Mapping):
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), self._as_ids(prompt["prompt_token_ids"])
@@ -156,6 +156,16 @@ class InputProcessor:
         raise TypeError(
             f"prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}."
         )
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Token ids of ``text``. A fast tokenizer's Rust backend is called directly: it
+        releases the GIL while it works (a multi-megabyte prompt does not stall the engine
+        thread) and skips transformers' per-token Python bookkeeping."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids
+        (encoding,) = backend.encode_batch([text], add_special_tokens=add_special_tokens)
+        return encoding.ids
 
     @staticmethod
     def _as_ids(ids: Sequence[int]) -> list[int]:

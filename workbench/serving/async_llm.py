@@ -16,9 +16,9 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import functools
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from workbench.engine import LLMEngine
@@ -27,20 +27,24 @@ from workbench.outputs import RequestOutput
 from workbench.sampling_params import RequestOutputKind, SamplingParams
 
 T = TypeVar("T")
+_INPUT_NICENESS = 10  # the input thread's nice value: below the engine thread's priority
 
 
 class EngineDeadError(RuntimeError):
     """The engine thread stopped (shutdown, or a step raised): no request can be served."""
 
 
-@dataclass(frozen=True)
-class EngineSnapshot:
-    """Scheduler state after the engine thread's latest step (read without the engine)."""
+def _lower_priority() -> None:
+    """Make the calling thread yield the CPU to the engine thread (Linux: per-thread nice).
 
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_usage: float = 0.0
-    num_free_blocks: int = 0
+    Tokenizing a huge prompt takes a core for seconds; on a small CPU box the engine's
+    intra-op threads would otherwise wait for it and every running stream would stutter.
+    """
+    if hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _INPUT_NICENESS)
+        except OSError:  # not permitted here: run at normal priority
+            pass
 
 
 class RequestStream:
@@ -98,7 +102,7 @@ class AsyncLLM:
         self.engine = engine
         # One input thread: the tokenizer is used by it and the engine thread, no more.
         self._inputs = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="workbench-inputs"
+            max_workers=1, thread_name_prefix="workbench-inputs", initializer=_lower_priority
         )
         self._cond = threading.Condition()
         self._calls: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
@@ -106,7 +110,6 @@ class AsyncLLM:
         self._error: BaseException | None = None
         # request id -> (its consumer's loop, its queue); engine thread only.
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self.snapshot = self._take_snapshot()
         self._thread = threading.Thread(target=self._run, name="workbench-engine", daemon=True)
         self._thread.start()
 
@@ -248,7 +251,6 @@ class AsyncLLM:
                     break
                 if engine.has_unfinished_requests():
                     self._deliver(engine.step())
-                self.snapshot = self._take_snapshot()
         except BaseException as exc:
             self._error = exc
         finally:
@@ -277,18 +279,9 @@ class AsyncLLM:
         except RuntimeError:  # that consumer's loop is closed: nobody is listening
             pass
 
-    def _take_snapshot(self) -> EngineSnapshot:
-        sched, kv = self.engine.scheduler, self.engine.kv_cache
-        return EngineSnapshot(
-            num_running=len(sched.running),
-            num_waiting=len(sched.waiting),
-            kv_usage=kv.usage,
-            num_free_blocks=kv.num_free_blocks,
-        )
-
     def __repr__(self) -> str:
-        s = self.snapshot
+        s = self.engine.scheduler_stats  # replaced whole after each step: safe to read here
         return (
-            f"AsyncLLM(running={s.num_running}, waiting={s.num_waiting}, "
-            f"kv_usage={s.kv_usage:.2f}, alive={self.is_running})"
+            f"AsyncLLM(running={s.num_running_reqs}, waiting={s.num_waiting_reqs}, "
+            f"kv_usage={s.kv_cache_usage:.2f}, alive={self.is_running})"
         )
