@@ -537,5 +537,7 @@ def test_parent_request_fans_out_seeded_children():
     assert parent.deferred == parent.children[1:] and parent.release_siblings() == []
     parent.children[0].output_token_ids.append(3)  # child 0 computed its prompt
     assert parent.release_siblings() == parent.children[1:] and parent.deferred == []
+    top = ParentRequest("t", None, [1], SamplingParams(n=2, seed=2**63 - 1), arrival_time=0.0)
+    assert [c.sampling_params.seed for c in top.children] == [2**63 - 1, -(2**63)]
     single = ParentRequest("q", None, [1], SamplingParams(), arrival_time=0.0)
     assert [c.request_id for c in single.children] == ["q"] and single.deferred == []

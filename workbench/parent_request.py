@@ -65,11 +65,12 @@ class ParentRequest:
         return self.request_id if self.n == 1 else f"{index}_{self.request_id}"
 
     def child_params(self, index: int) -> SamplingParams:
-        """Child ``index`` samples alone (n=1) with seed ``seed + index`` when seeded."""
+        """Child ``index`` samples alone (n=1) with seed ``seed + index`` when seeded, wrapped
+        into int64 (so the largest valid seed still gives n valid, distinct seeds)."""
         seed = self.params.seed
-        return dataclasses.replace(
-            self.params, n=1, seed=None if seed is None else seed + index
-        )
+        if seed is not None:
+            seed = (seed + index + 2**63) % 2**64 - 2**63
+        return dataclasses.replace(self.params, n=1, seed=seed)
 
     def release_siblings(self) -> list[Request]:
         """The deferred siblings, once child 0 has computed its prompt (got a token) or ended."""
