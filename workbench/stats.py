@@ -7,7 +7,7 @@ requests that got tokens, and a :class:`FinishedRequestStats` per request that f
 and hands both to every registered :class:`StatLoggerBase` (``record``).
 ``LLMEngine.do_log_stats()`` calls each logger's ``log``. Two loggers ship: the periodic
 log line (:class:`LoggingStatLogger`) and the Prometheus exporter
-(``workbench.metrics.PrometheusStatLogger``). A notebook subclasses StatLoggerBase for its own.
+(``workbench.prometheus_logger.PrometheusStatLogger``). A notebook subclasses StatLoggerBase for its own.
 """
 
 from __future__ import annotations
