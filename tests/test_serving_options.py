@@ -371,3 +371,16 @@ def test_priority_is_honoured_with_the_priority_policy():
     responses = asyncio.run(go())
     assert all(r.status_code == 200 for r in responses)
     assert finished.index("high") < finished.index("low")
+
+
+def test_tools_documents_and_text_response_format_reach_the_template(app, hf):
+    _, tok = hf
+    template = ("{{ tools | length }}/{{ documents | length }}"
+                "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    tools = [{"type": "function", "function": {"name": n}} for n in ("a", "b")]
+    (r,) = post_all(app, ("/v1/chat/completions", {
+        "messages": USER, "max_tokens": 1, "chat_template": template, "tools": tools,
+        "tool_choice": "none", "documents": [{"text": "x"}], "response_format": {"type": "text"},
+        "parallel_tool_calls": False}))
+    expected = tok("2/1" + USER[0]["content"], add_special_tokens=False).input_ids
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(expected)
