@@ -232,6 +232,8 @@ def test_stat_loggers_see_every_step_and_prometheus_uses_vllm_names(llm):
         o.outputs[0].finish_reason for o in outs)
     for f in finished:
         assert f.e2e_latency >= f.queued_time >= 0 and f.e2e_latency >= f.inference_time >= 0
+        assert f.e2e_latency >= f.time_to_first_token >= f.queued_time
+        assert f.inference_time == pytest.approx(f.prefill_time + f.decode_time)
     assert mine.steps[-1][0].num_running_reqs == 0 and mine.steps[-1][0].kv_cache_usage == 0.0
 
     samples = {}

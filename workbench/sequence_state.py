@@ -85,6 +85,7 @@ class SequenceState:
         return FinishedRequestStats(
             finish_reason=self.finish_reason or "abort",
             e2e_latency=end - r.arrival_time,
+            time_to_first_token=first - r.arrival_time,
             queued_time=scheduled - r.arrival_time,
             prefill_time=first - scheduled,
             decode_time=decode,

@@ -43,6 +43,7 @@ class FinishedRequestStats:
 
     finish_reason: str
     e2e_latency: float  # arrival -> finished
+    time_to_first_token: float  # arrival -> first token (e2e when none came)
     queued_time: float  # arrival -> first scheduled
     prefill_time: float  # first scheduled -> first token
     decode_time: float  # first token -> last token
