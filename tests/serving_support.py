@@ -10,11 +10,54 @@ import threading
 import time
 
 import httpx
+import pytest
+import torch
+import transformers
+
+from workbench import LLMEngine, default_model_path
+from workbench.serving import AsyncLLM, build_app
 
 MODEL = "tiny-shakespeare"
 KEY = "sesame"
 NUM_BLOCKS = 64
 GOOD = {"model": MODEL, "prompt": "ROMEO:", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+
+
+def serving_fixtures(num_blocks: int = NUM_BLOCKS):
+    """Module-scoped ``async_llm`` (an engine of ``num_blocks`` KV blocks of 8 tokens, shut
+    down after the module) and ``app`` fixtures: ``async_llm, app = serving_fixtures()``."""
+
+    @pytest.fixture(scope="module")
+    def async_llm():
+        llm = AsyncLLM(LLMEngine(device="cpu", block_size=8, num_kv_blocks=num_blocks))
+        yield llm
+        asyncio.run(llm.shutdown())
+        assert not llm._thread.is_alive()
+
+    @pytest.fixture(scope="module")
+    def app(async_llm):
+        return build_app(async_llm, model_name=MODEL)
+
+    return async_llm, app
+
+
+@pytest.fixture(scope="module")
+def hf():
+    """transformers' model and tokenizer on the same weights: the independent reference."""
+    path = default_model_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(path)
+
+
+def greedy_ids(model, prompt_ids, n) -> list[int]:
+    """transformers' greedy continuation of exactly ``n`` tokens (eos does not stop it)."""
+    ids = torch.tensor([prompt_ids])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=n, eos_token_id=None)
+    new = out[0, len(prompt_ids):].tolist()
+    assert len(new) == n
+    return new
 
 
 def client(app, **kw) -> httpx.AsyncClient:

@@ -7,64 +7,28 @@ for SSE framing and error shapes, and the KV pool's free-block count for aborts.
 
 import asyncio
 import json
-import threading
-import time
 
 import httpx
 import pytest
 import torch
-import transformers
 from prometheus_client.parser import text_string_to_metric_families
 
-from workbench import LLMEngine, SamplingParams, default_model_path
+from workbench import LLMEngine, SamplingParams
 from workbench.serving import AsyncLLM, EngineDeadError, build_app
 
 
 from serving_support import (
-    GOOD, KEY, MODEL, NUM_BLOCKS, client, drive_asgi, num_free_blocks, sse_events, uvicorn_server,
-    wait_all_free,
+    GOOD, KEY, MODEL, NUM_BLOCKS, client, drive_asgi, greedy_ids, hf, num_free_blocks, serving_fixtures,
+    sse_events, uvicorn_server, wait_all_free,
 )
 
 
-@pytest.fixture(scope="module")
-def engine():
-    return LLMEngine(device="cpu", block_size=8, num_kv_blocks=NUM_BLOCKS)
-
-
-@pytest.fixture(scope="module")
-def async_llm(engine):
-    llm = AsyncLLM(engine)
-    yield llm
-    asyncio.run(llm.shutdown())
-    assert not llm._thread.is_alive()
-
-
-@pytest.fixture(scope="module")
-def app(async_llm):
-    return build_app(async_llm, model_name=MODEL)
+async_llm, app = serving_fixtures()
 
 
 @pytest.fixture(scope="module")
 def keyed_app(async_llm):
     return build_app(async_llm, model_name=MODEL, api_key=KEY)
-
-
-@pytest.fixture(scope="module")
-def hf():
-    path = default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return model, transformers.AutoTokenizer.from_pretrained(path)
-
-
-def hf_greedy_ids(model, prompt_ids, n):
-    """transformers' greedy continuation of exactly ``n`` tokens (eos does not stop it)."""
-    ids = torch.tensor([prompt_ids])
-    with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=n, eos_token_id=None)
-    new = out[0, len(prompt_ids):].tolist()
-    assert len(new) == n
-    return new
 
 
 # ---------------------------------------------------------------------------- generation
@@ -73,10 +37,10 @@ def test_greedy_completion_and_chat_equal_transformers(app, hf):
     n = 12
     prompt = "JULIET:\nO Romeo, Romeo!"
     messages = [{"role": "user", "content": "Good morrow, sweet lady."}]
-    ref_text = tok.decode(hf_greedy_ids(model, tok(prompt).input_ids, n), skip_special_tokens=True)
+    ref_text = tok.decode(greedy_ids(model, tok(prompt).input_ids, n), skip_special_tokens=True)
     chat_ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                        return_dict=True)["input_ids"]
-    ref_chat = tok.decode(hf_greedy_ids(model, chat_ids, n), skip_special_tokens=True)
+    ref_chat = tok.decode(greedy_ids(model, chat_ids, n), skip_special_tokens=True)
 
     async def go():
         async with client(app) as c:
@@ -173,7 +137,7 @@ def test_n2_seed_and_stop_strings(app, hf):
     assert [per_index[0], per_index[1]] == [c["text"] for c in choices]
 
     # Stop string: cut the greedy reference text at its first newline after a word.
-    greedy = tok.decode(hf_greedy_ids(model, tok("ROMEO:").input_ids, 20), skip_special_tokens=True)
+    greedy = tok.decode(greedy_ids(model, tok("ROMEO:").input_ids, 20), skip_special_tokens=True)
     stop = " my"
     assert stop in greedy, greedy
     r = asyncio.run(_post(app, "/v1/completions", {**GOOD, "max_tokens": 20, "stop": [stop]}))

@@ -14,24 +14,12 @@ import time
 
 import pytest
 
-from workbench import LLMEngine, SamplingParams
-from workbench.serving import AsyncLLM, build_app
+from workbench import SamplingParams
 
-from serving_support import GOOD, MODEL, client, drive_asgi, sse_events, wait_all_free
+from serving_support import GOOD, client, drive_asgi, serving_fixtures, sse_events, wait_all_free
 
 BLOCKS = 160
-
-
-@pytest.fixture(scope="module")
-def async_llm():
-    llm = AsyncLLM(LLMEngine(device="cpu", block_size=8, num_kv_blocks=BLOCKS))
-    yield llm
-    asyncio.run(llm.shutdown())
-
-
-@pytest.fixture(scope="module")
-def app(async_llm):
-    return build_app(async_llm, model_name=MODEL)
+async_llm, app = serving_fixtures(BLOCKS)
 
 
 def fails_after(k: int):
@@ -180,11 +168,7 @@ def test_load_with_disconnects_and_cancellations_frees_everything(app, async_llm
     assert async_llm.is_running
 
 
-@pytest.mark.parametrize("seed", [
-    pytest.param(2**63 - 1, marks=pytest.mark.xfail(
-        strict=True, reason="ParentRequest gives child 1 seed + 1 = 2**63, which SamplingParams "
-        "rejects (vLLM copies child params without validating); fix in parent_request.py")),
-    -(2**63), 0])
+@pytest.mark.parametrize("seed", [2**63 - 1, -(2**63), 0])
 def test_extreme_valid_seeds_are_served(app, seed):
     async def go():
         async with client(app) as c:

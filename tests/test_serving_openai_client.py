@@ -8,13 +8,11 @@ import asyncio
 
 import openai
 import pytest
-import torch
-import transformers
 
-from workbench import LLMEngine, default_model_path
+from workbench import LLMEngine
 from workbench.serving import AsyncLLM, build_app
 
-from serving_support import KEY, MODEL, NUM_BLOCKS, uvicorn_server
+from serving_support import KEY, MODEL, NUM_BLOCKS, greedy_ids, hf, uvicorn_server
 
 USER = [{"role": "user", "content": "Good morrow, sweet lady."}]
 
@@ -28,18 +26,9 @@ def api():
     asyncio.run(llm.shutdown())
 
 
-@pytest.fixture(scope="module")
-def hf():
-    path = default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return model, transformers.AutoTokenizer.from_pretrained(path)
-
-
 def greedy_text(hf, ids, n):
     model, tok = hf
-    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                         do_sample=False, max_new_tokens=n, eos_token_id=None)
-    return tok.decode(out[0, len(ids):])
+    return tok.decode(greedy_ids(model, ids, n))
 
 
 def test_models_list(api):

@@ -9,42 +9,19 @@ import json
 
 import pytest
 import torch
-import transformers
 
-from workbench import LLMEngine, default_model_path
+from workbench import LLMEngine
 from workbench.serving import AsyncLLM, build_app
 
-from serving_support import GOOD, MODEL, client, sse_events, wait_all_free
+from serving_support import (
+    GOOD, MODEL, client, greedy_ids, hf, serving_fixtures, sse_events, wait_all_free,
+)
 
 USER = [{"role": "user", "content": "Good morrow, sweet lady."}]
 
 
 BLOCKS = 136  # a whole context (1024 tokens) fits: chat's default max_tokens is admitted
-
-
-@pytest.fixture(scope="module")
-def async_llm():
-    llm = AsyncLLM(LLMEngine(device="cpu", block_size=8, num_kv_blocks=BLOCKS))
-    yield llm
-    asyncio.run(llm.shutdown())
-
-
-@pytest.fixture(scope="module")
-def app(async_llm):
-    return build_app(async_llm, model_name=MODEL)
-
-
-@pytest.fixture(scope="module")
-def hf():
-    path = default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return model, transformers.AutoTokenizer.from_pretrained(path)
-
-
-def greedy_ids(model, ids, n):
-    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                         do_sample=False, max_new_tokens=n, eos_token_id=None)
-    return out[0, len(ids):].tolist()
+async_llm, app = serving_fixtures(BLOCKS)
 
 
 def post_all(app, *calls, headers=None):
@@ -344,7 +321,7 @@ def test_generation_config_defaults_apply_and_requests_override(async_llm, hf, t
 
 
 def test_priority_is_honoured_with_the_priority_policy():
-    engine = LLMEngine(device="cpu", block_size=8, num_kv_blocks=16, policy="priority",
+    engine = LLMEngine(device="cpu", block_size=8, num_kv_blocks=80, policy="priority",
                        max_num_seqs=1)
     llm = AsyncLLM(engine)
     app = build_app(llm, model_name=MODEL)
@@ -352,25 +329,34 @@ def test_priority_is_honoured_with_the_priority_policy():
 
     async def go():
         async with client(app) as c:
-            async def one(name, priority, delay, max_tokens=2):
-                await asyncio.sleep(delay)
+            async def one(name, priority, max_tokens=2):
                 r = await c.post("/v1/completions", json={**GOOD, "max_tokens": max_tokens,
                                                           "priority": priority})
                 finished.append(name)
                 return r
 
-            # "first" occupies the only slot; "low" and "high" wait, "high" goes next
-            blocker = asyncio.create_task(one("first", 0, 0, max_tokens=60))
-            rest = [asyncio.create_task(one("low", 5, 0.05)),
-                    asyncio.create_task(one("high", -5, 0.1))]
-            responses = await asyncio.gather(blocker, *rest)
-        await wait_all_free(llm, num_blocks=16)
+            async def num_waiting():
+                return await llm.call(lambda: len(engine.scheduler.waiting))
+
+            # "first" holds the only slot for 150 tokens; "low" then "high" queue behind it
+            tasks = [asyncio.create_task(one("first", 0, max_tokens=150))]
+            while await llm.call(lambda: len(engine.scheduler.running)) == 0:
+                await asyncio.sleep(0.005)
+            tasks.append(asyncio.create_task(one("low", 5)))
+            while await num_waiting() < 1:
+                await asyncio.sleep(0.005)
+            tasks.append(asyncio.create_task(one("high", -5)))
+            while await num_waiting() < 2:
+                await asyncio.sleep(0.005)
+            assert "first" not in finished  # both queued while the slot was taken
+            responses = await asyncio.gather(*tasks)
+        await wait_all_free(llm, num_blocks=80)
         await llm.shutdown()
         return responses
 
     responses = asyncio.run(go())
     assert all(r.status_code == 200 for r in responses)
-    assert finished.index("high") < finished.index("low")
+    assert finished == ["first", "high", "low"]
 
 
 def test_tools_documents_and_text_response_format_reach_the_template(app, hf):

@@ -11,27 +11,14 @@ import logging
 
 import pytest
 
-from workbench import LLMEngine
-from workbench.serving import AsyncLLM, build_app
-
-from serving_support import GOOD, MODEL, NUM_BLOCKS, client, sse_events, wait_all_free
+from serving_support import GOOD, MODEL, client, serving_fixtures, sse_events, wait_all_free
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Speak."}], "max_tokens": 2,
         "temperature": 0, "ignore_eos": True}
 VOCAB = 4096
 CTX = 1024
 
-
-@pytest.fixture(scope="module")
-def async_llm():
-    llm = AsyncLLM(LLMEngine(device="cpu", block_size=8, num_kv_blocks=NUM_BLOCKS))
-    yield llm
-    asyncio.run(llm.shutdown())
-
-
-@pytest.fixture(scope="module")
-def app(async_llm):
-    return build_app(async_llm, model_name=MODEL)
+async_llm, app = serving_fixtures()
 
 
 def cmpl(**kw):
