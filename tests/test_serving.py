@@ -262,7 +262,8 @@ def test_api_key(keyed_app):
 
 def test_async_llm_validation_error_propagates(async_llm):
     async def go():
-        ok = async_llm.generate("HAMLET:", SamplingParams(temperature=0, max_tokens=6,
+        # long enough to be still in flight while the two bad requests are processed
+        ok = async_llm.generate("HAMLET:", SamplingParams(temperature=0, max_tokens=100,
                                                            ignore_eos=True), "ok-1")
         first = await ok.__anext__()
         with pytest.raises(ValueError, match="maximum context length is 1024"):
@@ -273,7 +274,7 @@ def test_async_llm_validation_error_propagates(async_llm):
         return [first, *rest]
 
     outs = asyncio.run(go())
-    assert outs[-1].finished and sum(len(o.outputs[0].token_ids) for o in outs) == 6
+    assert outs[-1].finished and sum(len(o.outputs[0].token_ids) for o in outs) == 100
 
 
 # ---------------------------------------------------------------------------- concurrency

@@ -81,19 +81,27 @@ def test_echo_logprobs_include_the_prompt_tokens(app, hf):
     assert "".join(full["tokens"][len(ids):]) == generated
 
 
-def test_prompt_logprobs_top_level(app, hf):
+def test_prompt_logprobs_per_choice_and_chat_top_level(app, hf):
     model, tok = hf
-    ids = tok("HAMLET:\nTo be").input_ids
-    with torch.inference_mode():
-        ref = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
-    (r,) = post_all(app, ("/v1/completions", {**GOOD, "prompt": ids, "max_tokens": 1,
-                                              "prompt_logprobs": 2}))
-    plp = r.json()["prompt_logprobs"]
-    assert len(plp) == len(ids) and plp[0] is None
-    for k in range(1, len(ids)):
-        entry = plp[k][str(ids[k])]
-        assert entry["logprob"] == pytest.approx(float(ref[k - 1, ids[k]]), abs=1e-4)
-        assert entry["rank"] == int((ref[k - 1] > ref[k - 1, ids[k]]).sum()) + 1
+    first, second = tok("HAMLET:\nTo be").input_ids, tok("LEAR:\nBlow").input_ids
+    chat_ids = tok.apply_chat_template(USER, tokenize=True, add_generation_prompt=True,
+                                       return_dict=True)["input_ids"]
+    comp, chat = post_all(
+        app,
+        ("/v1/completions", {**GOOD, "prompt": [first, second], "max_tokens": 1,
+                             "prompt_logprobs": 2}),
+        ("/v1/chat/completions", {"messages": USER, "max_tokens": 1, "prompt_logprobs": 1}),
+    )
+    choices = comp.json()["choices"]
+    for ids, plp in ((first, choices[0]["prompt_logprobs"]), (second, choices[1]["prompt_logprobs"]),
+                     (chat_ids, chat.json()["prompt_logprobs"])):
+        with torch.inference_mode():
+            ref = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+        assert len(plp) == len(ids) and plp[0] is None
+        for k in range(1, len(ids)):
+            entry = plp[k][str(ids[k])]
+            assert entry["logprob"] == pytest.approx(float(ref[k - 1, ids[k]]), abs=1e-4)
+            assert entry["rank"] == int((ref[k - 1] > ref[k - 1, ids[k]]).sum()) + 1
 
 
 @pytest.mark.parametrize("as_ids", [False, True], ids=["texts", "token_ids"])

@@ -17,7 +17,13 @@ from fastapi.responses import Response
 from workbench.outputs import CompletionOutput, Logprob
 from workbench.serving import protocol as P
 from workbench.serving.errors import APIError
-from workbench.serving.generation import ChoiceState, OpenAIServing, ResponseFormat, token_text
+from workbench.serving.generation import (
+    ChoiceState,
+    OpenAIServing,
+    ResponseFormat,
+    prompt_logprobs_json,
+    token_text,
+)
 
 ROLE = "assistant"
 
@@ -93,8 +99,8 @@ class ChatFormat(ResponseFormat):
         return P.ChatCompletionChunk(id=self.response_id, created=self.created,
                                      model=self.model, choices=choices, usage=usage)
 
-    def response(self, choices: Sequence[ChoiceState], usage: P.UsageInfo,
-                 prompt_logprobs: list | None) -> P.ChatCompletionResponse:
+    def response(self, choices: Sequence[ChoiceState], usage: P.UsageInfo
+                 ) -> P.ChatCompletionResponse:
         out = [
             P.ChatChoice(
                 index=s.index,
@@ -105,6 +111,9 @@ class ChatFormat(ResponseFormat):
             )
             for s in choices
         ]
+        prompt_logprobs = None
+        if self.req.prompt_logprobs is not None:  # one prompt: top-level, as vLLM
+            prompt_logprobs = prompt_logprobs_json(choices[0].prompt.prompt_logprobs)
         return P.ChatCompletionResponse(id=self.response_id, created=self.created,
                                         model=self.model, choices=out, usage=usage,
                                         prompt_logprobs=prompt_logprobs)

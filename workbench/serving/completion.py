@@ -15,7 +15,13 @@ from fastapi.responses import Response
 
 from workbench.outputs import CompletionOutput, Logprob
 from workbench.serving import protocol as P
-from workbench.serving.generation import ChoiceState, OpenAIServing, ResponseFormat, token_text
+from workbench.serving.generation import (
+    ChoiceState,
+    OpenAIServing,
+    ResponseFormat,
+    prompt_logprobs_json,
+    token_text,
+)
 
 
 class CompletionFormat(ResponseFormat):
@@ -81,8 +87,8 @@ class CompletionFormat(ResponseFormat):
         return P.CompletionResponse(id=self.response_id, created=self.created,
                                     model=self.model, choices=choices, usage=usage)
 
-    def response(self, choices: Sequence[ChoiceState], usage: P.UsageInfo,
-                 prompt_logprobs: list | None) -> P.CompletionResponse:
+    def response(self, choices: Sequence[ChoiceState], usage: P.UsageInfo
+                 ) -> P.CompletionResponse:
         out = []
         for state in choices:
             logprobs = None
@@ -92,10 +98,11 @@ class CompletionFormat(ResponseFormat):
             out.append(P.CompletionChoice(
                 index=state.index, text=self._echo(state) + state.text, logprobs=logprobs,
                 finish_reason=state.finish_reason, stop_reason=state.stop_reason,
+                prompt_logprobs=prompt_logprobs_json(state.prompt.prompt_logprobs)
+                if self.req.prompt_logprobs is not None else None,
             ))
         return P.CompletionResponse(id=self.response_id, created=self.created,
-                                    model=self.model, choices=out, usage=usage,
-                                    prompt_logprobs=prompt_logprobs)
+                                    model=self.model, choices=out, usage=usage)
 
 
 def completion_router(serving: OpenAIServing) -> APIRouter:

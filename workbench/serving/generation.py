@@ -71,8 +71,7 @@ class ResponseFormat:
     def chunk(self, choices: list[BaseModel], usage: P.UsageInfo | None) -> BaseModel:
         raise NotImplementedError
 
-    def response(self, choices: Sequence[ChoiceState], usage: P.UsageInfo,
-                 prompt_logprobs: list | None) -> BaseModel:
+    def response(self, choices: Sequence[ChoiceState], usage: P.UsageInfo) -> BaseModel:
         raise NotImplementedError
 
 
@@ -83,8 +82,9 @@ def token_text(token_id: int, logprob: Logprob | None, as_token_ids: bool) -> st
     return (logprob.decoded_token if logprob is not None else None) or ""
 
 
-def prompt_logprobs_json(entries: list[dict[int, Logprob] | None] | None) -> list | None:
-    """vLLM's top-level ``prompt_logprobs``: per prompt position, {token id: logprob}."""
+def prompt_logprobs_json(entries: list[dict[int, Logprob] | None] | None
+                         ) -> P.PromptLogprobs | None:
+    """vLLM's ``prompt_logprobs``: per prompt position, {token id: logprob}."""
     if entries is None:
         return None
     return [
@@ -297,10 +297,7 @@ class _Answer:
     async def full(self) -> Response:
         async for i, out in self.run.outputs():
             self.update(i, out)
-        prompt_logprobs = None
-        if self.req.prompt_logprobs is not None and len(self.run.prompts) == 1:
-            prompt_logprobs = prompt_logprobs_json(self.run.prompts[0].prompt_logprobs)
-        body = self.fmt.response(self.choices, self.usage(), prompt_logprobs)
+        body = self.fmt.response(self.choices, self.usage())
         return JSONResponse(P.dump(body))
 
     async def events(self) -> AsyncIterator[str]:

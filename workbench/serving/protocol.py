@@ -367,18 +367,23 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
+#: vLLM's ``prompt_logprobs``: per prompt position (the first is null), {token id: logprob}.
+PromptLogprobs = list[Optional[dict[int, PromptLogprob]]]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
-
-
-class PromptLogprob(BaseModel):
-    logprob: float
-    rank: Optional[int] = None
-    decoded_token: Optional[str] = None
+    prompt_logprobs: Optional[PromptLogprobs] = None  # its prompt's, when asked (vLLM)
 
 
 class CompletionResponse(BaseModel):
@@ -388,7 +393,6 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Optional[UsageInfo] = None
-    prompt_logprobs: Optional[list[Optional[dict[int, PromptLogprob]]]] = None
 
 
 class TopLogprob(BaseModel):
@@ -425,7 +429,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
-    prompt_logprobs: Optional[list[Optional[dict[int, PromptLogprob]]]] = None
+    prompt_logprobs: Optional[PromptLogprobs] = None
 
 
 class ChatStreamChoice(BaseModel):
