@@ -331,7 +331,6 @@ class LLMEngine:
                       f"per step, policy {html.escape(self.scheduler.policy.name)}",
             "queues": f"{len(self.scheduler.running)} running, {len(self.scheduler.waiting)} waiting",
             "steps recorded": str(len(self.history)),
-            "stat loggers": html.escape(", ".join(self.stat_loggers) or "none"),
         }
         cells = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows.items())
         return f"<b>LLMEngine</b><table>{cells}</table>"
