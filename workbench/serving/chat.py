@@ -16,6 +16,7 @@ from fastapi.responses import Response
 
 from workbench.outputs import CompletionOutput, Logprob
 from workbench.serving import protocol as P
+from workbench.serving import responses as R
 from workbench.serving.errors import APIError
 from workbench.serving.generation import (
     ChoiceState,
@@ -65,7 +66,7 @@ class ChatFormat(ResponseFormat):
         return {"token": token, "logprob": v.logprob, "bytes": list(token.encode("utf-8"))}
 
     def _logprobs(self, token_ids: list[int], positions: list[dict[int, Logprob]]
-                  ) -> P.ChatLogprobs | None:
+                  ) -> R.ChatLogprobs | None:
         """Each sampled token with its ``top_logprobs`` most likely candidates."""
         if not self.req.logprobs:
             return None
@@ -74,37 +75,37 @@ class ChatFormat(ResponseFormat):
         for token_id, pos in zip(token_ids, positions):
             top = sorted(((t, v) for t, v in pos.items() if v.rank is not None and v.rank <= k),
                          key=lambda tv: tv[1].rank)[:k]
-            content.append(P.ChatTokenLogprob(**self._entry(token_id, pos[token_id]),
+            content.append(R.ChatTokenLogprob(**self._entry(token_id, pos[token_id]),
                                               top_logprobs=[self._entry(*tv) for tv in top]))
-        return P.ChatLogprobs(content=content)
+        return R.ChatLogprobs(content=content)
 
-    def prelude(self, choices: Sequence[ChoiceState]) -> list[P.ChatCompletionChunk]:
+    def prelude(self, choices: Sequence[ChoiceState]) -> list[R.ChatCompletionChunk]:
         for state in choices:
             state.started = True
-        return [self.chunk([P.ChatStreamChoice(index=s.index,
+        return [self.chunk([R.ChatStreamChoice(index=s.index,
                                                delta={"role": ROLE, "content": self.echo})],
                            None) for s in choices]
 
     def stream_choice(self, state: ChoiceState, delta: CompletionOutput
-                      ) -> P.ChatStreamChoice | None:
+                      ) -> R.ChatStreamChoice | None:
         if not delta.text and delta.finish_reason is None and not self.req.logprobs:
             return None
-        return P.ChatStreamChoice(
+        return R.ChatStreamChoice(
             index=state.index, delta={"content": delta.text},
             logprobs=self._logprobs(delta.token_ids, delta.logprobs or []),
             finish_reason=delta.finish_reason, stop_reason=delta.stop_reason,
         )
 
-    def chunk(self, choices: list, usage: P.UsageInfo | None) -> P.ChatCompletionChunk:
-        return P.ChatCompletionChunk(id=self.response_id, created=self.created,
+    def chunk(self, choices: list, usage: R.UsageInfo | None) -> R.ChatCompletionChunk:
+        return R.ChatCompletionChunk(id=self.response_id, created=self.created,
                                      model=self.model, choices=choices, usage=usage)
 
-    def response(self, choices: Sequence[ChoiceState], usage: P.UsageInfo
-                 ) -> P.ChatCompletionResponse:
+    def response(self, choices: Sequence[ChoiceState], usage: R.UsageInfo
+                 ) -> R.ChatCompletionResponse:
         out = [
-            P.ChatChoice(
+            R.ChatChoice(
                 index=s.index,
-                message=P.ChatResponseMessage(role=ROLE, content=self.echo + s.text),
+                message=R.ChatResponseMessage(role=ROLE, content=self.echo + s.text),
                 logprobs=self._logprobs(s.token_ids, s.logprobs),
                 finish_reason=s.finish_reason,
                 stop_reason=s.stop_reason,
@@ -114,7 +115,7 @@ class ChatFormat(ResponseFormat):
         prompt_logprobs = None
         if self.req.prompt_logprobs is not None:  # one prompt: top-level, as vLLM
             prompt_logprobs = prompt_logprobs_json(choices[0].prompt.prompt_logprobs)
-        return P.ChatCompletionResponse(id=self.response_id, created=self.created,
+        return R.ChatCompletionResponse(id=self.response_id, created=self.created,
                                         model=self.model, choices=out, usage=usage,
                                         prompt_logprobs=prompt_logprobs)
 

@@ -15,6 +15,7 @@ from fastapi.responses import Response
 
 from workbench.outputs import CompletionOutput, Logprob
 from workbench.serving import protocol as P
+from workbench.serving import responses as R
 from workbench.serving.generation import (
     ChoiceState,
     OpenAIServing,
@@ -39,7 +40,7 @@ class CompletionFormat(ResponseFormat):
 
     def _logprobs(self, state: ChoiceState, token_ids: list[int],
                   positions: list[dict[int, Logprob]], offset: int, with_prompt: bool
-                  ) -> P.CompletionLogprobs:
+                  ) -> R.CompletionLogprobs:
         """Logprobs of ``token_ids`` whose text starts ``offset`` characters into the choice;
         ``with_prompt``: the echoed prompt's tokens first."""
         entries: list[tuple[int, dict[int, Logprob] | None]] = []
@@ -50,7 +51,7 @@ class CompletionFormat(ResponseFormat):
                         for k, t in enumerate(prompt.token_ids)]
         entries += list(zip(token_ids, positions))
         as_ids = self.req.return_tokens_as_token_ids
-        lp = P.CompletionLogprobs()
+        lp = R.CompletionLogprobs()
         for token_id, pos in entries:
             chosen = None if pos is None else pos.get(token_id)
             if chosen is None and not as_ids:  # the first prompt token: no logprob to name it
@@ -68,7 +69,7 @@ class CompletionFormat(ResponseFormat):
         return lp
 
     def stream_choice(self, state: ChoiceState, delta: CompletionOutput
-                      ) -> P.CompletionChoice | None:
+                      ) -> R.CompletionChoice | None:
         first = not state.started
         state.started = True
         text = (self._echo(state) if first else "") + delta.text
@@ -79,29 +80,29 @@ class CompletionFormat(ResponseFormat):
             offset = 0 if first else len(self._echo(state)) + len(state.text) - len(delta.text)
             logprobs = self._logprobs(state, delta.token_ids, delta.logprobs or [], offset,
                                       with_prompt=first and self.req.echo)
-        return P.CompletionChoice(index=state.index, text=text, logprobs=logprobs,
+        return R.CompletionChoice(index=state.index, text=text, logprobs=logprobs,
                                   finish_reason=delta.finish_reason,
                                   stop_reason=delta.stop_reason)
 
-    def chunk(self, choices: list, usage: P.UsageInfo | None) -> P.CompletionResponse:
-        return P.CompletionResponse(id=self.response_id, created=self.created,
+    def chunk(self, choices: list, usage: R.UsageInfo | None) -> R.CompletionResponse:
+        return R.CompletionResponse(id=self.response_id, created=self.created,
                                     model=self.model, choices=choices, usage=usage)
 
-    def response(self, choices: Sequence[ChoiceState], usage: P.UsageInfo
-                 ) -> P.CompletionResponse:
+    def response(self, choices: Sequence[ChoiceState], usage: R.UsageInfo
+                 ) -> R.CompletionResponse:
         out = []
         for state in choices:
             logprobs = None
             if self.req.logprobs is not None:
                 logprobs = self._logprobs(state, state.token_ids, state.logprobs, 0,
                                           with_prompt=self.req.echo)
-            out.append(P.CompletionChoice(
+            out.append(R.CompletionChoice(
                 index=state.index, text=self._echo(state) + state.text, logprobs=logprobs,
                 finish_reason=state.finish_reason, stop_reason=state.stop_reason,
                 prompt_logprobs=prompt_logprobs_json(state.prompt.prompt_logprobs)
                 if self.req.prompt_logprobs is not None else None,
             ))
-        return P.CompletionResponse(id=self.response_id, created=self.created,
+        return R.CompletionResponse(id=self.response_id, created=self.created,
                                     model=self.model, choices=out, usage=usage)
 
 

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from workbench.serving import protocol as P
+from workbench.serving import responses as R
 from workbench.serving.async_llm import EngineDeadError
 
 logger = logging.getLogger("workbench.serving")
@@ -49,7 +50,7 @@ class APIError(Exception):
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:
     kind = ERROR_TYPES.get(status) or HTTPStatus(status).phrase.replace(" ", "") + "Error"
-    return P.dump(P.ErrorResponse(error=P.ErrorInfo(message=message, type=kind, param=param,
+    return R.dump(R.ErrorResponse(error=R.ErrorInfo(message=message, type=kind, param=param,
                                                     code=status)))
 
 

@@ -27,6 +27,7 @@ from workbench.inputs import PromptType
 from workbench.outputs import CompletionOutput, Logprob, RequestOutput
 from workbench.sampling_params import SamplingParams
 from workbench.serving import protocol as P
+from workbench.serving import responses as R
 from workbench.serving.async_llm import AsyncLLM, EngineDeadError, RequestStream
 from workbench.serving.errors import APIError, error_event
 
@@ -68,10 +69,10 @@ class ResponseFormat:
         """The chunk choice of one delta (None: nothing to say yet)."""
         raise NotImplementedError
 
-    def chunk(self, choices: list[BaseModel], usage: P.UsageInfo | None) -> BaseModel:
+    def chunk(self, choices: list[BaseModel], usage: R.UsageInfo | None) -> BaseModel:
         raise NotImplementedError
 
-    def response(self, choices: Sequence[ChoiceState], usage: P.UsageInfo) -> BaseModel:
+    def response(self, choices: Sequence[ChoiceState], usage: R.UsageInfo) -> BaseModel:
         raise NotImplementedError
 
 
@@ -83,13 +84,13 @@ def token_text(token_id: int, logprob: Logprob | None, as_token_ids: bool) -> st
 
 
 def prompt_logprobs_json(entries: list[dict[int, Logprob] | None] | None
-                         ) -> P.PromptLogprobs | None:
+                         ) -> R.PromptLogprobs | None:
     """vLLM's ``prompt_logprobs``: per prompt position, {token id: logprob}."""
     if entries is None:
         return None
     return [
         None if pos is None else {
-            t: P.PromptLogprob(logprob=v.logprob, rank=v.rank, decoded_token=v.decoded_token)
+            t: R.PromptLogprob(logprob=v.logprob, rank=v.rank, decoded_token=v.decoded_token)
             for t, v in pos.items()
         }
         for pos in entries
@@ -283,7 +284,7 @@ class _Answer:
             pairs.append((state, c))
         return pairs
 
-    def usage(self, state: ChoiceState | None = None) -> P.UsageInfo:
+    def usage(self, state: ChoiceState | None = None) -> R.UsageInfo:
         """Whole-request usage; with ``state``, that choice's (continuous_usage_stats)."""
         if state is None:
             prompt = sum(len(p.token_ids) for p in self.run.prompts)
@@ -291,18 +292,18 @@ class _Answer:
         else:
             prompt = len(state.prompt.token_ids)
             completion = len(state.token_ids)
-        return P.UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
+        return R.UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
                            total_tokens=prompt + completion)
 
     async def full(self) -> Response:
         async for i, out in self.run.outputs():
             self.update(i, out)
         body = self.fmt.response(self.choices, self.usage())
-        return JSONResponse(P.dump(body))
+        return JSONResponse(R.dump(body))
 
     async def events(self) -> AsyncIterator[str]:
         def sse(model: BaseModel) -> str:
-            return f"data: {json.dumps(P.dump(model), ensure_ascii=False)}\n\n"
+            return f"data: {json.dumps(R.dump(model), ensure_ascii=False)}\n\n"
 
         continuous = self.req.continuous_usage_stats
         try:

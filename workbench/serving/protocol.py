@@ -1,5 +1,6 @@
-"""Pydantic models of the OpenAI-compatible API: every field of vLLM's CompletionRequest and
-ChatCompletionRequest, each honoured or rejected with a 400 "... is not supported".
+"""Pydantic models of the OpenAI-compatible API's requests: every field of vLLM's
+CompletionRequest and ChatCompletionRequest, each honoured or rejected with a 400 "... is not
+supported" (the table: docs/serving_fields.md). Responses: responses.py.
 
 Types are strict (``"n": true``, ``"max_tokens": 1.5`` or ``"5"`` are 400s naming the field;
 an integer is accepted where a number is expected) and floats must be finite. Cross-field
@@ -9,8 +10,7 @@ Fields nobody declares are accepted and named in one warning per request (vLLM's
 
 from __future__ import annotations
 
-import time
-from typing import Any, ClassVar, Literal, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -336,133 +336,3 @@ class TokenizeRequest(OpenAIModel):
 class DetokenizeRequest(OpenAIModel):
     model: Optional[str] = None
     tokens: list[int]
-
-
-# ---------------------------------------------------------------------------- responses
-class UsageInfo(BaseModel):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-
-
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: Optional[str] = None
-    code: int
-
-
-class ErrorResponse(BaseModel):
-    object: Literal["error"] = "error"
-    error: ErrorInfo
-
-
-class CompletionLogprobs(BaseModel):
-    """Completions-API logprobs; ``text_offset`` counts characters from the start of the
-    choice's text (of the whole completion, also in stream chunks)."""
-
-    text_offset: list[int] = Field(default_factory=list)
-    token_logprobs: list[Optional[float]] = Field(default_factory=list)
-    tokens: list[str] = Field(default_factory=list)
-    top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
-
-
-class PromptLogprob(BaseModel):
-    logprob: float
-    rank: Optional[int] = None
-    decoded_token: Optional[str] = None
-
-
-#: vLLM's ``prompt_logprobs``: per prompt position (the first is null), {token id: logprob}.
-PromptLogprobs = list[Optional[dict[int, PromptLogprob]]]
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: Optional[CompletionLogprobs] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Union[int, str, None] = None
-    prompt_logprobs: Optional[PromptLogprobs] = None  # its prompt's, when asked (vLLM)
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionChoice]
-    usage: Optional[UsageInfo] = None
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: Optional[list[int]] = None
-
-
-class ChatTokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob] = Field(default_factory=list)
-
-
-class ChatLogprobs(BaseModel):
-    content: Optional[list[ChatTokenLogprob]] = None
-
-
-class ChatResponseMessage(BaseModel):
-    role: str = "assistant"
-    content: str = ""
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: ChatResponseMessage
-    logprobs: Optional[ChatLogprobs] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Union[int, str, None] = None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatChoice]
-    usage: UsageInfo
-    prompt_logprobs: Optional[PromptLogprobs] = None
-
-
-class ChatStreamChoice(BaseModel):
-    index: int
-    delta: dict[str, str]  # {"role": "assistant", "content": ""} first, then {"content": text}
-    logprobs: Optional[ChatLogprobs] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Union[int, str, None] = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatStreamChoice]
-    usage: Optional[UsageInfo] = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    owned_by: str = "workbench"
-    root: Optional[str] = None
-    max_model_len: Optional[int] = None
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-def dump(model: BaseModel) -> dict[str, Any]:
-    """JSON-ready dict of a response model."""
-    return model.model_dump(mode="json")

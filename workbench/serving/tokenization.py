@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
 from workbench.serving import protocol as P
+from workbench.serving import responses as R
 from workbench.serving.chat import render
 from workbench.serving.errors import APIError
 from workbench.serving.generation import OpenAIServing
@@ -20,9 +21,9 @@ def tokenization_router(serving: OpenAIServing) -> APIRouter:
 
     @router.get("/v1/models")
     async def show_available_models() -> Response:
-        card = P.ModelCard(id=serving.model_name, root=serving.model_name,
+        card = R.ModelCard(id=serving.model_name, root=serving.model_name,
                            max_model_len=serving.max_model_len)
-        return JSONResponse(P.dump(P.ModelList(data=[card])))
+        return JSONResponse(R.dump(R.ModelList(data=[card])))
 
     @router.post("/tokenize")
     async def tokenize(req: P.TokenizeRequest) -> Response:
