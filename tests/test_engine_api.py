@@ -136,7 +136,7 @@ def test_abort_many_and_the_accessors(llm):
     assert aborted == {"a", "b"}
     assert engine.get_model_config() is engine.model_config
     assert engine.get_tokenizer() is engine.tokenizer
-    assert engine.get_engine_config().block_size == 8
+    assert engine.get_engine_config().block_size == 8 and llm.llm_engine is engine
 
 
 # --------------------------------------------------------------------- the context limit
@@ -167,8 +167,11 @@ def test_engine_args_round_trip_through_the_command_line():
         parser.parse_args(["--dtype", "float8"])
     with pytest.raises(ValueError, match="block_size must be >= 1"):
         EngineArgs(block_size=0)
-    engine = LLMEngine.from_engine_args(EngineArgs(device="cpu", block_size=8, num_kv_blocks=16))
+    mine = Collect()
+    engine = LLMEngine.from_engine_args(EngineArgs(device="cpu", block_size=8, num_kv_blocks=16),
+                                        stat_loggers={"mine": mine})
     assert (engine.kv_cache.num_blocks, engine.kv_cache.block_size) == (16, 8)
+    assert engine.stat_loggers == {"mine": mine}
 
 
 def test_max_logprobs_reaches_the_input_processor():
@@ -408,3 +411,26 @@ def test_a_failed_first_sequence_still_lets_its_siblings_run(llm):
     (alone,) = final_alone(llm, [PROMPTS[0]], greedy(4, ignore_eos=True))
     assert out.outputs[1].token_ids == out.outputs[2].token_ids == alone.token_ids
     assert out.error == "RuntimeError: first sample"
+
+
+def test_prometheus_buckets_and_values_by_hand():
+    prom = PrometheusStatLogger("m", max_model_len=300)
+    prom.record(SchedulerStats(num_running_reqs=2, num_waiting_reqs=1, kv_cache_usage=0.25,
+                               prefix_cache_queries=40, prefix_cache_hits=16, num_preemptions=1),
+                IterationStats(num_prompt_tokens=30, num_generation_tokens=2,
+                               time_to_first_tokens=[0.03], inter_token_latencies=[0.004]))
+    text = generate_latest(prom.registry).decode()
+    for line in ('vllm:num_requests_running{model_name="m"} 2.0',
+                 'vllm:kv_cache_usage_perc{model_name="m"} 0.25',
+                 'vllm:prefix_cache_queries_total{model_name="m"} 40.0',
+                 'vllm:prefix_cache_hits_total{model_name="m"} 16.0',
+                 'vllm:num_preemptions_total{model_name="m"} 1.0',
+                 # 0.03 s falls in the 0.05 bucket, not in 0.02; 32 iteration tokens in 32
+                 'vllm:time_to_first_token_seconds_bucket{le="0.02",model_name="m"} 0.0',
+                 'vllm:time_to_first_token_seconds_bucket{le="0.05",model_name="m"} 1.0',
+                 'vllm:inter_token_latency_seconds_bucket{le="0.005",model_name="m"} 1.0',
+                 'vllm:iteration_tokens_total_bucket{le="16.0",model_name="m"} 0.0',
+                 'vllm:iteration_tokens_total_bucket{le="32.0",model_name="m"} 1.0',
+                 'vllm:request_prompt_tokens_bucket{le="200.0",model_name="m"} 0.0'):
+        assert line in text, line
+    assert 'vllm:request_prompt_tokens_bucket{le="500.0"' not in text  # capped at max_model_len

@@ -124,9 +124,15 @@ class LLMEngine:
         self._extra_eos_ids = [t for t in eos if t != self._eos_token_id]
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
-        """vLLM's constructor: an engine from :class:`~workbench.engine_args.EngineArgs`."""
-        return cls(engine_args.create_engine_config())
+    def from_engine_args(
+        cls, engine_args: EngineArgs, stat_loggers: Mapping[str, StatLoggerBase] | None = None
+    ) -> LLMEngine:
+        """vLLM's constructor: an engine from :class:`~workbench.engine_args.EngineArgs`,
+        with extra stat loggers by name."""
+        engine = cls(engine_args.create_engine_config())
+        for name, stat_logger in (stat_loggers or {}).items():
+            engine.add_logger(name, stat_logger)
+        return engine
 
     # ------------------------------------------------------------------ accessors
     def get_engine_config(self) -> EngineConfig:

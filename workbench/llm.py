@@ -27,6 +27,11 @@ class LLM:
         self.engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
         self._ids = itertools.count()
 
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """vLLM's name for :attr:`engine`."""
+        return self.engine
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 
