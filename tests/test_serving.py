@@ -7,6 +7,8 @@ for SSE framing and error shapes, and the KV pool's free-block count for aborts.
 
 import asyncio
 import json
+import threading
+import time
 
 import httpx
 import pytest
@@ -488,3 +490,29 @@ def test_cli_serve_defaults_bind_localhost():
     assert args.func.__name__ == "_serve"
     args = build_parser().parse_args(["serve", "--port", "9000", "--api-key", "k", "--num-kv-blocks", "32"])
     assert (args.port, args.api_key, args.num_kv_blocks) == (9000, "k", 32)
+
+
+def test_server_exits_when_the_engine_dies():
+    from workbench.serving.api_server import make_server
+
+    engine = LLMEngine(device="cpu", block_size=8, num_kv_blocks=16)
+    llm = AsyncLLM(engine)
+    server = make_server(build_app(llm, model_name=MODEL), llm, host="127.0.0.1", port=0,
+                         log_level="warning")
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+
+    def broken_step():
+        raise RuntimeError("device fell over")
+
+    engine.step = broken_step
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=20) as c:
+        streamed = c.post("/v1/completions", json={**GOOD, "stream": True})
+    assert "device fell over" in streamed.text and streamed.text.endswith("data: [DONE]\n\n")
+    thread.join(timeout=20)
+    assert not thread.is_alive()  # uvicorn returned: the process would exit

@@ -10,6 +10,8 @@ OpenAI-shaped (errors.py). A client that disconnects has its request aborted (bl
 from __future__ import annotations
 
 import hmac
+import logging
+import threading
 from typing import Any
 
 from fastapi import FastAPI
@@ -25,6 +27,7 @@ from workbench.serving.generation import OpenAIServing
 from workbench.serving.generation_defaults import load_generation_defaults
 from workbench.serving.tokenization import tokenization_router
 
+logger = logging.getLogger("workbench.serving")
 _PROTECTED = ("/v1/", "/tokenize", "/detokenize")
 _LOGGER_NAME = "prometheus"
 
@@ -100,3 +103,23 @@ def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | None = Non
                                  media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def make_server(app: FastAPI, async_llm: AsyncLLM, **config: Any):
+    """A ``uvicorn.Server`` for ``app`` (``config``: uvicorn.Config's host, port, ...) that
+    exits by itself when the engine stops after an error, as vLLM's server does: streams in
+    flight get their error event and ``/health`` its 503 before the process stops serving."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, **config))
+
+    def stop_when_the_engine_dies() -> None:
+        async_llm.stopped.wait()
+        if async_llm.dead_error is not None:
+            logger.error("The engine stopped after an error (%r); shutting the server down.",
+                         async_llm.dead_error)
+            server.should_exit = True
+
+    threading.Thread(target=stop_when_the_engine_dies, name="workbench-engine-watch",
+                     daemon=True).start()
+    return server

@@ -110,6 +110,8 @@ class AsyncLLM:
         self._error: BaseException | None = None
         # request id -> (its consumer's loop, its queue); engine thread only.
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        #: Set when the engine thread has stopped (shutdown, or an error: see dead_error).
+        self.stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="workbench-engine", daemon=True)
         self._thread.start()
 
@@ -264,6 +266,7 @@ class AsyncLLM:
             for loop, queue in self._streams.values():
                 self._put(loop, queue, dead)
             self._streams.clear()
+            self.stopped.set()
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
