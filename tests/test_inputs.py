@@ -107,3 +107,11 @@ def test_render_chat_matches_the_tokenizer_and_reports_template_errors(ip, tok):
         ip.render_chat([{"content": "hi"}])
     with pytest.raises(ValueError, match="chat_template_kwargs may not set"):
         ip.render_chat(USER, chat_template_kwargs={"tokenize": True})
+
+
+def test_reprs_are_plain_and_deterministic(ip):
+    assert repr(ip) == f"InputProcessor(max_model_len={CTX}, vocab_size={VOCAB}, max_logprobs=5)"
+    assert "chat template" in ip._repr_html_() and "0x" not in ip._repr_html_()
+    params = SamplingParams(temperature=0, logit_bias={3: 1.0})
+    assert "temperature" in params._repr_html_() and "logit_bias" in params._repr_html_()
+    assert "(all defaults)" in SamplingParams()._repr_html_()

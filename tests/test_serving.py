@@ -516,3 +516,17 @@ def test_server_exits_when_the_engine_dies():
     assert "device fell over" in streamed.text and streamed.text.endswith("data: [DONE]\n\n")
     thread.join(timeout=20)
     assert not thread.is_alive()  # uvicorn returned: the process would exit
+
+
+def test_async_llm_and_stream_reprs(async_llm):
+    async def go():
+        stream = await async_llm.add_request("ROMEO:", SamplingParams(max_tokens=2), "repr-1")
+        before = repr(stream)
+        outs = [out async for out in stream]
+        return before, repr(stream), outs
+
+    before, after, outs = asyncio.run(go())
+    assert before == "RequestStream(request_id='repr-1', open)"
+    assert after == "RequestStream(request_id='repr-1', finished)" and outs[-1].finished
+    assert repr(async_llm).startswith("AsyncLLM(running=") and "alive=True" in repr(async_llm)
+    assert "engine thread" in async_llm._repr_html_()

@@ -136,6 +136,19 @@ class InputProcessor:
         except Exception as exc:  # jinja2's TemplateError, raise_exception(), bad kwargs...
             raise ChatTemplateError(str(exc) or type(exc).__name__) from exc
 
+    def __repr__(self) -> str:
+        return (f"InputProcessor(max_model_len={self.max_model_len}, "
+                f"vocab_size={self.vocab_size}, max_logprobs={self.max_logprobs})")
+
+    def _repr_html_(self) -> str:
+        from workbench.reprs import html_table
+
+        return html_table("InputProcessor", {
+            "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
+            "max_logprobs": self.max_logprobs,
+            "chat template": "yes" if getattr(self.tokenizer, "chat_template", None) else "no",
+        })
+
     #: Until LLM.chat calls render_chat (the old name, same arguments).
     apply_chat_template = render_chat
 

@@ -73,6 +73,14 @@ class SamplerOutput:
     logprobs: list[TokenLogprobs | None]
     failed: dict[str, str] = field(default_factory=dict)
 
+    def _repr_html_(self) -> str:
+        from workbench.reprs import html_table
+
+        return html_table("SamplerOutput", {"token_ids": self.token_ids,
+                                            "rows with logprobs": sum(
+                                                lp is not None for lp in self.logprobs),
+                                            "failed": self.failed or "none"})
+
 
 def _check_token_ids(tokens: list[int], vocab_size: int, request: Request, what: str) -> None:
     if tokens and max(tokens) >= vocab_size:
@@ -254,6 +262,12 @@ class Sampler:
 
     def __repr__(self) -> str:
         return f"Sampler(seed={self.seed}, seeded_requests={len(self._request_generators)})"
+
+    def _repr_html_(self) -> str:
+        from workbench.reprs import html_table
+
+        return html_table("Sampler", {"seed": self.seed,
+                                      "seeded requests": len(self._request_generators)})
 
     def remove(self, request_id: str) -> None:
         """Forget the per-request state (its seeded generator); unknown ids are ignored."""

@@ -177,15 +177,25 @@ class SamplingParams:
         """True when the argmax is taken (temperature 0, as vLLM treats values below 1e-5)."""
         return self.temperature < _GREEDY_EPS
 
-    def __repr__(self) -> str:
+    def _changed(self) -> dict[str, str]:
+        """The fields that differ from vLLM's defaults, as plain text."""
         defaults = SamplingParams()
-        parts = [
-            f"{f.name}={_plain(getattr(self, f.name))}"
+        return {
+            f.name: _plain(getattr(self, f.name))
             for f in fields(self)
             if f.init and f.name != "bad_words_token_ids"
             and getattr(self, f.name) != getattr(defaults, f.name)
-        ]
+        }
+
+    def __repr__(self) -> str:
+        parts = [f"{name}={value}" for name, value in self._changed().items()]
         return f"SamplingParams({', '.join(parts)})"
+
+    def _repr_html_(self) -> str:
+        from workbench.reprs import html_table
+
+        return html_table("SamplingParams (fields not at their defaults)",
+                          self._changed() or {"(all defaults)": ""})
 
 
 _INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",

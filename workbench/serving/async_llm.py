@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import functools
+import html
 import os
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -88,6 +89,14 @@ class RequestStream:
 
     async def aclose(self) -> None:
         self.close()
+
+    def __repr__(self) -> str:
+        state = "finished" if self.finished else "aborted" if self.aborted else \
+            "closed" if self.closed else "open"
+        return f"RequestStream(request_id={self.request_id!r}, {state})"
+
+    def _repr_html_(self) -> str:
+        return f"<b>RequestStream</b> <code>{html.escape(repr(self))}</code>"
 
 
 class AsyncLLM:
@@ -288,3 +297,15 @@ class AsyncLLM:
             f"AsyncLLM(running={s.num_running_reqs}, waiting={s.num_waiting_reqs}, "
             f"kv_usage={s.kv_cache_usage:.2f}, alive={self.is_running})"
         )
+
+    def _repr_html_(self) -> str:
+        from workbench.reprs import html_table
+
+        s = self.engine.scheduler_stats
+        error = self.dead_error
+        return html_table("AsyncLLM", {
+            "engine thread": "running" if self.is_running
+            else f"stopped: {error!r}" if error else "shut down",
+            "running / waiting": f"{s.num_running_reqs} / {s.num_waiting_reqs}",
+            "KV cache used": f"{s.kv_cache_usage:.0%}",
+        })
