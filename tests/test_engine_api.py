@@ -337,6 +337,10 @@ def test_a_detokenizer_fault_fails_only_its_request(llm, caplog):
         outs = run_with_fault(llm, greedy(10, ignore_eos=True), install)
     bad = outs["faulty"]
     assert bad.outputs[0].finish_reason == "error" and bad.error == "UnicodeError: cannot decode this"
+    # The result keeps what was processed before the failure: 3 tokens and their text.
+    (reference,) = final_alone(llm, [PROMPTS[1]], greedy(3, ignore_eos=True))
+    assert bad.outputs[0].token_ids == reference.token_ids
+    assert bad.outputs[0].text == reference.text
     assert caplog.text.count("request 'faulty' failed") == 1 and "Traceback" in caplog.text
     assert_others_unaffected(llm, outs)
     assert "faulty" in llm.engine.history[-1].finished_request_ids or any(
@@ -356,6 +360,8 @@ def test_a_failed_delta_stream_ends_with_an_error_output(llm):
     assert [o.finished for o in outs] == [False, True]
     assert outs[0].outputs[0].token_ids and outs[-1].outputs[0].finish_reason == "error"
     assert outs[-1].outputs[0].token_ids == [] and outs[-1].error == "ValueError: bad row"
+    (first,) = final_alone(llm, [PROMPTS[0]], greedy(1))
+    assert "".join(o.outputs[0].text for o in outs) == first.text
 
 
 def test_a_forward_pass_failure_stops_the_step(llm, monkeypatch):

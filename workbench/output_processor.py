@@ -257,6 +257,7 @@ class OutputProcessor:
             state.finish("stop", stop, now)
         elif request.is_finished:
             state.finish(request.status.finish_reason, request.stop_reason, now)
+        state.num_processed, state.text_processed = state.num_seen, len(detok.text)
         return stop is not None
 
     def _add_prompt_logprobs(

@@ -36,6 +36,8 @@ class SequenceState:
     first_token_ts: float | None = None
     last_token_ts: float | None = None
     stats_recorded: bool = False  # its FinishedRequestStats went into an IterationStats
+    num_processed: int = 0  # output tokens whose text and logprobs were built without error
+    text_processed: int = 0  # characters of the text at that point
 
     def __repr__(self) -> str:
         return (
@@ -49,17 +51,22 @@ class SequenceState:
         delta has nothing new."""
         done = self.finish_reason is not None
         token_ids = self.request.output_token_ids
-        if self.error is not None:  # tokens of a failed sequence are not reported
-            token_ids = token_ids[: self.num_tokens_sent] if delta else []
+        failed = self.error is not None
+        if failed:  # only what was processed before the failure
+            token_ids = token_ids[: self.num_processed]
         if delta:
             n_ids = len(token_ids)
             if self.num_tokens_sent == n_ids and (self.final_sent or not done):
                 return None
             start, self.num_tokens_sent, self.final_sent = self.num_tokens_sent, n_ids, done
-            text = "" if self.error is not None else self.detokenizer.get_delta(done)
+            text = self.detokenizer.get_delta(done)
+            if failed:  # the delta ends the text; keep its part from before the failure
+                text = text[: max(0, self.text_processed - len(self.detokenizer.text) + len(text))]
         else:
             start = 0
-            text = "" if self.error is not None else self.detokenizer.visible_text(done)
+            text = self.detokenizer.visible_text(done)
+            if failed:
+                text = text[: self.text_processed]
         return CompletionOutput(
             index=self.index,
             text=text,
