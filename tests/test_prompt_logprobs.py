@@ -91,3 +91,22 @@ def test_prompt_logprobs_survive_preemption_and_come_once_in_a_delta_stream(refe
     with_logprobs = [o.prompt_logprobs for o in outs if o.prompt_logprobs is not None]
     assert len(with_logprobs) == 1 and outs[0].prompt_logprobs is not None
     assert_matches(with_logprobs[0], reference)
+
+
+def test_a_prompt_logprobs_fault_fails_only_its_request(monkeypatch):
+    import workbench.runner as runner
+
+    eng = engine(num_kv_blocks=64, max_num_batched_tokens=512)
+    real = runner.token_logprobs
+
+    def fragile(logits, targets, k):
+        if k == 2:
+            raise MemoryError("no room for the top-k")
+        return real(logits, targets, k)
+
+    monkeypatch.setattr(runner, "token_logprobs", fragile)
+    eng.add_request("ok", PROMPT, SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=1))
+    outs = run(eng, "bad", SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=2))
+    assert outs[-1].finished and outs[-1].error == "MemoryError: no room for the top-k"
+    assert outs[-1].outputs[0].token_ids == []
+    assert eng.history[0].finished_request_ids == ("bad",)

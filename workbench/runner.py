@@ -290,27 +290,40 @@ class ModelRunner:
                 sampled[rid] = token
                 if lp is not None:
                     logprobs[rid] = lp
-        prompt_logprobs = self._prompt_logprobs(scheduler_output, requests, hidden)
+        prompt_logprobs = self._prompt_logprobs(scheduler_output, requests, hidden, failed)
+        for rid in failed:  # a request failed anywhere gets nothing else from this step
+            sampled.pop(rid, None)
+            logprobs.pop(rid, None)
         t3 = time.perf_counter()
         timings = {"prepare": t1 - t0, "forward": t2 - t1, "sample": t3 - t2}
         return RunnerOutput(sampled, logprobs, prompt_logprobs, failed, batch, timings)
 
     def _prompt_logprobs(
-        self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request], hidden
+        self,
+        scheduler_output: SchedulerOutput,
+        requests: Mapping[str, Request],
+        hidden: torch.Tensor,
+        failed: dict[str, str],
     ) -> dict[str, tuple[int, list[TokenLogprobs]]]:
         """Logprobs of the prompt tokens each chunk predicts, for requests that asked:
-        the chunk's position ``p`` predicts prompt token ``p + 1``."""
+        the chunk's position ``p`` predicts prompt token ``p + 1``. A request whose
+        computation raises goes into ``failed`` ("ExcType: message") instead."""
         out: dict[str, tuple[int, list[TokenLogprobs]]] = {}
         offset = 0
         for chunk in scheduler_output.scheduled:
             request = requests[chunk.request_id]
-            k = getattr(request.sampling_params, "prompt_logprobs", None)
+            k = request.sampling_params.prompt_logprobs
             # Positions start..last predict prompt tokens start+1..last+1.
             start = chunk.num_computed_tokens
             last = min(chunk.seq_len, request.num_prompt_tokens - 1) - 1
-            if k is not None and last >= start:
-                logits = self.model.compute_logits(hidden[offset : offset + last + 1 - start])
-                targets = request.prompt_token_ids[start + 1 : last + 2]
-                out[chunk.request_id] = (start + 1, token_logprobs(logits, targets, k))
+            if k is not None and last >= start and chunk.request_id not in failed:
+                try:
+                    logits = self.model.compute_logits(hidden[offset : offset + last + 1 - start])
+                    targets = request.prompt_token_ids[start + 1 : last + 2]
+                    out[chunk.request_id] = (start + 1, token_logprobs(logits, targets, k))
+                except Exception as exc:  # noqa: BLE001 - isolate this request
+                    logger.error("prompt logprobs of request %r failed", chunk.request_id,
+                                 exc_info=exc)
+                    failed[chunk.request_id] = f"{type(exc).__name__}: {exc}"
             offset += chunk.num_new_tokens
         return out
