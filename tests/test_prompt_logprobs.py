@@ -63,10 +63,13 @@ def assert_matches(prompt_logprobs, reference):
 @pytest.mark.parametrize("budget", [512, 7])  # whole prompt in one step; chunks of 7 tokens
 def test_prompt_logprobs_match_transformers(reference, budget):
     eng = engine(num_kv_blocks=64, max_num_batched_tokens=budget)
-    (warm,) = [o for o in run(eng, "warm", SamplingParams(temperature=0, max_tokens=1))]
+    run(eng, "warm", SamplingParams(temperature=0, max_tokens=1))
     outs = run(eng, "p", SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=K,
-                                        output_kind=RequestOutputKind.FINAL_ONLY))
-    (out,) = outs
+                                        ignore_eos=True))  # CUMULATIVE
+    # One output per generated token (prefill chunks make none), each with the whole list.
+    assert [len(o.outputs[0].token_ids) for o in outs] == [1, 2, 3]
+    assert all(o.prompt_logprobs == outs[-1].prompt_logprobs for o in outs)
+    out = outs[-1]
     assert out.num_cached_tokens == 0, "a prompt_logprobs request must not use the prefix cache"
     assert_matches(out.prompt_logprobs, reference)
     decoded = out.prompt_logprobs[1][reference[0][1]].decoded_token

@@ -127,11 +127,11 @@ class OutputProcessor:
 
         for rid, (start, entries) in (prompt_logprobs or {}).items():
             parent, state = self._sequences[rid]
-            touched[parent.request_id] = parent
-            try:
+            try:  # a prefill chunk alone makes no output (no token yet)
                 self._add_prompt_logprobs(state, start, entries)
             except Exception as exc:  # noqa: BLE001 - isolate this request
                 fail(state, exc)
+                touched[parent.request_id] = parent
         for rid, message in (failed or {}).items():
             parent, state = self._sequences[rid]
             touched[parent.request_id] = parent
