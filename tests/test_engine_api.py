@@ -227,8 +227,8 @@ def test_stat_loggers_see_every_step_and_prometheus_uses_vllm_names(llm):
     got_a_token = [rid for rid in done if n_tokens[rid]]
     assert sum(it.num_generation_tokens for it in iters) == sum(n_tokens.values())
     assert sum(it.num_prompt_tokens for it in iters) == sum(n_prompt[r] for r in got_a_token)
-    assert len([t for it in iters for t in it.time_to_first_tokens]) == len(got_a_token)
-    itls = [t for it in iters for t in it.inter_token_latencies]
+    assert len([t for it in iters for t in it.time_to_first_tokens_iter]) == len(got_a_token)
+    itls = [t for it in iters for t in it.inter_token_latencies_iter]
     assert len(itls) == sum(n_tokens.values()) - len(got_a_token) and min(itls) >= 0
     finished = [f for it in iters for f in it.finished_requests]
     assert sorted(f.finish_reason for f in finished) == sorted(
@@ -424,7 +424,7 @@ def test_prometheus_buckets_and_values_by_hand():
     prom.record(SchedulerStats(num_running_reqs=2, num_waiting_reqs=1, kv_cache_usage=0.25,
                                prefix_cache_queries=40, prefix_cache_hits=16, num_preemptions=1),
                 IterationStats(num_prompt_tokens=30, num_generation_tokens=2,
-                               time_to_first_tokens=[0.03], inter_token_latencies=[0.004]))
+                               time_to_first_tokens_iter=[0.03], inter_token_latencies_iter=[0.004]))
     text = generate_latest(prom.registry).decode()
     for line in ('vllm:num_requests_running{model_name="m"} 2.0',
                  'vllm:kv_cache_usage_perc{model_name="m"} 0.25',

@@ -228,10 +228,10 @@ class OutputProcessor:
         state.num_seen = len(request.output_token_ids)
         if new_ids:
             if state.first_token_ts is None:
-                stats.time_to_first_tokens.append(now - request.arrival_time)
+                stats.time_to_first_tokens_iter.append(now - request.arrival_time)
                 stats.num_prompt_tokens += request.num_prompt_tokens
             else:
-                stats.inter_token_latencies.append(now - state.last_token_ts)
+                stats.inter_token_latencies_iter.append(now - state.last_token_ts)
             state.first_token_ts = state.first_token_ts or now
             state.last_token_ts = now
             stats.num_generation_tokens += len(new_ids)

@@ -121,9 +121,9 @@ class PrometheusStatLogger(StatLoggerBase):
         self.generation_tokens.inc(it.num_generation_tokens)
         if it.num_prompt_tokens or it.num_generation_tokens:
             self.iteration_tokens.observe(it.num_prompt_tokens + it.num_generation_tokens)
-        for ttft in it.time_to_first_tokens:
+        for ttft in it.time_to_first_tokens_iter:
             self.time_to_first_token.observe(ttft)
-        for itl in it.inter_token_latencies:
+        for itl in it.inter_token_latencies_iter:
             self.inter_token_latency.observe(itl)
             self.time_per_output_token.observe(itl)
         for f in it.finished_requests:

@@ -70,15 +70,15 @@ class IterationStats:
 
     num_prompt_tokens: int = 0  # prompt (and recomputed) tokens computed this step
     num_generation_tokens: int = 0  # tokens sampled this step
-    time_to_first_tokens: list[float] = field(default_factory=list)  # arrival -> first token
-    inter_token_latencies: list[float] = field(default_factory=list)
+    time_to_first_tokens_iter: list[float] = field(default_factory=list)  # arrival -> first token
+    inter_token_latencies_iter: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
 
     def __repr__(self) -> str:  # latencies vary from run to run: counts only
         return (
             f"IterationStats(num_prompt_tokens={self.num_prompt_tokens}, "
             f"num_generation_tokens={self.num_generation_tokens}, "
-            f"first_tokens={len(self.time_to_first_tokens)}, "
+            f"first_tokens={len(self.time_to_first_tokens_iter)}, "
             f"finished={[f.finish_reason for f in self.finished_requests]})"
         )
 
@@ -89,8 +89,8 @@ class IterationStats:
         return html_table("IterationStats", {
             "prompt tokens": self.num_prompt_tokens,
             "generation tokens": self.num_generation_tokens,
-            "time to first token": ms(self.time_to_first_tokens),
-            "inter-token latency": ms(self.inter_token_latencies),
+            "time to first token": ms(self.time_to_first_tokens_iter),
+            "inter-token latency": ms(self.inter_token_latencies_iter),
             "finished": ", ".join(f.finish_reason for f in self.finished_requests) or "-",
         })
 
