@@ -187,6 +187,11 @@ def test_continuous_usage_stats(app, hf):
     assert all(ch["usage"]["total_tokens"] == n_prompt + ch["usage"]["completion_tokens"]
                for ch in token_chunks)
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == 5
+    (chat,) = post_all(app, ("/v1/chat/completions", {
+        "messages": USER, "max_tokens": 3, "temperature": 0, "ignore_eos": True, "stream": True,
+        "stream_options": {"continuous_usage_stats": True}}))
+    usages = [ch["usage"]["completion_tokens"] for ch in sse_events(chat.text)]
+    assert usages[0] == 0 and usages[-1] == 3 and usages == sorted(usages)
 
 
 def test_truncate_prompt_tokens_keeps_the_last_tokens(app, hf):

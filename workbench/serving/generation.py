@@ -62,7 +62,7 @@ class ResponseFormat:
     """How one endpoint shapes its chunks and responses (see chat.py, completion.py)."""
 
     def prelude(self, choices: Sequence[ChoiceState]) -> list[BaseModel]:
-        """Chunks sent before any token (chat: each choice's role)."""
+        """Chunks sent before any token, one per choice (chat: each choice's role)."""
         return []
 
     def stream_choice(self, state: ChoiceState, delta: CompletionOutput) -> BaseModel | None:
@@ -307,7 +307,9 @@ class _Answer:
 
         continuous = self.req.continuous_usage_stats
         try:
-            for chunk in self.fmt.prelude(self.choices):
+            for state, chunk in zip(self.choices, self.fmt.prelude(self.choices)):
+                if continuous:
+                    chunk.usage = self.usage(state)
                 yield sse(chunk)
             async for i, out in self.run.outputs():
                 for state, delta in self.update(i, out):
