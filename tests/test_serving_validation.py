@@ -200,15 +200,16 @@ def test_unparseable_bodies_are_400(app, raw, words):
 def test_unknown_fields_are_accepted_with_one_warning(app, caplog):
     async def go():
         async with client(app) as c:
-            return await c.post("/v1/completions", json={**GOOD, "max_tokens": 2,
-                                                         "frobnicate": 1, "store": True})
+            return await c.post("/v1/completions", json={
+                **GOOD, "max_tokens": 2, "frobnicate": 1, "store": True, "stream": True,
+                "stream_options": {"include_usage": True, "verbose": 1}})
 
     with caplog.at_level(logging.WARNING, logger="workbench.serving"):
         response = asyncio.run(go())
     assert response.status_code == 200
     warnings = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
     assert warnings == ["The following fields were present in the request but ignored: "
-                        "['frobnicate', 'store']"]
+                        "['frobnicate', 'store', 'stream_options.verbose']"]
 
 
 def test_a_routing_error_is_openai_shaped(app):

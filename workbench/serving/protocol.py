@@ -33,8 +33,14 @@ class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     def unknown_fields(self) -> list[str]:
-        """Fields the request sent that no model declares (logged once, then ignored)."""
-        return sorted(self.model_extra or {})
+        """Fields the request sent that no model declares (logged once, then ignored);
+        a nested object's are named ``outer.inner``."""
+        names = list(self.model_extra or {})
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, OpenAIModel) and not isinstance(value, ChatMessage):
+                names += [f"{name}.{inner}" for inner in value.unknown_fields()]
+        return sorted(names)
 
 
 class StreamOptions(OpenAIModel):
