@@ -295,15 +295,20 @@ def run_with_fault(llm, faulty_params, install_fault=None):
     return outs
 
 
-def assert_others_unaffected(llm, outs):
-    expected = final_alone(llm, PROMPTS, greedy(10, ignore_eos=True))
-    for i, ref in enumerate(expected):
+@pytest.fixture(scope="module")
+def alone(llm):
+    """The fault-free reference: the PROMPTS generated without any faulty neighbour."""
+    return final_alone(llm, PROMPTS, greedy(10, ignore_eos=True))
+
+
+def assert_others_unaffected(alone, outs):
+    for i, ref in enumerate(alone):
         got = outs[f"ok{i}"]
         assert got.error is None and got.outputs[0].token_ids == ref.token_ids
         assert got.outputs[0].finish_reason == "length"
 
 
-def test_a_raising_logits_processor_fails_only_its_request(llm, caplog):
+def test_a_raising_logits_processor_fails_only_its_request(llm, alone):
     calls = []
 
     def explode_on_third_step(output_token_ids, logits):
@@ -318,10 +323,10 @@ def test_a_raising_logits_processor_fails_only_its_request(llm, caplog):
     assert bad.finished and bad.outputs[0].finish_reason == "error"
     assert bad.error == "RuntimeError: boom in a logits processor"
     assert calls == [0, 1, 2]  # finished at once: never called again
-    assert_others_unaffected(llm, outs)
+    assert_others_unaffected(alone, outs)
 
 
-def test_a_detokenizer_fault_fails_only_its_request(llm, caplog):
+def test_a_detokenizer_fault_fails_only_its_request(llm, alone, caplog):
     def install(engine):
         _, state = engine.output_processor._sequences["faulty"]
         real = state.detokenizer.update
@@ -342,7 +347,7 @@ def test_a_detokenizer_fault_fails_only_its_request(llm, caplog):
     assert bad.outputs[0].token_ids == reference.token_ids
     assert bad.outputs[0].text == reference.text
     assert caplog.text.count("request 'faulty' failed") == 1 and "Traceback" in caplog.text
-    assert_others_unaffected(llm, outs)
+    assert_others_unaffected(alone, outs)
     assert "faulty" in llm.engine.history[-1].finished_request_ids or any(
         "faulty" in r.finished_request_ids for r in llm.engine.history)
 
@@ -379,7 +384,7 @@ def test_a_forward_pass_failure_stops_the_step(llm, monkeypatch):
     drain(engine, check=False)
 
 
-def test_an_output_building_fault_fails_only_its_request(llm):
+def test_an_output_building_fault_fails_only_its_request(llm, alone):
     def install(engine):
         parent = engine.output_processor.parents["faulty"]
         real, calls = parent.make_output, []
@@ -396,7 +401,7 @@ def test_an_output_building_fault_fails_only_its_request(llm):
     bad = outs["faulty"]
     assert bad.finished and bad.error == "KeyError: 'no such field'"
     assert [c.finish_reason for c in bad.outputs] == ["error"]
-    assert_others_unaffected(llm, outs)
+    assert_others_unaffected(alone, outs)
 
 
 def test_a_failed_first_sequence_still_lets_its_siblings_run(llm):
