@@ -57,18 +57,18 @@ def _serve(args: argparse.Namespace) -> int:
     """Run the OpenAI-compatible server (uvicorn) over one engine until interrupted."""
     import asyncio
 
-    import uvicorn
-
     from workbench import LLMEngine
     from workbench.engine_args import EngineArgs
     from workbench.serving import AsyncLLM, build_app
+    from workbench.serving.api_server import make_server
 
     async_llm = AsyncLLM(LLMEngine.from_engine_args(EngineArgs.from_cli_args(args)))
     name = args.served_model_name or args.model or "tiny-shakespeare"
     app = build_app(async_llm, model_name=name, api_key=args.api_key)
     print(f"Serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        # Exits by itself when the engine dies after an error (vLLM's behaviour).
+        make_server(app, async_llm, host=args.host, port=args.port, log_level=args.log_level).run()
     finally:
         asyncio.run(async_llm.shutdown())
     return 0

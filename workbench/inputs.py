@@ -149,9 +149,6 @@ class InputProcessor:
             "chat template": "yes" if getattr(self.tokenizer, "chat_template", None) else "no",
         })
 
-    #: Until LLM.chat calls render_chat (the old name, same arguments).
-    apply_chat_template = render_chat
-
     def _tokenize(self, prompt: PromptType, add_special_tokens: bool) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             return prompt, self._encode(prompt, add_special_tokens)

@@ -72,7 +72,7 @@ class LLM:
         processor = self.engine.input_processor
         prompts = []
         for conversation in conversations:
-            text = processor.apply_chat_template(
+            text = processor.render_chat(
                 conversation, add_generation_prompt=add_generation_prompt, chat_template=chat_template
             )
             ids = self.engine.tokenizer(text, add_special_tokens=False).input_ids
