@@ -133,8 +133,8 @@ class BlockMap(widgets.VBox):
     # ------------------------------------------------------------ updates
     def show(self, step: int | None = None) -> None:
         """Draw the pool after ``step`` (None: the latest recorded step / the live pool)."""
-        state = self.source.kv_state(step) if (step is not None or self.source.engine is not None
-                                               or len(self.source.history)) else None
+        has_state = step is not None or self.source.engine is not None or len(self.source.history)
+        state = self.source.kv_state(step) if has_state else None
         self.step = step if step is not None else self.source.last_step
         self._state = state
         if state is None:
@@ -158,9 +158,9 @@ class BlockMap(widgets.VBox):
         self._draw()
 
     def refresh(self) -> None:
-        """Redraw the same step (the live pool if following the latest)."""
-        follow_latest = self.step is None or self.step == self.source.last_step
-        self.show(None if follow_latest else self.step)
+        """Redraw: the same step if it is an older recorded one, else the latest."""
+        steps = self.source.steps
+        self.show(self.step if self.step in steps[:-1] else None)
 
     def select_block(self, block_id: int | None) -> None:
         self.selected_block = block_id

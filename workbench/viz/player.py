@@ -74,15 +74,21 @@ def _chip(request_id: str) -> str:
 
 class StepPlayer(widgets.VBox):
     """``StepPlayer(engine | history | run_result)``: a slider and play button over the
-    recorded steps (``show(k)`` from code). ``follow`` (default) jumps to each new step."""
+    recorded steps (``show(k)`` from code). It follows the newest step unless scrubbed back.
+
+    ``live_updates`` redraws after engine steps taken elsewhere (a cell, ``%llm serve``),
+    throttled; ``controls=False`` leaves out the Step / Run buttons (the dashboard has its
+    own); ``outputs`` collects the finished RequestOutputs of the steps its buttons ran."""
 
     batch_rows = traitlets.List()
     queues = traitlets.Dict()
     notes = traitlets.List()
     step = traitlets.Int(allow_none=True, default_value=None)
 
-    def __init__(self, source, *, tokenizer=None, live: bool = True, live_interval: float = 0.5):
+    def __init__(self, source, *, tokenizer=None, controls: bool = True, live_updates: bool = True,
+                 live_interval: float = 1.0):
         self.source = ViewSource(source, tokenizer)
+        self.outputs: list = []
         self.block_map = BlockMap(self.source)
         self.slider = widgets.IntSlider(description="step", continuous_update=False,
                                         layout=widgets.Layout(width="480px"))
@@ -97,7 +103,7 @@ class StepPlayer(widgets.VBox):
         controls = [self.play, self.slider, self.position]
         self.buttons: list[widgets.Button] = []
         engine = self.source.engine
-        if engine is not None and self.source.live:
+        if engine is not None and self.source.live and controls:
             for label, steps in (("Step", 1), ("Run 10", 10), ("Run to end", None)):
                 button = widgets.Button(description=label, layout=widgets.Layout(width="110px"))
                 button.on_click(lambda _, n=steps: self.advance(n))
@@ -106,7 +112,8 @@ class StepPlayer(widgets.VBox):
             widgets.HBox(controls), widgets.HBox([*self.buttons, self.status]),
             self.batch, self.events, self.queue_view, self.block_map,
         ])
-        self.updater = LiveUpdater(engine, self.refresh, live_interval) if engine is not None and live else None
+        self.updater = LiveUpdater(engine, self.refresh, live_interval) \
+            if engine is not None and live_updates else None
         self.refresh()
 
     # ----------------------------------------------------------- drive
@@ -120,7 +127,7 @@ class StepPlayer(widgets.VBox):
             try:
                 count = 0
                 while engine.has_unfinished_requests() and (num_steps is None or count < num_steps):
-                    engine.step()
+                    self.outputs.extend(out for out in engine.step() if out.finished)
                     count += 1
             finally:
                 if self.updater:
@@ -132,6 +139,9 @@ class StepPlayer(widgets.VBox):
         slider was on the previous newest (or nothing was shown yet)."""
         steps = self.source.steps
         if not steps:
+            self.step = None
+            self.batch_rows, self.queues, self.notes = [], {}, []
+            self.batch.value = self.events.value = self.queue_view.value = ""
             self.slider.disabled = True
             self.position.value = "no steps recorded yet: add requests and step"
             self.block_map.refresh()

@@ -28,11 +28,11 @@ class ViewSource:
         if self.engine is not None:
             self.history = self.engine.history
             tokenizer = tokenizer or self.engine.tokenizer
-        elif hasattr(source, "kv_state"):
-            self.history = source
         elif hasattr(source, "history"):
             self.run, self.history = source, source.history
             tokenizer = tokenizer or getattr(source, "tokenizer", None)
+        elif hasattr(source, "kv_state"):
+            self.history = source
         else:
             raise TypeError(
                 f"a view needs an LLMEngine, a StepHistory or a RunResult, got {type(source).__name__}."

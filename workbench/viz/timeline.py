@@ -15,6 +15,7 @@ import ipywidgets as widgets
 import traitlets
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from workbench.viz.colors import STATE_COLORS, request_color
 from workbench.viz.figures import figure_png, new_figure
@@ -95,13 +96,14 @@ def draw_timeline(ax, rows: list[str], spans: list[dict], *, title: str = "") ->
                     edgecolor=STATE_COLORS["preempted"] if kind == "recompute" else "black",
                     linewidth=1.5 if kind == "recompute" else 0.3)
         elif kind == "finish":
-            ax.plot(span["end"], row, marker=FINISH_MARKERS.get(span["reason"], "o"), color="black",
-                    markersize=4, linestyle="none")
+            ax.plot(span["end"] + 0.15, row, marker=FINISH_MARKERS.get(span["reason"], "o"), color="black",
+                    markersize=6, markeredgewidth=1.5, linestyle="none")
     n = len(rows)
     every = max(1, n // 40)
     ax.set_yticks([y[r] for r in rows[::every]], rows[::every], fontsize=7 if n > 20 else 9)
     ax.set_ylim(-0.6, max(n, 1) - 0.4)
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(axis="x", alpha=0.3)
     if title:
         ax.set_title(title)
