@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -22,9 +23,13 @@ from workbench.model.loader import resolve_model_path
 from workbench.model.model_config import ModelConfig
 from workbench.outputs import OutputProcessor, RequestOutput
 from workbench.request import Request, RequestStatus
+from workbench.request_metrics import RequestTracker
 from workbench.runner import ModelRunner
 from workbench.sampling_params import SamplingParams
 from workbench.stats import StatLogger
+
+
+logger = logging.getLogger(__name__)
 
 
 def _load_tokenizer(path):
@@ -76,7 +81,9 @@ class LLMEngine:
             max_num_batched_tokens=self.max_num_batched_tokens,
         )
         self.runner.allocate_kv_cache(num_blocks)
-        self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv_cache = KVCacheManager(
+            num_blocks, config.block_size, config.enable_prefix_caching, record_events=True
+        )
         self.scheduler = Scheduler(
             self.kv_cache,
             max_num_seqs=config.max_num_seqs,
@@ -84,12 +91,17 @@ class LLMEngine:
             max_model_len=max_model_len,
             enable_chunked_prefill=config.enable_chunked_prefill,
             policy=config.policy,
+            record_events=True,
         )
         self.input_processor = InputProcessor(
             self.tokenizer, max_model_len, self.model_config.vocab_size
         )
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.history = StepHistory(config.max_history)
+        self.history = StepHistory(config.max_history, initial_kv_state=self.kv_cache.snapshot())
+        self.request_tracker = RequestTracker()
+        #: Callables ``fn(record)`` run after every step, in order; one that raises is logged
+        #: and skipped, never breaking the step.
+        self.on_step: list[Callable[[StepRecord], object]] = []
         self.stats = StatLogger(interval=config.log_stats_interval)
         self._children: dict[str, list[str]] = {}  # add_request id -> child request ids
         self._child_ids: set[str] = set()  # every child id in flight (queued or not yet)
@@ -246,13 +258,35 @@ class LLMEngine:
             kv_usage=self.kv_cache.usage,
             num_blocks_freed=self.kv_cache.pool.num_freed - self._freed_mark,
             timings=timings,
+            kv_events=self.kv_cache.take_events(),
+            request_events=self.scheduler.take_events(),
         )
         self._freed_mark = self.kv_cache.pool.num_freed
         self.history.append(record)
+        self.request_tracker.consume(record.request_events)
+        for hook in list(self.on_step):
+            try:
+                hook(record)
+            except Exception:
+                logger.exception("on_step hook %r failed at step %d", hook, record.step)
         self.stats.record(prompt_tokens=record.num_prefill_tokens, generation_tokens=len(sampled))
         if self.config.log_stats:
             self.log_stats()
         return outputs
+
+    # ------------------------------------------------------------ research layer
+    def requests_dataframe(self):
+        """One row per request seen (queue time, TTFT, TPOT, e2e latency in steps and
+        seconds, preemptions, recomputed and cached tokens): see
+        :class:`~workbench.request_metrics.RequestTracker`."""
+        return self.request_tracker.dataframe()
+
+    def replay(self, workload, *, clock: str = "steps", progress: bool = False):
+        """Drive this engine through ``workload`` (arrivals by step or wall clock) until every
+        request finished; returns a :class:`~workbench.run.RunResult` of the steps it took."""
+        from workbench.run import drive
+
+        return drive(self, workload, clock=clock, progress=progress)
 
     def log_stats(self, force: bool = False) -> str | None:
         """Log (and return) vLLM's periodic summary line, at most once per interval unless forced."""
