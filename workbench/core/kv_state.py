@@ -114,7 +114,7 @@ class KVState:
         tables = ", ".join(f"{rid}: {list(ids)}" for rid, ids in sorted(self.tables.items()))
         return (
             f"KVState(num_blocks={self.num_blocks}, block_size={self.block_size}, "
-            f"free={self.num_free_blocks}, cached={c['cached']}, used={c['used']}, "
+            f"free={self.num_free_blocks} (cached {c['cached']}), used={c['used']}, "
             f"shared={c['shared']}, usage={self.usage:.1%}, tables={{{tables}}})"
         )
 
