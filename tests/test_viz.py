@@ -138,6 +138,7 @@ def test_dashboard_buttons_drive_the_engine_and_report_errors():
     engine = tight_engine()
     dashboard = EngineDashboard(engine)
     buttons = {b.description: b for b in dashboard.buttons}
+    assert dashboard.player.buttons == []  # one set of drive buttons: the dashboard's
     dashboard.prompt.value, dashboard.request_id.value = "ROMEO:", "mine"
     dashboard.max_tokens.value, dashboard.temperature.value, dashboard.priority.value = 5, 0.5, 3
     buttons["Add request"].click()
@@ -203,3 +204,24 @@ def test_step_plot_scales_to_the_bars_and_keeps_the_budget_as_a_reference(run):
     ax = plot_kv_blocks(engine.kv_cache, max_blocks=8)
     assert len(ax.patches) == 8 and ax.get_title().endswith("(first 8 drawn)")
     plt.close("all")
+
+
+def test_comparison_view_shows_each_run_side_by_side():
+    from workbench import Workload, compare_runs
+    from workbench.teaching import teaching_config
+    from workbench.viz import ComparisonView
+
+    workload = Workload.burst(num_requests=4, input_len=(10, 20), output_len=(3, 5), seed=4)
+    comparison = compare_runs(workload, {p: teaching_config(policy=p) for p in ("fcfs", "spf")})
+    view = ComparisonView(comparison)
+    for name, result in comparison.results.items():
+        assert f"<th>{name}</th>" in view.table_html
+        frame = result.requests
+        assert frame["num_preemptions"].sum() == comparison.table.loc[name, "num_preemptions"]
+    assert bytes(view.cdf.value).startswith(b"\x89PNG") and bytes(view.timelines.value).startswith(b"\x89PNG")
+    view.metric_picker.value = "e2e_steps"
+    assert view.metric == "e2e_steps"
+    view.run_picker.value = "spf"
+    player = view.player_box.children[0]
+    assert player.source.run is comparison.results["spf"] and player.step == comparison.results["spf"].history[-1].step
+    assert plt.get_fignums() == []

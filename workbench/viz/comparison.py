@@ -11,11 +11,37 @@ from __future__ import annotations
 import ipywidgets as widgets
 import traitlets
 
+from workbench.compare import METRIC_LABELS
 from workbench.viz.figures import figure_png, new_figure
 from workbench.viz.player import StepPlayer
 from workbench.viz.timeline import draw_timeline, request_spans, timeline_height, timeline_legend
 
-METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s", "ttft_steps", "e2e_steps")
+
+#: The compact table: (row label, summary keys joined as "p50 · p90 · p99" or one value).
+_SHORT = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "e2e latency", "queue": "queue time"}
+COMPACT_ROWS = [
+    (f"{_SHORT[metric.rsplit('_', 1)[0]]} ({metric.rsplit('_', 1)[1]})", [f"{metric}_p{p}" for p in (50, 90, 99)])
+    for metric in METRIC_LABELS
+] + [
+    ("throughput (output tokens / step)", ["throughput_tok_step"]),
+    ("throughput (output tokens / s)", ["throughput_tok_s"]),
+    ("preemptions", ["num_preemptions"]),
+    ("recomputed tokens", ["num_recomputed_tokens"]),
+    ("prefix-cache hit rate", ["prefix_hit_rate"]),
+    ("steps", ["num_steps"]),
+]
+
+
+def compact_table(table):
+    """``Comparison.table`` as one column per config and one row per metric, percentiles
+    joined in one cell (what the widget shows)."""
+    import pandas as pd
+
+    def cell(row, keys):
+        return " · ".join(f"{row[k]:.3g}" if isinstance(row[k], float) else str(row[k]) for k in keys)
+
+    return pd.DataFrame({name: {label: cell(row, keys) for label, keys in COMPACT_ROWS}
+                         for name, row in table.iterrows()})
 
 
 def aligned_timelines(results: dict, width: float = 12.0):
@@ -36,19 +62,21 @@ def aligned_timelines(results: dict, width: float = 12.0):
 class ComparisonView(widgets.VBox):
     """``ComparisonView(compare_runs(workload, {"fcfs": ..., "spf": ...}))``.
 
-    ``table_html`` is the table shown, ``metric`` the CDF drawn, ``run`` the run in the player.
+    ``table_html`` is the table shown (:func:`compact_table`; ``comparison.table`` has all),
+    ``metric`` the CDF drawn, ``run`` the run in the player.
     """
 
     table_html = traitlets.Unicode("")
-    metric = traitlets.Unicode("ttft_s")
+    metric = traitlets.Unicode("ttft_steps")
     run = traitlets.Unicode("")
 
-    def __init__(self, comparison, *, metric: str = "ttft_s"):
+    def __init__(self, comparison, *, metric: str = "ttft_steps"):
         self.comparison = comparison
         names = list(comparison.results)
         self.table = widgets.HTML()
-        self.metric_picker = widgets.Dropdown(options=[m for m in METRICS if m in _columns(comparison)],
-                                              value=metric, description="CDF of")
+        self.metric_picker = widgets.Dropdown(options=[(label, m) for m, label in METRIC_LABELS.items()],
+                                              value=metric, description="CDF of",
+                                              layout=widgets.Layout(width="360px"))
         self.cdf = widgets.Image(format="png")
         self.timelines = widgets.Image(format="png")
         self.run_picker = widgets.Dropdown(options=names, value=names[0], description="player")
@@ -56,7 +84,7 @@ class ComparisonView(widgets.VBox):
         self.metric_picker.observe(lambda change: self.show_metric(change["new"]), "value")
         self.run_picker.observe(lambda change: self.show_run(change["new"]), "value")
         tabs = widgets.Tab([
-            widgets.VBox([self.table, self.metric_picker, self.cdf]),
+            widgets.HBox([self.table, widgets.VBox([self.metric_picker, self.cdf])]),
             self.timelines,
             widgets.VBox([self.run_picker, self.player_box]),
         ])
@@ -66,9 +94,10 @@ class ComparisonView(widgets.VBox):
         self.refresh()
 
     def refresh(self) -> None:
-        table = self.comparison.table
-        self.table_html = table.to_html(float_format=lambda v: f"{v:.4g}")
-        self.table.value = "<b>One workload, several configs</b>" + self.table_html
+        self.table_html = compact_table(self.comparison.table).to_html()
+        self.table.value = (f"<b>One workload ({len(self.comparison.workload)} requests), "
+                            f"{len(self.comparison.results)} configs</b><br><small>latencies: "
+                            "p50 · p90 · p99 over the requests</small>" + self.table_html)
         self.timelines.value = figure_png(aligned_timelines(self.comparison.results))
         self.show_metric(self.metric)
         self.show_run(self.run_picker.value)
@@ -87,9 +116,3 @@ class ComparisonView(widgets.VBox):
     def __repr__(self) -> str:
         return f"ComparisonView(runs={list(self.comparison.results)}, metric={self.metric})"
 
-
-def _columns(comparison) -> set[str]:
-    columns: set[str] = set()
-    for result in comparison.results.values():
-        columns |= set(result.requests.columns)
-    return columns

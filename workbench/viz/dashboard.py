@@ -25,7 +25,7 @@ from workbench.viz.plots import plot_kv_usage, plot_step_tokens
 from workbench.viz.source import ViewSource
 from workbench.viz.timeline import RequestTimeline
 
-_NARROW = widgets.Layout(width="180px")
+_NARROW = dict(layout=widgets.Layout(width="200px"), style={"description_width": "initial"})
 
 
 class EngineDashboard(widgets.VBox):
@@ -46,10 +46,10 @@ class EngineDashboard(widgets.VBox):
         self.request_id = widgets.Text(value="", placeholder="(made up)", description="request id",
                                        layout=widgets.Layout(width="240px"))
         self.max_tokens = widgets.BoundedIntText(value=params.max_tokens, min=1, max=100_000,
-                                                 description="max_tokens", layout=_NARROW)
+                                                 description="max_tokens", **_NARROW)
         self.temperature = widgets.BoundedFloatText(value=params.temperature, min=0.0, max=10.0, step=0.1,
-                                                    description="temperature", layout=_NARROW)
-        self.priority = widgets.IntText(value=0, description="priority", layout=_NARROW)
+                                                    description="temperature", **_NARROW)
+        self.priority = widgets.IntText(value=0, description="priority", **_NARROW)
         self.player = StepPlayer(self.source, controls=False, live_updates=False)
         self.timeline = RequestTimeline(self.source)
         self.plots = widgets.Image(format="png")

@@ -100,7 +100,6 @@ class StepPlayer(widgets.VBox):
         self.queue_view = widgets.HTML()
         self.status = widgets.HTML()
         self.slider.observe(lambda change: self.show(change["new"]), "value")
-        controls = [self.play, self.slider, self.position]
         self.buttons: list[widgets.Button] = []
         engine = self.source.engine
         if engine is not None and self.source.live and controls:
@@ -109,7 +108,7 @@ class StepPlayer(widgets.VBox):
                 button.on_click(lambda _, n=steps: self.advance(n))
                 self.buttons.append(button)
         super().__init__([
-            widgets.HBox(controls), widgets.HBox([*self.buttons, self.status]),
+            widgets.HBox([self.play, self.slider, self.position]), widgets.HBox([*self.buttons, self.status]),
             self.batch, self.events, self.queue_view, self.block_map,
         ])
         self.updater = LiveUpdater(engine, self.refresh, live_interval) \
