@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
@@ -39,6 +40,18 @@ def test_explicit_lengths_are_exact_in_tokens(tok):
     ids = Workload.poisson(num_requests=5, input_len=lengths, seed=7, text=False)
     assert [len(r.prompt) for r in ids] == lengths
     assert all(r.prompt[0] == tok.bos_token_id for r in ids)
+
+
+def test_length_distribution_callable_draws_from_the_seed(tok):
+    def lognormal(rng, n):
+        return np.clip(rng.lognormal(3.0, 0.5, n), 4, 60).astype(int)
+
+    w = Workload.poisson(num_requests=6, input_len=lognormal, seed=11)
+    assert w == Workload.poisson(num_requests=6, input_len=lognormal, seed=11)
+    lengths = [len(tok(r.prompt).input_ids) for r in w]
+    assert all(4 <= x <= 60 for x in lengths) and len(set(lengths)) > 1
+    with pytest.raises(ValueError, match="input_len lists 2 lengths for 6 requests"):
+        Workload.poisson(num_requests=6, input_len=lambda rng, n: [5, 6])
 
 
 def test_shared_prefix_groups_share_their_tokens(tok):

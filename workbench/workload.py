@@ -28,16 +28,17 @@ import importlib.resources
 import json
 import math
 import pathlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from workbench.sampling_params import RequestOutputKind, SamplingParams
 
-#: A length spec: an exact length, an inclusive ``(low, high)`` uniform range, or one
-#: explicit length per request.
-LengthSpec = int | tuple[int, int] | Sequence[int]
+#: A length spec: an exact length, an inclusive ``(low, high)`` uniform range, one explicit
+#: length per request, or a distribution ``fn(rng, n) -> n lengths`` drawn from the workload's
+#: numpy Generator (e.g. ``lambda rng, n: np.clip(rng.lognormal(3, 0.5, n), 4, 200).astype(int)``).
+LengthSpec = int | tuple[int, int] | Sequence[int] | Callable[[np.random.Generator, int], Sequence[int]]
 
 CORPUS_WORK = "romeo_and_juliet"
 
@@ -394,13 +395,17 @@ def _lengths(name: str, spec: LengthSpec, n: int, rng: np.random.Generator, low:
         _check_int(f"{name} low", lo, low)
         _check_int(f"{name} high", hi, lo)
         return [int(x) for x in rng.integers(lo, hi + 1, size=n)]
+    if callable(spec):
+        spec = [int(x) for x in spec(rng, n)]
     if isinstance(spec, Sequence) and not isinstance(spec, str):
         if len(spec) != n:
             raise ValueError(f"{name} lists {len(spec)} lengths for {n} requests.")
         for x in spec:
             _check_int(name, x, low)
         return [int(x) for x in spec]
-    raise ValueError(f"{name} must be an int, a (low, high) tuple or one length per request, got {spec!r}.")
+    raise ValueError(
+        f"{name} must be an int, a (low, high) tuple, one length per request or fn(rng, n), got {spec!r}."
+    )
 
 
 def _params_to_json(params: SamplingParams) -> dict:
