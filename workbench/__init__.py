@@ -18,7 +18,7 @@ _EXPORTS = {
     "default_model_path": "workbench.model.loader",
     "Workload": "workbench.workload",
     "WorkloadRequest": "workbench.workload",
-    "run_workload": "workbench.run",
+    "run_workload": "workbench.compare",
     "RunResult": "workbench.run",
     "compare_runs": "workbench.compare",
     "Comparison": "workbench.compare",

@@ -1,4 +1,7 @@
-"""compare_runs: one workload under several engine configurations, side by side.
+"""run_workload / compare_runs: a workload on fresh engines built from configurations.
+
+``run_workload(workload, config)`` builds an engine and drives it (:func:`workbench.run.drive`);
+``compare_runs`` does so once per named configuration and puts the runs side by side.
 
 Every configuration runs the same :class:`~workbench.workload.Workload` on a fresh engine
 (same arrivals, prompts and output lengths), so differences in the table come from the
@@ -9,12 +12,14 @@ preemptions, recomputed tokens) are exactly reproducible; the ``*_s`` ones are w
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 from collections.abc import Mapping
 
 from workbench.config import EngineConfig
-from workbench.run import RunResult, resolve_config, run_workload
+from workbench.engine import LLMEngine
+from workbench.run import RunResult, drive
 from workbench.workload import Workload
 
 #: Column labels (with units) of the metrics a CDF can be drawn for.
@@ -27,6 +32,36 @@ METRIC_LABELS = {
     "tpot_steps": "time per output token (steps)",
     "e2e_steps": "end-to-end latency (steps)",
 }
+
+
+def resolve_config(config: EngineConfig | dict | None, base: EngineConfig | None = None) -> EngineConfig:
+    """An EngineConfig from one, from a dict of overrides on ``base`` (default
+    ``EngineConfig()``), or ``base`` itself for None. Unknown fields raise ValueError."""
+    base = base or EngineConfig()
+    if config is None:
+        return base
+    if isinstance(config, EngineConfig):
+        return config
+    if isinstance(config, dict):
+        known = {f.name for f in dataclasses.fields(EngineConfig)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise ValueError(f"unknown EngineConfig field(s) {unknown}; known: {sorted(known)}.")
+        return dataclasses.replace(base, **config)
+    raise ValueError(f"config must be an EngineConfig, a dict of overrides or None, got {type(config).__name__}.")
+
+
+def run_workload(
+    workload: Workload,
+    config: EngineConfig | dict | None = None,
+    *,
+    clock: str = "steps",
+    progress: bool = False,
+) -> RunResult:
+    """Run ``workload`` on a fresh engine built from ``config`` (see :func:`resolve_config`)
+    until every request finished (clocks: :mod:`workbench.run`)."""
+    engine = LLMEngine(resolve_config(config))
+    return drive(engine, workload, clock=clock, progress=progress)
 
 
 class Comparison:

@@ -1,4 +1,7 @@
-"""run_workload / LLMEngine.replay: drive an engine through a Workload and keep what happened.
+"""RunResult and drive(): an engine driven through a Workload, and what the run recorded.
+
+``LLMEngine.replay(workload)`` drives an existing engine; ``workbench.compare.run_workload``
+a fresh one built from a config.
 
 Two clocks decide when a request arrives:
 
@@ -16,7 +19,6 @@ A request the engine refuses (too long for the pool, ...) is left out and report
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import logging
 import math
@@ -120,38 +122,6 @@ class RunResult:
             + self.requests.head(20).to_html(index=False)
             + "</div>"
         )
-
-
-def resolve_config(config: EngineConfig | dict | None, base: EngineConfig | None = None) -> EngineConfig:
-    """An EngineConfig from one, from a dict of overrides on ``base`` (default
-    ``EngineConfig()``), or ``base`` itself for None. Unknown fields raise ValueError."""
-    base = base or EngineConfig()
-    if config is None:
-        return base
-    if isinstance(config, EngineConfig):
-        return config
-    if isinstance(config, dict):
-        known = {f.name for f in dataclasses.fields(EngineConfig)}
-        unknown = sorted(set(config) - known)
-        if unknown:
-            raise ValueError(f"unknown EngineConfig field(s) {unknown}; known: {sorted(known)}.")
-        return dataclasses.replace(base, **config)
-    raise ValueError(f"config must be an EngineConfig, a dict of overrides or None, got {type(config).__name__}.")
-
-
-def run_workload(
-    workload: Workload,
-    config: EngineConfig | dict | None = None,
-    *,
-    clock: str = "steps",
-    progress: bool = False,
-) -> RunResult:
-    """Run ``workload`` on a fresh engine built from ``config`` (see :func:`resolve_config`)
-    until every request finished; see the module docstring for the clocks."""
-    from workbench.engine import LLMEngine
-
-    engine = LLMEngine(resolve_config(config))
-    return drive(engine, workload, clock=clock, progress=progress)
 
 
 def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = False) -> RunResult:
