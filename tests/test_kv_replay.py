@@ -263,3 +263,15 @@ def test_rebuilt_pool_equals_live_snapshot_after_every_step(cfg, specs):
     event("evicted" if "BlockRemoved" in kinds else "no eviction")
     event("preempted" if any(r["num_preemptions"] for r in rows) else "no preemption")
     event("prefix hit" if t.kv.prefix_cache_stats.hits else "no hit")
+
+
+def test_tracker_keeps_the_last_arrivals_and_ignores_unknown_requests():
+    from workbench.core.request_events import RequestArrived, RequestFinished, RequestFirstToken
+
+    t = RequestTracker(max_requests=2)
+    t.consume([RequestArrived(f"r{i}", i, 10.0 + i, 3, 0) for i in range(3)])
+    t.consume([RequestFirstToken("ghost", 3, 14.0), RequestFinished("r0", 3, 15.0, "abort", 0)])
+    rows = t.rows()
+    assert [r["request_id"] for r in rows] == ["r1", "r2"]
+    assert rows[0]["arrival_s"] == 1.0  # the epoch is the first arrival seen (r0's)
+    assert rows[0]["finish_reason"] is None and math.isnan(rows[0]["ttft_s"])

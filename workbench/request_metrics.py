@@ -18,6 +18,7 @@ Events of a request the tracker did not see arrive are ignored.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -97,14 +98,15 @@ class _Life:
 
 
 class RequestTracker:
-    """Folds request events into one row per request (see the module docstring).
-
-    A request id reused after its request finished starts a new row. O(1) per event.
+    """Folds request events into one row per request (see the module docstring), keeping the
+    last ``max_requests`` arrivals (older rows are dropped; their requests, if unfinished,
+    are still followed but not shown). A request id reused after its request finished starts
+    a new row. O(1) per event.
     """
 
-    def __init__(self, epoch: float | None = None) -> None:
+    def __init__(self, epoch: float | None = None, max_requests: int = 100_000) -> None:
         self.epoch = epoch
-        self._lives: list[_Life] = []
+        self._lives: deque[_Life] = deque(maxlen=max_requests)
         self._live: dict[str, _Life] = {}  # unfinished requests by id
 
     def consume(self, events: Iterable[RequestEvent]) -> None:
