@@ -130,8 +130,10 @@ class StepHistory:
     base state, so :meth:`kv_state` works for every kept step however long the run.
     """
 
-    #: A rebuilt state is remembered every this many records (more for big pools), so
-    #: scrubbing back and forth replays few events.
+    #: A rebuilt state is remembered every this many steps (num_blocks // 64 for bigger
+    #: pools), so scrubbing back and forth replays few events: on a 5461-block pool with 64
+    #: decoding requests, a random step of a 2000-step history takes ~5 ms once the history
+    #: was replayed to its end (~0.5 s, the first time).
     CHECKPOINT_EVERY = 32
 
     def __init__(self, maxlen: int = 10_000, initial_kv_state: KVState | None = None) -> None:
@@ -223,7 +225,7 @@ class StepHistory:
         if start > target:
             return state
         replay = KVReplay(state)
-        every = max(self.CHECKPOINT_EVERY, state.num_blocks // 8)
+        every = max(self.CHECKPOINT_EVERY, state.num_blocks // 64)
         for i in range(start, target + 1):
             record = self._records[i]
             replay.run(record.kv_events)
