@@ -157,3 +157,6 @@ class RequestTracker:
 
     def __repr__(self) -> str:
         return f"RequestTracker({len(self._lives)} requests, {len(self._live)} unfinished)"
+
+    def _repr_html_(self) -> str:
+        return f"<b>RequestTracker</b>: {len(self._lives)} requests" + self.dataframe().tail(20).to_html(index=False)

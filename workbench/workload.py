@@ -71,6 +71,14 @@ class WorkloadRequest:
         if not isinstance(self.priority, int):
             raise ValueError(f"request {self.request_id!r}: priority must be an integer, got {self.priority!r}.")
 
+    def _repr_html_(self) -> str:
+        prompt = self.prompt if isinstance(self.prompt, str) else f"{len(self.prompt)} token ids"
+        return (
+            f"<b>{html.escape(self.request_id)}</b>: arrival step {self.arrival_step}, time "
+            f"{self.arrival_time}, priority {self.priority}, max_tokens {self.params.max_tokens}"
+            f"<pre>{html.escape(prompt)}</pre>"
+        )
+
     def to_json(self) -> dict:
         return {
             "request_id": self.request_id,

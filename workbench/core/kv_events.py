@@ -14,11 +14,21 @@ its last reference is dropped (``BlockFreed``).
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 
 
+class _EventRepr:
+    """HTML repr of an event: its one-line description."""
+
+    __slots__ = ()
+
+    def _repr_html_(self) -> str:
+        return f"<code>{html.escape(describe(self))}</code>"
+
+
 @dataclass(frozen=True, slots=True)
-class BlockAllocated:
+class BlockAllocated(_EventRepr):
     """``request_id`` took a reference on ``block_id``, appending it to its block table.
 
     ``prefix_hit`` False: a fresh block from the front of the free queue; its tokens are
@@ -32,7 +42,7 @@ class BlockAllocated:
 
 
 @dataclass(frozen=True, slots=True)
-class BlockFreed:
+class BlockFreed(_EventRepr):
     """``request_id`` dropped its reference on ``block_id`` (its table is released tail first).
 
     At ref count 0 the block joins the back of the free queue; an uncached block then forgets
@@ -44,7 +54,7 @@ class BlockFreed:
 
 
 @dataclass(frozen=True, slots=True)
-class BlockStored:
+class BlockStored(_EventRepr):
     """Full, computed blocks entered the prefix cache (vLLM's ``BlockStored``).
 
     ``block_ids[i]`` now holds ``token_ids[i * block_size:(i + 1) * block_size]`` under
@@ -60,7 +70,7 @@ class BlockStored:
 
 
 @dataclass(frozen=True, slots=True)
-class BlockWritten:
+class BlockWritten(_EventRepr):
     """``block_id`` now holds ``token_ids`` (computed K/V) without being cached: a request's
     partial tail block, a full block with prefix caching off, or a full block whose hash
     another block already holds."""
@@ -70,7 +80,7 @@ class BlockWritten:
 
 
 @dataclass(frozen=True, slots=True)
-class BlockRemoved:
+class BlockRemoved(_EventRepr):
     """Cached blocks were evicted (vLLM's ``BlockRemoved``): their hashes left the prefix
     cache and their tokens were dropped, to serve the allocations that follow."""
 
@@ -79,7 +89,7 @@ class BlockRemoved:
 
 
 @dataclass(frozen=True, slots=True)
-class AllBlocksCleared:
+class AllBlocksCleared(_EventRepr):
     """Every cached hash was forgotten (``reset_prefix_cache``); no block was in use."""
 
 

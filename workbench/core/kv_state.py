@@ -44,6 +44,13 @@ class BlockState:
             return "used"
         return "cached" if self.block_hash is not None else "free"
 
+    def _repr_html_(self) -> str:
+        h = self.block_hash.hex()[:16] if self.block_hash is not None else "-"
+        return (
+            f"<b>block {self.block_id}</b> ({self.state}): ref_count {self.ref_count}, hash {h}, "
+            f"owners {html.escape(', '.join(self.owners) or '-')}, tokens {list(self.token_ids)}"
+        )
+
 
 @dataclass(frozen=True)
 class KVState:

@@ -14,6 +14,7 @@ per step it runs; ``RequestFirstToken`` once; ``RequestPreempted`` any number of
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 
 
@@ -24,6 +25,9 @@ class RequestEvent:
     time: float = field(default=0.0, repr=False, compare=False)
 
     kind = "event"
+
+    def _repr_html_(self) -> str:
+        return f"<code>{html.escape(repr(self))}</code>"
 
 
 @dataclass(frozen=True, slots=True)
