@@ -154,3 +154,15 @@ def test_compare_runs_table_and_cdf(burst, fcfs_run):
         cmp.cdf_figure("latency")
     with pytest.raises(ValueError, match=r"config 'bad': unknown EngineConfig field\(s\) \['polcy'\]"):
         compare_runs(burst, {"bad": {"polcy": "spf"}})
+
+
+def test_step_clock_keeps_counting_while_the_engine_idles():
+    engine = LLMEngine(teaching_config())
+    params = SamplingParams(max_tokens=2, ignore_eos=True, temperature=0)
+    result = engine.replay([WorkloadRequest("a", "ROMEO:", params, arrival_step=0),
+                            WorkloadRequest("b", "JULIET:", params, arrival_step=10)])
+    # a: prefill+sample at step 0, decode+sample at 1; steps 2-9 run empty; b arrives at 10.
+    assert [len(r.scheduler_output.scheduled) for r in result.history] == [1, 1] + [0] * 8 + [1, 1]
+    assert result.requests[["arrival_step", "finished_step", "e2e_steps"]].values.tolist() == [[0, 1, 2], [10, 11, 2]]
+    with pytest.raises(ValueError, match="workload must be a Workload or a list of WorkloadRequest"):
+        engine.replay("r1")

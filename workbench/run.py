@@ -130,8 +130,10 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
     every step; the result keeps the steps of this run only."""
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}.")
+    if isinstance(workload, (list, tuple)):
+        workload = Workload(workload)
     if not isinstance(workload, Workload):
-        raise ValueError(f"workload must be a Workload, got {type(workload).__name__}.")
+        raise ValueError(f"workload must be a Workload or a list of WorkloadRequest, got {type(workload).__name__}.")
     pending = deque(sorted(workload, key=lambda r: _arrival(r, clock)))  # stable: ties keep order
     history = StepHistory(engine.config.max_history, initial_kv_state=engine.history.kv_state())
     t0 = time.monotonic()
