@@ -264,14 +264,14 @@ class LLMEngine:
         self._freed_mark = self.kv_cache.pool.num_freed
         self.history.append(record)
         self.request_tracker.consume(record.request_events)
+        self.stats.record(prompt_tokens=record.num_prefill_tokens, generation_tokens=len(sampled))
+        if self.config.log_stats:
+            self.log_stats()
         for hook in list(self.on_step):
             try:
                 hook(record)
             except Exception:
                 logger.exception("on_step hook %r failed at step %d", hook, record.step)
-        self.stats.record(prompt_tokens=record.num_prefill_tokens, generation_tokens=len(sampled))
-        if self.config.log_stats:
-            self.log_stats()
         return outputs
 
     # ------------------------------------------------------------ research layer
