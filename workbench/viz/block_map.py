@@ -1,4 +1,4 @@
-"""BlockMap: the KV block pool as a grid of cells, live or as it was after any recorded step.
+"""BlockMap: the KV block pool as a grid of cells, as it was after any recorded step.
 
 Each block is in one state: ``used`` (one owner), ``shared`` (ref_count > 1), ``cached`` (free
 but still holding a prefix hash: a later prompt can hit it until it is evicted), ``free``
@@ -97,7 +97,7 @@ def _cell_html(cell: dict, table_pos: int | None, selected: bool, mark: str | No
 
 class BlockMap(widgets.VBox):
     """``BlockMap(engine | history | run_result, step=None)``: the pool after ``step`` (None:
-    the latest / live). ``cells`` (one dict per block, see :func:`block_cells`) and
+    the latest step; before any, an engine's pool as it is). ``cells`` (one dict per block, see :func:`block_cells`) and
     ``summary`` (blocks per state) are what the grid shows; ``select_block(i)`` and
     ``select_request(rid)`` drive the detail pane and the block-table highlight."""
 
@@ -132,7 +132,7 @@ class BlockMap(widgets.VBox):
 
     # ------------------------------------------------------------ updates
     def show(self, step: int | None = None) -> None:
-        """Draw the pool after ``step`` (None: the latest recorded step / the live pool)."""
+        """Draw the pool after ``step`` (None: the latest recorded step)."""
         has_state = step is not None or self.source.engine is not None or len(self.source.history)
         state = self.source.kv_state(step) if has_state else None
         self.step = step if step is not None else self.source.last_step
@@ -207,10 +207,9 @@ class BlockMap(widgets.VBox):
             '<div style="display:flex;flex-wrap:wrap;gap:2px;max-width:900px">' + cells + "</div>" + tail
         )
         counts = ", ".join(f"{self.summary[k]} {k}" for k in BLOCK_STATES)
-        where = "live" if self.source.engine is not None and self.step == self.source.last_step else ""
-        step = "no step yet" if self.step is None else f"after step {self.step}"
+        step = "before the first step" if self.step is None else f"after step {self.step}"
         self.title.value = (
-            f"<b>KV blocks</b> ({step}{', ' + where if where else ''}): {state.num_blocks} blocks × "
+            f"<b>KV blocks</b> ({step}): {state.num_blocks} blocks × "
             f"{state.block_size} tokens, {state.num_free_blocks} free; {counts}"
         )
         self.legend.value = self._legend_html()
@@ -248,7 +247,7 @@ class BlockMap(widgets.VBox):
         return "<div>" + "<br>".join(lines) + "</div>"
 
     def __repr__(self) -> str:
-        step = "live" if self.step is None else f"step={self.step}"
+        step = "no step" if self.step is None else f"step={self.step}"
         counts = ", ".join(f"{k}={v}" for k, v in self.summary.items())
         return f"BlockMap({step}, {counts})"
 

@@ -1,7 +1,7 @@
 """ViewSource: what a view reads, whether it was given a live engine, a history or a RunResult.
 
 Views never change the engine; they ask this object for the recorded steps, the KV pool as it
-was after a step (or live), and a tokenizer to show tokens as text.
+was after a step, the per-request metrics, and a tokenizer to show tokens as text.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ class ViewSource:
             self.tokenizer = tokenizer or source.tokenizer
             self.live = source.live and live
             return
-        #: False for an engine another thread steps (``%llm serve``): views then read only
-        #: the recorded steps (immutable) and offer no buttons that drive the engine.
+        #: False for an engine another thread steps (``%llm serve``): views then offer no
+        #: buttons that drive the engine.
         self.live = live
         self.run = None  # a RunResult, when one was given
         self.engine = source if hasattr(source, "kv_cache") and hasattr(source, "step") else None
@@ -68,14 +68,15 @@ class ViewSource:
 
     # ----------------------------------------------------------------- pool
     def kv_state(self, step: int | None = None):
-        """The KV pool after ``step``; ``None`` is the latest (the live pool for an engine)."""
-        if step is None or (self.engine is not None and step == self.last_step):
-            if self.engine is not None and self.live:
-                return self.engine.kv_cache.snapshot()
-            if not len(self.history):
-                raise IndexError("no steps recorded yet.")
-            step = self.last_step
-        return self.history.kv_state(step)
+        """The KV pool after ``step`` (None: the latest recorded step), rebuilt from the
+        recorded block events -- immutable, so a view redrawing on another thread while the
+        engine steps reads a consistent pool. Before any step: the live pool's snapshot."""
+        step = self.last_step if step is None else step
+        if step is not None:
+            return self.history.kv_state(step)
+        if self.engine is None:
+            raise IndexError("no steps recorded yet.")
+        return self.engine.kv_cache.snapshot()
 
     @property
     def policy_name(self) -> str:
