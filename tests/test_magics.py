@@ -100,6 +100,7 @@ def test_replay_a_workload_variable(shell):
 
 def test_serve_from_a_notebook_then_stop(shell, capsys):
     import socket
+    import time
 
     import httpx
 
@@ -111,11 +112,17 @@ def test_serve_from_a_notebook_then_stop(shell, capsys):
         assert url == f"http://127.0.0.1:{port}/v1"
         with pytest.raises(UsageError, match="being served"):
             shell.run_line_magic("llm", "step")
+        dashboard = shell.run_line_magic("llm", "dashboard")  # read-only: the server steps
+        assert [b.description for b in dashboard.buttons] == ["Refresh"]
+        history = shell.user_ns["eng"].history
+        last = history[-1].step if len(history) else -1
         reply = httpx.post(f"{url}/completions", timeout=60,
                            json={"model": "tiny-shakespeare", "prompt": "ROMEO:", "max_tokens": 4})
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] <= 4
-        dashboard = shell.run_line_magic("llm", "dashboard")  # read-only: the server steps
-        assert [b.description for b in dashboard.buttons] == ["Refresh"]
+        deadline = time.monotonic() + 10  # the dashboard follows the server's steps by itself
+        while dashboard.updater.num_redraws == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert dashboard.updater.num_redraws >= 1 and dashboard.player.step > last
         dashboard.close()
     finally:
         shell.run_line_magic("llm", "stop")
