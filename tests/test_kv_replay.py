@@ -190,6 +190,13 @@ def test_bounded_history_still_replays_and_names_missing_steps():
         assert t.history.kv_state(step) == t.live[step]
     with pytest.raises(IndexError, match=r"step 0 is not recorded \(steps kept: \["):
         t.history.kv_state(0)
+    t.history.clear()  # the dropped records' events are folded into the base state
+    assert len(t.history) == 0 and t.history.kv_state() == t.live[last]
+    t.add("C", [1, 2, 7], 2, arrival=2)
+    record = t.step()
+    assert record.step == last + 1 and t.history.kv_state(last + 1) == t.live[last + 1]
+    with pytest.raises(ValueError, match="cannot follow step"):
+        t.history.append(record)
 
 
 def test_events_that_do_not_fit_are_refused_by_name():
