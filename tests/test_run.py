@@ -145,6 +145,9 @@ def test_compare_runs_table_and_cdf(burst, fcfs_run):
         assert col in table.columns
     assert table.loc["fcfs", "ttft_steps_p90"] == fcfs_run.summary()["ttft_steps_p90"]  # same schedule
     assert cmp.results["spf"].config.policy == "spf"
+    both = cmp.requests
+    assert both.columns[0] == "config" and len(both) == 16
+    assert both.groupby("config").num_output_tokens.sum().tolist() == [sum(r.params.max_tokens for r in burst)] * 2
     before = plt.get_fignums()
     fig = cmp.cdf_figure("ttft_steps")
     assert plt.get_fignums() == before  # not registered with pyplot

@@ -68,7 +68,8 @@ class Comparison:
     """The runs of one workload under named configurations.
 
     ``results``: name -> :class:`RunResult`; ``table``: one row per configuration (the
-    RunResult summaries); :meth:`cdf_figure`: per-request metric CDFs, one line per run.
+    RunResult summaries); ``requests``: the per-request rows of every run;
+    :meth:`cdf_figure`: per-request metric CDFs, one line per run.
     """
 
     def __init__(self, workload: Workload, results: Mapping[str, RunResult]):
@@ -87,6 +88,16 @@ class Comparison:
         frame = pd.DataFrame({name: r.summary() for name, r in self.results.items()}).T
         frame.index.name = "config"
         return frame
+
+    @property
+    def requests(self):
+        """Every run's requests DataFrame stacked, with the configuration name first
+        (``config``): one row per (config, request), for side-by-side per-request analysis."""
+        import pandas as pd
+
+        frames = [r.requests.assign(config=name) for name, r in self.results.items()]
+        frame = pd.concat(frames, ignore_index=True)
+        return frame[["config", *[c for c in frame.columns if c != "config"]]]
 
     def cdf_figure(self, metric: str = "ttft_s", *, figsize=(6.0, 3.6)):
         """A matplotlib ``Figure`` (not registered with pyplot, so safe from any thread) with
