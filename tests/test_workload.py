@@ -104,3 +104,6 @@ def test_requests_are_validated():
         Workload([WorkloadRequest("a", "x", SamplingParams())] * 2)
     with pytest.raises(ValueError, match="prompt must be non-empty"):
         WorkloadRequest("a", "", SamplingParams())
+    with pytest.raises(ValueError, match="prompt token ids must be integers"):
+        WorkloadRequest("a", [1, "x"], SamplingParams())
+    assert WorkloadRequest("a", [np.int64(3), 4], SamplingParams()).prompt == (3, 4)

@@ -58,8 +58,10 @@ class WorkloadRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
             raise ValueError(f"request_id must be a non-empty string, got {self.request_id!r}.")
-        if isinstance(self.prompt, list):
-            object.__setattr__(self, "prompt", tuple(self.prompt))
+        if isinstance(self.prompt, (list, tuple)):
+            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in self.prompt):
+                raise ValueError(f"request {self.request_id!r}: prompt token ids must be integers.")
+            object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))
         if not isinstance(self.prompt, (str, tuple)) or not self.prompt:
             raise ValueError(f"request {self.request_id!r}: prompt must be non-empty text or token ids.")
         if not isinstance(self.params, SamplingParams):
