@@ -23,8 +23,8 @@ COMPACT_ROWS = [
     (f"{_SHORT[metric.rsplit('_', 1)[0]]} ({metric.rsplit('_', 1)[1]})", [f"{metric}_p{p}" for p in (50, 90, 99)])
     for metric in METRIC_LABELS
 ] + [
-    ("throughput (output tokens / step)", ["throughput_tok_step"]),
-    ("throughput (output tokens / s)", ["throughput_tok_s"]),
+    ("output tokens / step", ["throughput_tok_step"]),
+    ("output tokens / s", ["throughput_tok_s"]),
     ("preemptions", ["num_preemptions"]),
     ("recomputed tokens", ["num_recomputed_tokens"]),
     ("prefix-cache hit rate", ["prefix_hit_rate"]),
@@ -94,10 +94,11 @@ class ComparisonView(widgets.VBox):
         self.refresh()
 
     def refresh(self) -> None:
-        self.table_html = compact_table(self.comparison.table).to_html()
+        self.table_html = compact_table(self.comparison.table).to_html(classes="wb-compare")
         self.table.value = (f"<b>One workload ({len(self.comparison.workload)} requests), "
                             f"{len(self.comparison.results)} configs</b><br><small>latencies: "
-                            "p50 · p90 · p99 over the requests</small>" + self.table_html)
+                            "p50 · p90 · p99 over the requests</small>"
+                            "<style>.wb-compare td {white-space: nowrap}</style>" + self.table_html)
         self.timelines.value = figure_png(aligned_timelines(self.comparison.results))
         self.show_metric(self.metric)
         self.show_run(self.run_picker.value)

@@ -13,6 +13,7 @@ import html
 import ipywidgets as widgets
 import traitlets
 
+from workbench.core.kv_events import BlockAllocated, BlockFreed
 from workbench.viz.block_map import BlockMap
 from workbench.viz.busy import busy
 from workbench.viz.colors import request_color, text_color
@@ -52,9 +53,9 @@ def preemption_notes(record, policy: str) -> list[str]:
         if event.kind != "preempted":
             continue
         victim = event.request_id
-        freed = [i for i, e in enumerate(events) if type(e).__name__ == "BlockFreed" and e.request_id == victim]
+        freed = [i for i, e in enumerate(events) if isinstance(e, BlockFreed) and e.request_id == victim]
         after = events[freed[-1] + 1:] if freed else []
-        taker = next((e for e in after if type(e).__name__ == "BlockAllocated" and e.request_id != victim
+        taker = next((e for e in after if isinstance(e, BlockAllocated) and e.request_id != victim
                       and not e.prefix_hit), None)
         needed = (f"{taker.request_id} needed a new KV block (it got block {taker.block_id}) and none was free"
                   if taker else "a running request needed a new KV block and none was free")

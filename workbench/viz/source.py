@@ -48,23 +48,16 @@ class ViewSource:
     @property
     def steps(self) -> list[int]:
         """Step numbers of the recorded steps still kept, oldest first."""
-        return [record.step for record in self.records()]
+        return list(self.history.steps)
 
     @property
     def last_step(self) -> int | None:
-        return self.history[-1].step if len(self.history) else None
+        steps = self.history.steps
+        return steps[-1] if steps else None
 
     def record(self, step: int):
         """The StepRecord of ``step`` (a step number, not a position)."""
-        records = self.records()
-        index = step - records[0].step if records else -1
-        if not 0 <= index < len(records) or records[index].step != step:
-            raise IndexError(f"step {step} is not in the recorded steps {self._range()}.")
-        return records[index]
-
-    def _range(self) -> str:
-        steps = self.steps
-        return f"[{steps[0]}, {steps[-1]}]" if steps else "(none yet)"
+        return self.history.record(step)
 
     # ----------------------------------------------------------------- pool
     def kv_state(self, step: int | None = None):
