@@ -234,3 +234,14 @@ def test_comparison_view_shows_each_run_side_by_side():
     player = view.player_box.children[0]
     assert player.source.run is comparison.results["spf"] and player.step == comparison.results["spf"].history[-1].step
     assert plt.get_fignums() == []
+
+
+def test_views_have_deterministic_plain_reprs_and_static_html(run):
+    views = [BlockMap(run), RequestTimeline(run), StepPlayer(run, live_updates=False)]
+    for view in views:
+        assert repr(view) == repr(view) and "0x" not in repr(view)
+        assert view._repr_html_().strip()
+    final = run.history.kv_state()  # every request finished: all blocks free, some still cached
+    assert repr(views[0]) == (f"BlockMap(step={run.history[-1].step}, used=0, shared=0, "
+                              f"cached={final.num_cached_blocks}, free={12 - final.num_cached_blocks}, never used=0)")
+    assert '<img src="data:image/png;base64,' in views[1]._repr_html_()

@@ -12,7 +12,7 @@ import ipywidgets as widgets
 import traitlets
 
 from workbench.compare import METRIC_LABELS
-from workbench.viz.figures import figure_png, new_figure
+from workbench.viz.figures import figure_png, new_figure, png_img
 from workbench.viz.player import StepPlayer
 from workbench.viz.timeline import draw_timeline, request_spans, timeline_height, timeline_legend
 
@@ -116,4 +116,7 @@ class ComparisonView(widgets.VBox):
 
     def __repr__(self) -> str:
         return f"ComparisonView(runs={list(self.comparison.results)}, metric={self.metric})"
+
+    def _repr_html_(self) -> str:
+        return self.table.value + png_img(self.cdf.value) + png_img(self.timelines.value)
 

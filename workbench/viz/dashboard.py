@@ -162,3 +162,6 @@ class EngineDashboard(widgets.VBox):
 
     def __repr__(self) -> str:
         return f"EngineDashboard({self.summary})"
+
+    def _repr_html_(self) -> str:
+        return self.header.value + self.player._repr_html_()

@@ -7,6 +7,7 @@ figures made here are never seen by pyplot, so drawing and rendering them is saf
 
 from __future__ import annotations
 
+import base64
 import io
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -25,3 +26,8 @@ def figure_png(figure: Figure) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
     return buffer.getvalue()
+
+
+def png_img(png: bytes) -> str:
+    """An ``<img>`` tag holding PNG bytes inline (static HTML reprs of the views)."""
+    return f'<img src="data:image/png;base64,{base64.b64encode(bytes(png)).decode()}">'

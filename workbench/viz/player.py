@@ -240,3 +240,7 @@ class StepPlayer(widgets.VBox):
 
     def __repr__(self) -> str:
         return f"StepPlayer(step={self.step}, steps={len(self.source.history)})"
+
+    def _repr_html_(self) -> str:
+        return (self.position.value + self.batch.value + self.events.value + "<br>" + self.queue_view.value
+                + self.block_map._repr_html_())

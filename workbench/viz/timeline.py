@@ -18,7 +18,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from workbench.viz.colors import STATE_COLORS, request_color
-from workbench.viz.figures import figure_png, new_figure
+from workbench.viz.figures import figure_png, new_figure, png_img
 from workbench.viz.source import ViewSource
 
 FINISH_MARKERS = {"stop": "o", "length": "|", "abort": "x"}
@@ -199,6 +199,9 @@ class RequestTimeline(widgets.VBox):
 
     def __repr__(self) -> str:
         return f"RequestTimeline({len(self.rows)} requests, {len(self.spans)} spans)"
+
+    def _repr_html_(self) -> str:
+        return png_img(self.image.value) + self.details.value
 
 
 def _fmt(value) -> str:
