@@ -155,6 +155,11 @@ def test_dashboard_buttons_drive_the_engine_and_report_errors():
     assert "mine" in dashboard.requests.value and "mine" in dashboard.finished.value
     buttons["Reset"].click()
     assert len(engine.history) == 0 and dashboard.player.step is None
+    dashboard.add("JULIET:", max_tokens=3)  # step numbers go on after a reset: the range moves up
+    buttons["Run to the end"].click()
+    assert "ready" in dashboard.status.value
+    assert (dashboard.player.slider.min, dashboard.player.step) == (engine.history[0].step, engine.history[-1].step)
+    assert engine.history[0].step > 0
     dashboard.close()
     assert engine.on_step == []
     assert plt.get_fignums() == []

@@ -67,6 +67,14 @@ def preemption_notes(record, policy: str) -> list[str]:
     return notes
 
 
+def _set_range(widget, low: int, high: int) -> None:
+    """Move an int widget's [min, max] in the order that never has min > max on the way."""
+    if low > widget.max:
+        widget.max, widget.min = high, low
+    else:
+        widget.min, widget.max = low, high
+
+
 def _chip(request_id: str) -> str:
     colour = request_color(request_id)
     return (f'<span style="background:{colour};color:{text_color(colour)};padding:0 4px;'
@@ -147,10 +155,10 @@ class StepPlayer(widgets.VBox):
             self.block_map.refresh()
             return
         following = self.step is None or self.step >= self.slider.max or self.step < steps[0]
+        self.slider.disabled = False
         with self.slider.hold_trait_notifications():
-            self.slider.disabled = False
-            self.slider.min, self.slider.max = steps[0], steps[-1]
-            self.play.min, self.play.max = steps[0], steps[-1]
+            _set_range(self.slider, steps[0], steps[-1])
+        _set_range(self.play, steps[0], steps[-1])
         target = steps[-1] if following else self.step
         if self.slider.value != target:
             self.slider.value = target  # observe -> show
