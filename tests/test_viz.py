@@ -78,6 +78,10 @@ def test_timeline_agrees_with_the_scheduler_batches(run):
     assert any(s["kind"] == "preempted" for s in spans), "the tight pool must preempt"
     timeline = RequestTimeline(run)
     assert timeline.rows == rows and bytes(timeline.image.value).startswith(b"\x89PNG")
+    window = RequestTimeline(run, last=5)  # the last 5 steps and the requests active in them
+    first = run.history[-5].step
+    assert window.rows == [r for r in rows if any(s["request_id"] == r and s["end"] > first for s in spans)]
+    assert window.rows != rows and min(s["start"] for s in window.spans) == first
     timeline.select_request("r2")
     text = run.tokenizer.decode([r.sampled_token_ids["r2"] for r in run.history if "r2" in r.sampled_token_ids])
     assert "finished (length)" in timeline.details.value and "ttft_s" in timeline.details.value

@@ -76,7 +76,8 @@ def plot_step_tokens(history, ax=None, last: int = 200):
 
 
 def plot_kv_usage(history, ax=None, last: int | None = None):
-    """KV-cache usage in % of blocks (left axis) and running / waiting requests (right axis)."""
+    """KV-cache usage in % of blocks (left axis, scaled to the peak) and running / waiting
+    requests (right axis)."""
     records = _records(history, last)
     ax = _axes(ax)
     if not records:
@@ -85,7 +86,8 @@ def plot_kv_usage(history, ax=None, last: int | None = None):
     steps = [r.step for r in records]
     ax.fill_between(steps, [r.kv_usage * 100 for r in records], color="tab:green", alpha=0.3,
                     step="mid", label="KV usage (% of blocks)")
-    ax.set_ylim(0, 105)
+    peak = max(r.kv_usage for r in records) * 100
+    ax.set_ylim(0, min(105, max(1.0, peak * 1.25)))  # scaled to the data: 0.1% of a big pool shows
     ax.set_ylabel("KV usage (% of blocks)")
     ax.set_xlabel("step")
     twin = ax.twinx()

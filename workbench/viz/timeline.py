@@ -130,15 +130,17 @@ def timeline_height(num_rows: int) -> float:
 class RequestTimeline(widgets.VBox):
     """``RequestTimeline(engine | history | run_result)``: the figure of every request's life
     (colour = the request, as in every view) and, for the request picked, its metrics and the
-    text it generated so far. ``rows`` / ``spans`` hold what is drawn (see :func:`request_spans`)."""
+    text it generated so far. ``rows`` / ``spans`` hold what is drawn (see :func:`request_spans`),
+    the ``last`` steps of a long history (a served engine keeps thousands)."""
 
     rows = traitlets.List()
     spans = traitlets.List()
     selected_request = traitlets.Unicode("")
 
-    def __init__(self, source, *, tokenizer=None, width: float = 11.0):
+    def __init__(self, source, *, tokenizer=None, width: float = 11.0, last: int | None = 200):
         self.source = ViewSource(source, tokenizer)
         self.width = width
+        self.last = last
         self.image = widgets.Image(format="png")
         self.picker = widgets.Dropdown(options=[("(pick a request)", "")], description="request",
                                        layout=widgets.Layout(width="260px"))
@@ -148,12 +150,21 @@ class RequestTimeline(widgets.VBox):
         self.refresh()
 
     def refresh(self) -> None:
-        """Re-derive the rows from the history and redraw."""
-        self.rows, self.spans = request_spans(self.source.history)
+        """Re-derive the rows from the history and redraw the ``last`` steps (None: all) and
+        the requests active in them."""
+        records = self.source.records()
+        rows, spans = request_spans(records)
+        title = "Requests by step (one colour per request)"
+        if self.last and len(records) > self.last:
+            first = records[-self.last].step
+            spans = [dict(s, start=max(s["start"], first)) for s in spans if s["end"] > first]
+            rows = [r for r in rows if any(s["request_id"] == r for s in spans)]
+            title += f", the last {self.last} steps"
+        self.rows, self.spans = rows, spans
         figure = new_figure(self.width, timeline_height(len(self.rows)))
         ax = figure.add_subplot()
         if self.rows:
-            draw_timeline(ax, self.rows, self.spans, title="Requests by step (one colour per request)")
+            draw_timeline(ax, self.rows, self.spans, title=title)
             timeline_legend(figure)
         else:
             ax.set_title("no requests yet")
