@@ -164,6 +164,12 @@ def test_dashboard_buttons_drive_the_engine_and_report_errors():
     assert "ready" in dashboard.status.value
     assert (dashboard.player.slider.min, dashboard.player.step) == (engine.history[0].step, engine.history[-1].step)
     assert engine.history[0].step > 0
+    engine.add_request("elsewhere", "HAMLET:", SamplingParams(max_tokens=2))
+    engine.step()  # stepped outside the dashboard: a live redraw touches only the tab on show
+    dashboard.refresh(all_tabs=False)
+    assert dashboard.player.step == engine.history[-1].step and "elsewhere" not in dashboard.timeline.rows
+    dashboard.tabs.selected_index = 1  # picking the timeline redraws it
+    assert "elsewhere" in dashboard.timeline.rows
     dashboard.close()
     assert engine.on_step == []
     assert plt.get_fignums() == []

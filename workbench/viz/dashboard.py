@@ -5,7 +5,8 @@ reset; tabs show the :class:`StepPlayer` (with the :class:`BlockMap` as it was a
 picked), the :class:`RequestTimeline`, step plots (tokens per step, KV usage and queues),
 the per-request metrics and the finished outputs. It redraws after its own clicks and, via a
 throttled ``engine.on_step`` hook, after steps taken elsewhere -- also while ``%llm serve``
-steps the engine (``read_only=True``: no drive controls, only recorded steps are read).
+steps the engine (``read_only=True``: no drive controls). Live redraws touch only the tab on
+show, so watching costs the engine little.
 """
 
 from __future__ import annotations
@@ -77,8 +78,10 @@ class EngineDashboard(widgets.VBox):
         self.tabs = widgets.Tab([self.player, self.timeline, self.plots, self.requests, self.finished])
         for i, title in enumerate(("Step player", "Timeline", "Step plots", "Requests", "Outputs")):
             self.tabs.set_title(i, title)
+        self._stale: set[int] = set()  # tabs not redrawn since the engine moved
+        self.tabs.observe(lambda change: self._on_tab(change["new"]), "selected_index")
         super().__init__([self.header, *controls, self.tabs])
-        self.updater = LiveUpdater(engine, self.refresh, live_interval)
+        self.updater = LiveUpdater(engine, lambda: self.refresh(all_tabs=False), live_interval)
         self.refresh()
 
     # ------------------------------------------------------------- actions
@@ -114,8 +117,27 @@ class EngineDashboard(widgets.VBox):
         self.outputs.clear()
         self.refresh()
 
-    def refresh(self) -> None:
-        """Redraw every tab from the engine."""
+    def refresh(self, *, all_tabs: bool = True) -> None:
+        """Redraw the header and the tabs. ``all_tabs=False`` (the live updates) redraws only
+        the tab on show; the others are redrawn when picked."""
+        self._header()
+        redraws = (self.player.refresh, self.timeline.refresh, self._draw_plots, self._draw_requests,
+                   self._draw_outputs)
+        shown = self.tabs.selected_index or 0
+        for i, redraw in enumerate(redraws):
+            if all_tabs or i == shown:
+                redraw()
+                self._stale.discard(i)
+            else:
+                self._stale.add(i)
+
+    def _on_tab(self, index: int | None) -> None:
+        if index in self._stale:
+            self._stale.discard(index)
+            (self.player.refresh, self.timeline.refresh, self._draw_plots, self._draw_requests,
+             self._draw_outputs)[index]()
+
+    def _header(self) -> None:
         engine = self.engine
         kv, scheduler = engine.kv_cache, engine.scheduler
         last = self.source.last_step
@@ -126,13 +148,17 @@ class EngineDashboard(widgets.VBox):
             + ("no steps yet" if last is None else f"last step {last}")
         )
         self.header.value = f"<b>LLMEngine</b>: {html.escape(self.summary)}"
-        self.player.refresh()
-        self.timeline.refresh()
-        self.plots.value = self._plots_png()
+
+    def _draw_requests(self) -> None:
         frame = self.source.requests()
         self.requests.value = frame.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="") \
             if frame is not None and len(frame) else "no requests yet"
+
+    def _draw_outputs(self) -> None:
         self.finished.value = "".join(out._repr_html_() for out in self.outputs[-10:]) or "no finished requests yet"
+
+    def _draw_plots(self) -> None:
+        self.plots.value = self._plots_png()
 
     def _plots_png(self) -> bytes:
         figure = new_figure(12, 3.4)
