@@ -98,7 +98,7 @@ class ComparisonView(widgets.VBox):
         self.table.value = (f"<b>One workload ({len(self.comparison.workload)} requests), "
                             f"{len(self.comparison.results)} configs</b><br><small>latencies: "
                             "p50 · p90 · p99 over the requests</small>"
-                            "<style>.wb-compare td {white-space: nowrap}</style>" + self.table_html)
+                            "<style>.wb-compare td, .wb-compare th {white-space: nowrap}</style>" + self.table_html)
         self.timelines.value = figure_png(aligned_timelines(self.comparison.results))
         self.show_metric(self.metric)
         self.show_run(self.run_picker.value)
