@@ -4,8 +4,8 @@ Widget callbacks then arrive over the real comm (on a second kernel thread with 
 default "Kernel Comms over subshells"), which kernel-level tests never exercise. The test runs
 the notebook, clicks Step in the dashboard, moves the player's slider with the keyboard,
 checks that the views changed and that no cell or widget shows an error, and saves the
-screenshots the README shows in docs/ (set WORKBENCH_SCREENSHOTS=0 to skip writing them);
-on a failure the whole page is saved to $TMPDIR/workbench-browser-failure.png.
+screenshots (into a temp dir; ``WORKBENCH_SCREENSHOTS=1`` writes them into docs/, where the
+README shows them); on a failure the whole page is saved to $TMPDIR/workbench-browser-failure.png.
 """
 
 import json
@@ -125,7 +125,7 @@ def _run_all_cells(page) -> None:
     raise AssertionError("Run All Cells did not start the notebook")
 
 
-def test_notebook_runs_and_widgets_answer_clicks(lab):
+def test_notebook_runs_and_widgets_answer_clicks(lab, tmp_path):
     playwright = pytest.importorskip("playwright.sync_api")
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
@@ -174,16 +174,16 @@ def test_notebook_runs_and_widgets_answer_clicks(lab):
             assert errors.count() == 0, [errors.nth(i).inner_text() for i in range(errors.count())]
             assert page.locator(".widget-html:has-text('✗')").count() == 0
             assert page.locator(".jp-Notebook .widget-image").count() >= 4
-            if os.environ.get("WORKBENCH_SCREENSHOTS", "1") != "0":
-                DOCS.mkdir(exist_ok=True)
-                for index, name in SHOTS.items():
-                    output = cells.nth(index).locator(".jp-Cell-outputArea")
-                    output.scroll_into_view_if_needed()
-                    output.screenshot(path=str(DOCS / name))
-                comparison = cells.nth(5).locator(".jp-Cell-outputArea")
-                comparison.locator(".lm-TabBar-tab", has_text="Timelines").click()
-                comparison.locator(".widget-image").nth(1).wait_for(state="visible")
-                comparison.screenshot(path=str(DOCS / "comparison_timelines.png"))
+            shots = DOCS if os.environ.get("WORKBENCH_SCREENSHOTS") == "1" else tmp_path
+            for index, name in SHOTS.items():
+                output = cells.nth(index).locator(".jp-Cell-outputArea")
+                output.scroll_into_view_if_needed()
+                output.screenshot(path=str(shots / name))
+            comparison = cells.nth(5).locator(".jp-Cell-outputArea")
+            comparison.locator(".lm-TabBar-tab", has_text="Timelines").click()
+            comparison.locator(".widget-image").nth(1).wait_for(state="visible")
+            comparison.screenshot(path=str(shots / "comparison_timelines.png"))
+            assert all((shots / name).stat().st_size > 10_000 for name in [*SHOTS.values(), "comparison_timelines.png"])
         except Exception:
             page.screenshot(path=str(FAILURE_SHOT), full_page=True)
             raise
