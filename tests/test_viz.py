@@ -129,6 +129,12 @@ def test_player_shows_each_step_as_recorded(run):
         assert player.block_map.step == record.step
         assert player.block_map.summary["used"] + player.block_map.summary["shared"] == round(
             record.kv_usage * 12)
+        why = [n for n in player.notes if "kept waiting" in n]
+        assert bool(why) == bool(record.num_waiting)
+        if why and "token budget was spent" in why[0]:
+            assert record.num_scheduled_tokens == 16
+        if why and "preempted" in why[0]:
+            assert record.scheduler_output.preempted_request_ids
     preempt = next(r for r in run.history if r.scheduler_output.preempted_request_ids)
     victim = preempt.scheduler_output.preempted_request_ids[0]
     lost = run.history.kv_state(preempt.step - 1).block_table(victim)  # its table a step before

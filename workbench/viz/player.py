@@ -67,6 +67,30 @@ def preemption_notes(record, policy: str) -> list[str]:
     return notes
 
 
+def waiting_note(record, waiting: list[str], max_num_seqs: int | None, chunked_prefill: bool | None) -> str | None:
+    """Why the requests still waiting after a step were not admitted in it, or None.
+
+    The scheduler admits waiting requests only in a step that preempted nothing, while the
+    token budget and ``max_num_seqs`` allow, and stops at the first whose chunk the free KV
+    blocks cannot hold (no overtaking)."""
+    if not waiting:
+        return None
+    so = record.scheduler_output
+    used, budget = so.total_num_scheduled_tokens, so.token_budget
+    if so.preempted_request_ids:
+        why = "this step preempted, and a step that preempts admits no waiting request"
+    elif used >= budget:
+        why = f"the token budget was spent ({used} of {budget} tokens)"
+    elif max_num_seqs is not None and len(so.scheduled) >= max_num_seqs:
+        why = f"max_num_seqs={max_num_seqs} requests were already running"
+    elif chunked_prefill is False:
+        why = (f"the next one's whole prompt did not fit the {budget - used} tokens left of the "
+               f"budget (chunked prefill is off) or the {so.num_free_blocks} free KV blocks")
+    else:
+        why = f"the next one's chunk did not fit the {so.num_free_blocks} free KV blocks"
+    return f"{', '.join(waiting)} kept waiting: {why}."
+
+
 def _set_range(widget, low: int, high: int) -> None:
     """Move an int widget's [min, max] in the order that never has min > max on the way."""
     if low > widget.max:
@@ -186,7 +210,9 @@ class StepPlayer(widgets.VBox):
             })
         self.batch_rows = rows
         self.queues = {"running": running, "waiting": waiting}
-        self.notes = self._notes(record)
+        self.notes = self._notes(record) + [
+            n for n in [waiting_note(record, waiting, self.source.scheduler_setting("max_num_seqs"),
+                                     self.source.scheduler_setting("enable_chunked_prefill"))] if n]
         last = self.source.last_step
         self.position.value = f"step <b>{step}</b> of {self.slider.min}–{last}"
         self.batch.value = self._batch_html(record)

@@ -79,6 +79,12 @@ class ViewSource:
         policy = getattr(getattr(self.run, "config", None), "policy", "?")
         return policy if isinstance(policy, str) else getattr(policy, "name", "?")
 
+    def scheduler_setting(self, name: str):
+        """A scheduler setting (``max_num_seqs``, ``enable_chunked_prefill``), None if unknown."""
+        if self.engine is not None:
+            return getattr(self.engine.scheduler, name)
+        return getattr(getattr(self.run, "config", None), name, None)
+
     # ------------------------------------------------------------- requests
     def requests(self):
         """The per-request DataFrame (queue time, TTFT, ...), or None when the source has none."""
