@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,6 +28,7 @@ from workbench.output_processor import OutputProcessor
 from workbench.outputs import RequestOutput
 from workbench.parent_request import ParentRequest
 from workbench.request import RequestStatus
+from workbench.request_metrics import RequestTracker
 from workbench.runner import ModelRunner
 from workbench.sampling_params import SamplingParams
 from workbench.stats import IterationStats, LoggingStatLogger, SchedulerStats, StatLoggerBase
@@ -36,6 +38,9 @@ if TYPE_CHECKING:
 
 #: Built-in policies that ignore ``Request.priority``: a non-zero priority is an error there.
 _PRIORITY_BLIND = (SchedulingPolicy, FCFSPolicy, ShortestPromptFirstPolicy)
+
+
+logger = logging.getLogger(__name__)
 
 
 def _load_tokenizer(path):
@@ -88,7 +93,9 @@ class LLMEngine:
             max_num_batched_tokens=self.max_num_batched_tokens,
         )
         self.runner.allocate_kv_cache(num_blocks)
-        self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv_cache = KVCacheManager(
+            num_blocks, config.block_size, config.enable_prefix_caching, record_events=True
+        )
         self.scheduler = Scheduler(
             self.kv_cache,
             max_num_seqs=config.max_num_seqs,
@@ -96,13 +103,18 @@ class LLMEngine:
             max_model_len=max_model_len,
             enable_chunked_prefill=config.enable_chunked_prefill,
             policy=config.policy,
+            record_events=True,
         )
         self.input_processor = InputProcessor(
             self.tokenizer, max_model_len, self.model_config.vocab_size,
             max_logprobs=config.max_logprobs,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.history = StepHistory(config.max_history)
+        self.history = StepHistory(config.max_history, initial_kv_state=self.kv_cache.snapshot())
+        self.request_tracker = RequestTracker()
+        #: Callables ``fn(record)`` run after every step, in order; one that raises is logged
+        #: and skipped, never breaking the step.
+        self.on_step: list[Callable[[StepRecord], object]] = []
         #: Loggers fed every step (``record``) and on ``do_log_stats`` (``log``), by name.
         self.stat_loggers: dict[str, StatLoggerBase] = (
             {"logging": LoggingStatLogger()} if config.log_stats else {}
@@ -281,16 +293,38 @@ class LLMEngine:
             kv_usage=self.kv_cache.usage,
             num_blocks_freed=self.kv_cache.num_blocks_freed - self._freed_mark,
             timings=timings,
+            kv_events=self.kv_cache.take_events(),
+            request_events=self.scheduler.take_events(),
         )
         self._freed_mark = self.kv_cache.num_blocks_freed
         self.history.append(record)
+        self.request_tracker.consume(record.request_events)
         self.scheduler_stats = self._make_scheduler_stats(so)
         for stat_logger in self.stat_loggers.values():
             stat_logger.record(self.scheduler_stats, iteration)
         now = time.monotonic()
         if self.config.log_stats and now - self._last_log_time >= self.config.log_stats_interval:
             self.do_log_stats()
+        for hook in list(self.on_step):
+            try:
+                hook(record)
+            except Exception:
+                logger.exception("on_step hook %r failed at step %d", hook, record.step)
         return outputs
+
+    # ------------------------------------------------------------ research layer
+    def requests_dataframe(self):
+        """One row per request seen (queue time, TTFT, TPOT, e2e latency in steps and
+        seconds, preemptions, recomputed and cached tokens): see
+        :class:`~workbench.request_metrics.RequestTracker`."""
+        return self.request_tracker.dataframe()
+
+    def replay(self, workload, *, clock: str = "steps", progress: bool = False):
+        """Drive this engine through ``workload`` (arrivals by step or wall clock) until every
+        request finished; returns a :class:`~workbench.run.RunResult` of the steps it took."""
+        from workbench.run import drive
+
+        return drive(self, workload, clock=clock, progress=progress)
 
     def _make_scheduler_stats(self, so: SchedulerOutput) -> SchedulerStats:
         prefix = self.kv_cache.prefix_cache_stats
