@@ -256,7 +256,11 @@ class LLMEngine:
         so = self.scheduler.schedule()
         t1 = time.perf_counter()
         timings = {"schedule": t1 - t0}
-        result = self.runner.execute(so, self.scheduler.requests)
+        try:
+            result = self.runner.execute(so, self.scheduler.requests)
+        except BaseException:
+            self._record_failed_step(so, timings)
+            raise
         timings.update(result.timings)
         t2 = time.perf_counter()
         failed = result.failed
@@ -311,6 +315,26 @@ class LLMEngine:
             except Exception:
                 logger.exception("on_step hook %r failed at step %d", hook, record.step)
         return outputs
+
+    def _record_failed_step(self, so: SchedulerOutput, timings: dict[str, float]) -> None:
+        """Keep the history consecutive (and its block events complete) when the batch as a
+        whole failed: the step is recorded with nothing sampled before the error propagates."""
+        self.history.append(StepRecord(
+            step=so.step,
+            scheduler_output=so,
+            batch=None,
+            sampled_token_ids={},
+            finished_request_ids=(),
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_free_blocks=self.kv_cache.num_free_blocks,
+            kv_usage=self.kv_cache.usage,
+            num_blocks_freed=self.kv_cache.num_blocks_freed - self._freed_mark,
+            timings=timings,
+            kv_events=self.kv_cache.take_events(),
+            request_events=self.scheduler.take_events(),
+        ))
+        self._freed_mark = self.kv_cache.num_blocks_freed
 
     # ------------------------------------------------------------ research layer
     def requests_dataframe(self):
