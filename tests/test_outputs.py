@@ -17,15 +17,13 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from workbench.detokenizer import IncrementalDetokenizer
-from workbench.outputs import (
-    CompletionOutput,
-    Logprob,
-    OutputProcessor,
-    RequestMetrics,
-    RequestOutput,
-)
+from workbench.output_processor import OutputProcessor
+from workbench.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from workbench.parent_request import ParentRequest
 from workbench.request import Request, RequestStatus
-from workbench.sampling_params import SamplingParams
+from workbench.sampling_params import RequestOutputKind, SamplingParams
+
+FINAL, DELTA = RequestOutputKind.FINAL_ONLY, RequestOutputKind.DELTA
 
 FFFD = "\ufffd"
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -59,10 +57,29 @@ def ids_of(tok, text: str) -> list[int]:
 
 
 def make_request(prompt_ids, rid="r", **params) -> Request:
+    params.setdefault("output_kind", FINAL)
     return Request(rid, list(prompt_ids), SamplingParams(**params))
 
 
-def drive(proc, request, token_ids, stream, finish_after=None, status=None, stop_reason=None):
+def track(proc, prompt, *children, parent_id=None) -> ParentRequest:
+    """Add a request to the processor whose n sequences are the hand-made ``children``
+    (the test plays the scheduler on them)."""
+    first = children[0]
+    parent = ParentRequest(parent_id or first.request_id, prompt, first.prompt_token_ids,
+                           first.sampling_params, arrival_time=first.arrival_time)
+    assert [c.request_id for c in parent.children] == [c.request_id for c in children]
+    parent.children, parent.deferred = list(children), []
+    proc.add_request(parent)
+    return parent
+
+
+def process(proc, requests, logprobs=None):
+    """One step's processing: (outputs, stop ids)."""
+    result = proc.process(requests, logprobs=logprobs)
+    return result.outputs, result.stop_ids
+
+
+def drive(proc, request, token_ids, finish_after=None, status=None, stop_reason=None):
     """Play the engine: one token per step, the scheduler's status set before process().
 
     ``finish_after``: the step (1-based) at which the scheduler finishes the request with
@@ -74,7 +91,7 @@ def drive(proc, request, token_ids, stream, finish_after=None, status=None, stop
         request.output_token_ids.append(token_id)
         if finish_after == step:
             request.status, request.stop_reason = status, stop_reason
-        outs, stop_ids = proc.process([request], stream=stream)
+        outs, stop_ids = process(proc, [request])
         outputs.extend(outs)
         if stop_ids:
             assert stop_ids == [request.request_id] and not request.is_finished
@@ -194,12 +211,12 @@ def reference_stop(text: str, stops: list[str], include: bool) -> tuple[str, str
 
 
 def stream_through_processor(tok, out_ids, include, stops, check_prefix_of=None):
-    """Stream tokens through OutputProcessor(stream=True); return (final output, deltas)."""
+    """Stream tokens through the OutputProcessor as DELTA outputs; return (outputs, text)."""
     proc = OutputProcessor(tok)
     request = make_request(ids_of(tok, "hi "), stop=stops, include_stop_str_in_output=include,
-                           max_tokens=None)
-    proc.add_request(request, "hi ")
-    outs = drive(proc, request, out_ids, stream=True, finish_after=len(out_ids),
+                           max_tokens=None, output_kind=DELTA)
+    track(proc, "hi ", request)
+    outs = drive(proc, request, out_ids, finish_after=len(out_ids),
                  status=RequestStatus.FINISHED_LENGTH_CAPPED)
     streamed = ""
     for out in outs:
@@ -288,20 +305,20 @@ def test_length_and_abort(tok):
     ids = ids_of(tok, "the fox")
     r1 = make_request([5], "r1", max_tokens=len(ids))
     r2 = make_request([5], "r2")
-    proc.add_request(r1, None)
-    proc.add_request(r2, None)
-    out = drive(proc, r1, ids, stream=False, finish_after=len(ids),
+    track(proc, None, r1)
+    track(proc, None, r2)
+    out = drive(proc, r1, ids, finish_after=len(ids),
                 status=RequestStatus.FINISHED_LENGTH_CAPPED)
     assert len(out) == 1 and out[0].finished
     assert (out[0].outputs[0].finish_reason, out[0].outputs[0].stop_reason) == ("length", None)
     r2.output_token_ids.append(ids_of(tok, "x")[0])
-    assert proc.process([r2]) == ([], [])  # FINAL_ONLY: nothing until finished
-    assert proc.has_unfinished()
-    (aborted,) = proc.abort(["r2", "unknown"])
-    assert aborted.request_id == "r2" and aborted.finished
+    assert process(proc, [r2]) == ([], [])  # FINAL_ONLY: nothing until finished
+    assert proc.has_unfinished_requests()
+    child_ids, (aborted,) = proc.abort(["r2", "unknown"])
+    assert child_ids == ["r2"] and aborted.request_id == "r2" and aborted.finished
     assert aborted.outputs[0].finish_reason == "abort" and aborted.outputs[0].text == "x"
-    assert not proc.has_unfinished()
-    assert proc.abort(["r2"]) == []
+    assert not proc.has_unfinished_requests()
+    assert proc.abort(["r2"]) == ([], [])
 
 
 @pytest.mark.parametrize("include", [False, True])
@@ -309,9 +326,9 @@ def test_length_and_abort(tok):
 def test_eos_text_is_left_out(tok, include, skip):
     proc = OutputProcessor(tok)
     request = make_request([5], include_stop_str_in_output=include, skip_special_tokens=skip)
-    proc.add_request(request, None)
+    track(proc, None, request)
     ids = ids_of(tok, "the fox") + [tok.eos_token_id]
-    (out,) = drive(proc, request, ids, stream=False, finish_after=len(ids),
+    (out,) = drive(proc, request, ids, finish_after=len(ids),
                    status=RequestStatus.FINISHED_STOPPED)
     c = out.outputs[0]
     assert (c.finish_reason, c.stop_reason) == ("stop", None)
@@ -324,10 +341,10 @@ def test_stop_token_id(tok, include):
     stop_id = ids_of(tok, ".")[0]
     proc = OutputProcessor(tok)
     request = make_request([5], stop_token_ids=[stop_id], include_stop_str_in_output=include)
-    proc.add_request(request, None)
+    track(proc, None, request)
     ids = ids_of(tok, "the fox.")
     assert ids[-1] == stop_id
-    (out,) = drive(proc, request, ids, stream=False, finish_after=len(ids),
+    (out,) = drive(proc, request, ids, finish_after=len(ids),
                    status=RequestStatus.FINISHED_STOPPED, stop_reason=stop_id)
     c = out.outputs[0]
     assert (c.finish_reason, c.stop_reason) == ("stop", stop_id)
@@ -338,10 +355,10 @@ def test_stop_string_beats_length_in_the_same_step(tok):
     proc = OutputProcessor(tok)
     ids = ids_of(tok, "the fox")
     request = make_request([5], stop=["fox"], max_tokens=len(ids))
-    proc.add_request(request, None)
+    track(proc, None, request)
     request.output_token_ids.extend(ids)
     request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-    outs, stop_ids = proc.process([request])
+    outs, stop_ids = process(proc, [request])
     assert stop_ids == []  # already finished by the scheduler
     assert (outs[0].outputs[0].finish_reason, outs[0].outputs[0].stop_reason) == ("stop", "fox")
     assert outs[0].outputs[0].text == "the "
@@ -353,8 +370,8 @@ def test_skip_special_tokens(tok, skip):
     ids = ids_of(tok, "a") + [bos] + ids_of(tok, " b") + [eos] + ids_of(tok, "c")
     proc = OutputProcessor(tok)
     request = make_request([5], skip_special_tokens=skip)
-    proc.add_request(request, None)
-    (out,) = drive(proc, request, ids, stream=False, finish_after=len(ids),
+    track(proc, None, request)
+    (out,) = drive(proc, request, ids, finish_after=len(ids),
                    status=RequestStatus.FINISHED_LENGTH_CAPPED)
     assert out.outputs[0].text == tok.decode(ids, skip_special_tokens=skip)
     assert out.outputs[0].text == ("a bc" if skip else "a<s> b</s>c")
@@ -365,9 +382,9 @@ def test_n2_children_share_one_output(tok):
     a, b = ids_of(tok, "the fox"), ids_of(tok, "lazy dog jumps")
     for stream in (False, True):
         proc = OutputProcessor(tok)
-        kids = [make_request([5, 6], f"{i}_p", n=2) for i in range(2)]
-        for i, kid in enumerate(kids):
-            proc.add_request(kid, "P", parent_id="p", index=i, n=2)
+        kind = DELTA if stream else FINAL
+        kids = [make_request([5, 6], f"{i}_p", n=2, output_kind=kind) for i in range(2)]
+        track(proc, "P", *kids, parent_id="p")
         seen: list[RequestOutput] = []
         for step in range(max(len(a), len(b))):
             live = []
@@ -377,7 +394,7 @@ def test_n2_children_share_one_output(tok):
                     if step == len(ids) - 1:
                         kid.status = RequestStatus.FINISHED_LENGTH_CAPPED
                     live.append(kid)
-            outs, _ = proc.process(live, stream=stream)
+            outs, _ = process(proc, live)
             seen.extend(outs)
         assert {o.request_id for o in seen} == {"p"} and seen[-1].finished
         assert all(not o.finished for o in seen[:-1])
@@ -395,24 +412,19 @@ def test_n2_children_share_one_output(tok):
                 assert "".join(c.text for c in mine) == tok.decode(ids)
                 assert [c.finish_reason for c in mine] == [None] * (len(ids) - 1) + ["length"]
         assert seen[-1].prompt == "P" and seen[-1].prompt_token_ids == [5, 6]
-        assert not proc.has_unfinished()
+        assert not proc.has_unfinished_requests()
 
 
-def test_add_request_validates(tok):
+def test_add_request_rejects_ids_in_flight(tok):
     proc = OutputProcessor(tok)
-    proc.add_request(make_request([1], "0_p"), None, parent_id="p", index=0, n=2)
-    with pytest.raises(ValueError, match="index must be in"):
-        proc.add_request(make_request([1], "2_p"), None, parent_id="p", index=2, n=2)
-    with pytest.raises(ValueError, match="n must be 2"):
-        proc.add_request(make_request([1], "1_p"), None, parent_id="p", index=1, n=3)
-    with pytest.raises(ValueError, match="already tracked"):
-        proc.add_request(make_request([1], "0_p"), None, parent_id="p", index=0, n=2)
-    fresh = OutputProcessor(tok)
-    with pytest.raises(ValueError, match="index must be in"):
-        fresh.add_request(make_request([1], "2_q"), None, parent_id="q", index=2, n=2)
-    assert not fresh.has_unfinished()  # a refused request leaves nothing behind
+    track(proc, None, make_request([1], "0_p", n=2), make_request([1], "1_p", n=2), parent_id="p")
+    with pytest.raises(ValueError, match="'p' is already in flight"):
+        track(proc, None, make_request([1], "p"))
+    with pytest.raises(ValueError, match="'1_p' is already in flight"):
+        track(proc, None, make_request([1], "1_p"))
+    assert proc.get_num_unfinished_requests() == 1  # a refused request leaves nothing behind
     with pytest.raises(KeyError, match="never added"):
-        proc.process([make_request([1], "nope")])
+        process(proc, [make_request([1], "nope")])
 
 
 # ---------------------------------------------------------------------------- logprobs
@@ -428,8 +440,8 @@ class FakeTokenLogprobs:
 
 def test_logprobs_become_vllm_dicts(tok):
     proc = OutputProcessor(tok)
-    request = make_request([5], logprobs=2)
-    proc.add_request(request, None)
+    request = make_request([5], logprobs=2, output_kind=DELTA)
+    track(proc, None, request)
     a, b = ids_of(tok, "the fox")[:2]
     steps = [
         (a, FakeTokenLogprobs(a, -0.5, 1, ((a, -0.5), (b, -1.5)))),
@@ -440,7 +452,7 @@ def test_logprobs_become_vllm_dicts(tok):
         request.output_token_ids.append(token_id)
         if i == len(steps) - 1:
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-        outs += proc.process([request], {request.request_id: lp}, stream=True)[0]
+        outs += process(proc, [request], {request.request_id: lp})[0]
     first, second = (o.outputs[0] for o in outs)
     assert first.logprobs == [
         {a: Logprob(-0.5, 1, tok.decode([a])), b: Logprob(-1.5, 2, tok.decode([b]))}
@@ -457,15 +469,17 @@ def test_logprobs_become_vllm_dicts(tok):
 def test_missing_logprobs_is_an_error_and_none_when_not_asked(tok):
     proc = OutputProcessor(tok)
     asked, plain = make_request([5], "asked", logprobs=0), make_request([5], "plain")
-    proc.add_request(asked, None)
-    proc.add_request(plain, None)
+    track(proc, None, asked)
+    track(proc, None, plain)
     plain.output_token_ids.append(9)
     plain.status = RequestStatus.FINISHED_LENGTH_CAPPED
-    (out,), _ = proc.process([plain])
+    (out,), _ = process(proc, [plain])
     assert out.outputs[0].logprobs is None and out.outputs[0].cumulative_logprob is None
     asked.output_token_ids.append(9)
-    with pytest.raises(KeyError, match="asked for logprobs=0"):
-        proc.process([asked])
+    asked.status = RequestStatus.FINISHED_LENGTH_CAPPED
+    (failed,), _ = process(proc, [asked])  # a missing entry fails this request only
+    assert failed.finished and failed.outputs[0].finish_reason == "error"
+    assert "asked for logprobs=0" in failed.error
 
 
 # --------------------------------------------------------------------- reprs and metrics
@@ -475,8 +489,8 @@ def test_metrics_and_reprs(tok):
     request.arrival_time, request.first_scheduled_time = 100.0, 100.25
     request.first_token_time, request.finished_time = 100.5, 102.0
     request.num_preemptions, request.num_cached_tokens = 1, 16
-    proc.add_request(request, "hi")
-    (out,) = drive(proc, request, ids_of(tok, "<i>"), stream=False, finish_after=2,
+    track(proc, "hi", request)
+    (out,) = drive(proc, request, ids_of(tok, "<i>"), finish_after=2,
                    status=RequestStatus.FINISHED_LENGTH_CAPPED)
     m = out.metrics
     assert (m.time_to_first_token, m.queue_time, m.e2e_latency) == (0.5, 0.25, 2.0)
@@ -496,3 +510,34 @@ def test_metrics_and_reprs(tok):
         "CompletionOutput(index=0, text='x', token_ids=[1], cumulative_logprob=-1.2346, "
         "logprobs=None, finish_reason=None, stop_reason=None)"
     )
+
+
+def test_cumulative_text_never_shows_a_stop_string_it_later_cuts(tok):
+    text = "the quick brown fox jumps over"
+    ids = ids_of(tok, text)
+    stop = "own fox ju"
+    proc = OutputProcessor(tok)
+    request = make_request([5], stop=[stop], output_kind=RequestOutputKind.CUMULATIVE)
+    track(proc, None, request)
+    outs = drive(proc, request, ids, finish_after=len(ids),
+                 status=RequestStatus.FINISHED_LENGTH_CAPPED)
+    final = text[: text.find(stop)]
+    assert outs[-1].outputs[0].text == final and outs[-1].finished
+    assert len(outs) > 2 and all(final.startswith(o.outputs[0].text) for o in outs)
+
+
+def test_parent_request_fans_out_seeded_children():
+    params = SamplingParams(n=3, seed=10, max_tokens=4)
+    parent = ParentRequest("p", "hi", [1, 2], params, eos_token_id=7, priority=2,
+                           arrival_time=5.0)
+    assert [c.request_id for c in parent.children] == ["0_p", "1_p", "2_p"]
+    assert [c.sampling_params.seed for c in parent.children] == [10, 11, 12]
+    assert all(c.sampling_params.n == 1 and c.priority == 2 and c.arrival_time == 5.0
+               and c.eos_token_id == 7 for c in parent.children)
+    assert parent.deferred == parent.children[1:] and parent.release_siblings() == []
+    parent.children[0].output_token_ids.append(3)  # child 0 computed its prompt
+    assert parent.release_siblings() == parent.children[1:] and parent.deferred == []
+    top = ParentRequest("t", None, [1], SamplingParams(n=2, seed=2**63 - 1), arrival_time=0.0)
+    assert [c.sampling_params.seed for c in top.children] == [2**63 - 1, -(2**63)]
+    single = ParentRequest("q", None, [1], SamplingParams(), arrival_time=0.0)
+    assert [c.request_id for c in single.children] == ["q"] and single.deferred == []

@@ -13,93 +13,24 @@ import time
 import httpx
 import pytest
 import torch
-import transformers
 from prometheus_client.parser import text_string_to_metric_families
 
-from workbench import LLMEngine, SamplingParams, default_model_path
+from workbench import LLMEngine, SamplingParams
 from workbench.serving import AsyncLLM, EngineDeadError, build_app
 
-MODEL = "tiny-shakespeare"
-KEY = "sesame"
-NUM_BLOCKS = 64
+
+from serving_support import (
+    GOOD, KEY, MODEL, NUM_BLOCKS, client, drive_asgi, greedy_ids, hf, num_free_blocks, serving_fixtures,
+    sse_events, uvicorn_server, wait_all_free,
+)
 
 
-@pytest.fixture(scope="module")
-def engine():
-    return LLMEngine(device="cpu", block_size=8, num_kv_blocks=NUM_BLOCKS)
-
-
-@pytest.fixture(scope="module")
-def async_llm(engine):
-    llm = AsyncLLM(engine)
-    yield llm
-    asyncio.run(llm.shutdown())
-    assert not llm._thread.is_alive()
-
-
-@pytest.fixture(scope="module")
-def app(async_llm):
-    return build_app(async_llm, model_name=MODEL)
+async_llm, app = serving_fixtures()
 
 
 @pytest.fixture(scope="module")
 def keyed_app(async_llm):
     return build_app(async_llm, model_name=MODEL, api_key=KEY)
-
-
-@pytest.fixture(scope="module")
-def hf():
-    path = default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return model, transformers.AutoTokenizer.from_pretrained(path)
-
-
-def client(app, **kw):
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", **kw)
-
-
-def hf_greedy_ids(model, prompt_ids, n):
-    """transformers' greedy continuation of exactly ``n`` tokens (eos does not stop it)."""
-    ids = torch.tensor([prompt_ids])
-    with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=n, eos_token_id=None)
-    new = out[0, len(prompt_ids):].tolist()
-    assert len(new) == n
-    return new
-
-
-def sse_events(body: str):
-    """Split an SSE body into its data payloads, checking the framing by hand."""
-    assert body.endswith("data: [DONE]\n\n"), body[-200:]
-    events = body.split("\n\n")
-    assert events[-1] == ""
-    payloads = []
-    for event in events[:-1]:
-        assert event.startswith("data: "), event
-        payloads.append(event[len("data: "):])
-    assert payloads[-1] == "[DONE]" and "[DONE]" not in payloads[:-1]
-    return [json.loads(p) for p in payloads[:-1]]
-
-
-async def num_free_blocks(async_llm):
-    return await async_llm.call(lambda: async_llm.engine.kv_cache.num_free_blocks)
-
-
-async def wait_all_free(async_llm, timeout=10.0):
-    """Poll (on the engine thread) until no request is in flight and every block is free."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        busy, free = await async_llm.call(
-            lambda: (async_llm.engine.has_unfinished_requests(),
-                     async_llm.engine.kv_cache.num_free_blocks))
-        if not busy and free == NUM_BLOCKS:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"blocks not freed: {free}/{NUM_BLOCKS} free, busy={busy}")
-
-
-GOOD = {"model": MODEL, "prompt": "ROMEO:", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
 
 
 # ---------------------------------------------------------------------------- generation
@@ -108,10 +39,10 @@ def test_greedy_completion_and_chat_equal_transformers(app, hf):
     n = 12
     prompt = "JULIET:\nO Romeo, Romeo!"
     messages = [{"role": "user", "content": "Good morrow, sweet lady."}]
-    ref_text = tok.decode(hf_greedy_ids(model, tok(prompt).input_ids, n), skip_special_tokens=True)
+    ref_text = tok.decode(greedy_ids(model, tok(prompt).input_ids, n), skip_special_tokens=True)
     chat_ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                        return_dict=True)["input_ids"]
-    ref_chat = tok.decode(hf_greedy_ids(model, chat_ids, n), skip_special_tokens=True)
+    ref_chat = tok.decode(greedy_ids(model, chat_ids, n), skip_special_tokens=True)
 
     async def go():
         async with client(app) as c:
@@ -208,7 +139,7 @@ def test_n2_seed_and_stop_strings(app, hf):
     assert [per_index[0], per_index[1]] == [c["text"] for c in choices]
 
     # Stop string: cut the greedy reference text at its first newline after a word.
-    greedy = tok.decode(hf_greedy_ids(model, tok("ROMEO:").input_ids, 20), skip_special_tokens=True)
+    greedy = tok.decode(greedy_ids(model, tok("ROMEO:").input_ids, 20), skip_special_tokens=True)
     stop = " my"
     assert stop in greedy, greedy
     r = asyncio.run(_post(app, "/v1/completions", {**GOOD, "max_tokens": 20, "stop": [stop]}))
@@ -267,7 +198,7 @@ def test_logprobs_shapes_and_values(app, hf):
 # ---------------------------------------------------------------------------- errors
 ERRORS = [
     ("temperature", {**GOOD, "temperature": -0.5}, 400, "temperature must be non-negative", "temperature"),
-    ("context", {**GOOD, "prompt": "word " * 1100}, 400, "maximum context length is 1024 tokens", None),
+    ("context", {**GOOD, "prompt": "word " * 1100}, 400, "maximum context length is 1024 tokens", "prompt"),
     ("max_tokens", {**GOOD, "max_tokens": 5000}, 400, "'max_tokens' or 'max_completion_tokens' is too large: 5000", "max_tokens"),
     ("bad_type", {**GOOD, "top_k": "many"}, 400, "top_k: Input should be a valid integer", "top_k"),
     ("model", {**GOOD, "model": "gpt-5"}, 404, "The model `gpt-5` does not exist.", "model"),
@@ -333,7 +264,8 @@ def test_api_key(keyed_app):
 
 def test_async_llm_validation_error_propagates(async_llm):
     async def go():
-        ok = async_llm.generate("HAMLET:", SamplingParams(temperature=0, max_tokens=6,
+        # long enough to be still in flight while the two bad requests are processed
+        ok = async_llm.generate("HAMLET:", SamplingParams(temperature=0, max_tokens=100,
                                                            ignore_eos=True), "ok-1")
         first = await ok.__anext__()
         with pytest.raises(ValueError, match="maximum context length is 1024"):
@@ -344,7 +276,7 @@ def test_async_llm_validation_error_propagates(async_llm):
         return [first, *rest]
 
     outs = asyncio.run(go())
-    assert outs[-1].finished and sum(len(o.outputs[0].token_ids) for o in outs) == 6
+    assert outs[-1].finished and sum(len(o.outputs[0].token_ids) for o in outs) == 100
 
 
 # ---------------------------------------------------------------------------- concurrency
@@ -410,45 +342,12 @@ def test_abort_from_outside_ends_the_stream_with_abort(async_llm):
     asyncio.run(asyncio.wait_for(go(), 30))
 
 
-async def _drive_asgi(app, body, disconnect_after_chunks, hang_on_start=False):
-    """Call the ASGI app directly; the client disconnects after N response body chunks
-    (``hang_on_start``: sending the response head never completes, as on a dead socket)."""
-    chunks, sent_body = [], False
-    enough = asyncio.Event()
-    if disconnect_after_chunks == 0:
-        enough.set()
-
-    async def receive():
-        nonlocal sent_body
-        if not sent_body:
-            sent_body = True
-            return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
-        await enough.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message):
-        if hang_on_start and message["type"] == "http.response.start":
-            await asyncio.Event().wait()
-        if message["type"] == "http.response.body" and message.get("body"):
-            chunks.append(message["body"])
-        if len(chunks) >= disconnect_after_chunks:
-            enough.set()
-
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
-             "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/json"),
-                         (b"authorization", f"Bearer {KEY}".encode())],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
-    await asyncio.wait_for(app(scope, receive, send), timeout=30)
-    return chunks
-
-
 def _aborted_count(metrics_text):
     for family in text_string_to_metric_families(metrics_text):
-        if family.name == "workbench:request_aborted":
-            return sum(s.value for s in family.samples if s.name.endswith("_total"))
-    raise AssertionError("no workbench:request_aborted metric")
+        if family.name == "vllm:request_success":
+            return sum(s.value for s in family.samples
+                       if s.name.endswith("_total") and s.labels["finished_reason"] == "abort")
+    raise AssertionError("no vllm:request_success metric")
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["plain", "api_key_middleware"])
@@ -460,12 +359,12 @@ def test_http_client_disconnect_aborts_request(app, keyed_app, async_llm, keyed)
     async def go():
         async with client(app, headers=headers) as c:
             before = _aborted_count((await c.get("/metrics")).text)
-        streamed = await _drive_asgi(app, {**long, "stream": True}, disconnect_after_chunks=2)
+        streamed = await drive_asgi(app, {**long, "stream": True}, disconnect_after_chunks=2)
         await wait_all_free(async_llm)
-        await _drive_asgi(app, long, disconnect_after_chunks=0)  # non-streaming
+        await drive_asgi(app, long, disconnect_after_chunks=0)  # non-streaming
         await wait_all_free(async_llm)
         # gone while the response head is being sent: the body generator never starts
-        await _drive_asgi(app, {**long, "stream": True}, 0, hang_on_start=True)
+        await drive_asgi(app, {**long, "stream": True}, 0, hang_on_start=True)
         await wait_all_free(async_llm)
         async with client(app, headers=headers) as c:
             after = _aborted_count((await c.get("/metrics")).text)
@@ -510,12 +409,12 @@ def test_metrics_tokenize_models(app, hf):
         key = (name, tuple(sorted(labels + extra)))
         return after.get(key, 0) - before.get(key, 0)
 
-    assert delta("workbench:generation_tokens_total") == 5
-    assert delta("workbench:prompt_tokens_total") == len(tok("LEAR:").input_ids)
-    assert delta("workbench:request_success_total", (("finished_reason", "length"),)) == 1
-    assert delta("workbench:time_to_first_token_seconds_count") == 1
+    assert delta("vllm:generation_tokens_total") == 5
+    assert delta("vllm:prompt_tokens_total") == len(tok("LEAR:").input_ids)
+    assert delta("vllm:request_success_total", (("finished_reason", "length"),)) == 1
+    assert delta("vllm:time_to_first_token_seconds_count") == 1
     for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
-        assert (f"workbench:{gauge}", labels) in after
+        assert (f"vllm:{gauge}", labels) in after
 
     ids = tok("ROMEO: good night").input_ids
     assert toks.json() == {"tokens": ids, "count": len(ids), "max_model_len": 1024}
@@ -530,26 +429,12 @@ def test_metrics_tokenize_models(app, hf):
 
 
 def test_uvicorn_serves_on_a_free_port(app):
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.02)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=20) as c:
-            assert c.get("/health").status_code == 200
-            with c.stream("POST", "/v1/completions", json={**GOOD, "stream": True}) as r:
-                lines = [line for line in r.iter_lines() if line]
-        assert lines[-1] == "data: [DONE]"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-    assert not thread.is_alive()
+    with uvicorn_server(app) as base_url, httpx.Client(base_url=base_url, timeout=20) as c:
+        assert c.get("/health").status_code == 200
+        with c.stream("POST", "/v1/completions", json={**GOOD, "stream": True}) as r:
+            lines = [line for line in r.iter_lines() if line]
+            assert r.headers["x-request-id"]
+    assert lines[-1] == "data: [DONE]"
 
 
 def test_shutdown_and_engine_failure_fail_streams_and_health():
@@ -605,3 +490,43 @@ def test_cli_serve_defaults_bind_localhost():
     assert args.func.__name__ == "_serve"
     args = build_parser().parse_args(["serve", "--port", "9000", "--api-key", "k", "--num-kv-blocks", "32"])
     assert (args.port, args.api_key, args.num_kv_blocks) == (9000, "k", 32)
+
+
+def test_server_exits_when_the_engine_dies():
+    from workbench.serving.api_server import make_server
+
+    engine = LLMEngine(device="cpu", block_size=8, num_kv_blocks=16)
+    llm = AsyncLLM(engine)
+    server = make_server(build_app(llm, model_name=MODEL), llm, host="127.0.0.1", port=0,
+                         log_level="warning")
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+
+    def broken_step():
+        raise RuntimeError("device fell over")
+
+    engine.step = broken_step
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=20) as c:
+        streamed = c.post("/v1/completions", json={**GOOD, "stream": True})
+    assert "device fell over" in streamed.text and streamed.text.endswith("data: [DONE]\n\n")
+    thread.join(timeout=20)
+    assert not thread.is_alive()  # uvicorn returned: the process would exit
+
+
+def test_async_llm_and_stream_reprs(async_llm):
+    async def go():
+        stream = await async_llm.add_request("ROMEO:", SamplingParams(max_tokens=2), "repr-1")
+        before = repr(stream)
+        outs = [out async for out in stream]
+        return before, repr(stream), outs
+
+    before, after, outs = asyncio.run(go())
+    assert before == "RequestStream(request_id='repr-1', open)"
+    assert after == "RequestStream(request_id='repr-1', finished)" and outs[-1].finished
+    assert repr(async_llm).startswith("AsyncLLM(running=") and "alive=True" in repr(async_llm)
+    assert "engine thread" in async_llm._repr_html_()

@@ -12,10 +12,23 @@ _EXPORTS = {
     "LLM": "workbench.llm",
     "LLMEngine": "workbench.engine",
     "EngineConfig": "workbench.config",
+    "EngineArgs": "workbench.engine_args",
     "SamplingParams": "workbench.sampling_params",
     "RequestOutput": "workbench.outputs",
     "CompletionOutput": "workbench.outputs",
     "default_model_path": "workbench.model.loader",
+    "Workload": "workbench.workload",
+    "WorkloadRequest": "workbench.workload",
+    "run_workload": "workbench.compare",
+    "RunResult": "workbench.run",
+    "compare_runs": "workbench.compare",
+    "Comparison": "workbench.compare",
+    "teaching_config": "workbench.teaching",
+    "BlockMap": "workbench.viz",
+    "RequestTimeline": "workbench.viz",
+    "StepPlayer": "workbench.viz",
+    "EngineDashboard": "workbench.viz",
+    "ComparisonView": "workbench.viz",
 }
 
 __all__ = list(_EXPORTS)
@@ -31,3 +44,10 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(list(globals()) + __all__)
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext workbench``: register the ``%llm`` magics."""
+    from workbench.magics import load_ipython_extension as load
+
+    load(ipython)

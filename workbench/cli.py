@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+
+from workbench.engine_args import EngineArgs
 
 
 def _generate(args: argparse.Namespace) -> int:
     """One prompt streams its text as it is generated; several are batched and printed in order."""
     from workbench import LLM, SamplingParams
+    from workbench.engine_args import EngineArgs
 
     try:
         params = SamplingParams(
-            temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
-            seed=args.seed,
+            temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens
         )
-        llm = LLM(model=args.model, device=args.device, dtype=args.dtype)
+        llm = LLM(**EngineArgs.from_cli_args(args).to_kwargs())
         if len(args.prompts) == 1:
             return _stream_one(llm.engine, args.prompts[0], params)
         outputs = llm.generate(args.prompts, params, use_tqdm=False)
@@ -29,8 +32,9 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _stream_one(engine, prompt: str, params) -> int:
-    engine.stream_outputs = True
-    engine.add_request("cli", prompt, params)
+    from workbench.sampling_params import RequestOutputKind
+
+    engine.add_request("cli", prompt, dataclasses.replace(params, output_kind=RequestOutputKind.DELTA))
     print(prompt, end="", flush=True)
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -53,24 +57,18 @@ def _serve(args: argparse.Namespace) -> int:
     """Run the OpenAI-compatible server (uvicorn) over one engine until interrupted."""
     import asyncio
 
-    import uvicorn
-
-    from workbench import EngineConfig, LLMEngine
+    from workbench import LLMEngine
+    from workbench.engine_args import EngineArgs
     from workbench.serving import AsyncLLM, build_app
+    from workbench.serving.api_server import make_server
 
-    config = EngineConfig(
-        model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_caching=not args.no_enable_prefix_caching, policy=args.policy,
-        log_stats=args.log_stats,
-    )
-    async_llm = AsyncLLM(LLMEngine(config))
+    async_llm = AsyncLLM(LLMEngine.from_engine_args(EngineArgs.from_cli_args(args)))
     name = args.served_model_name or args.model or "tiny-shakespeare"
     app = build_app(async_llm, model_name=name, api_key=args.api_key)
     print(f"Serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        # Exits by itself when the engine dies after an error (vLLM's behaviour).
+        make_server(app, async_llm, host=args.host, port=args.port, log_level=args.log_level).run()
     finally:
         asyncio.run(async_llm.shutdown())
     return 0
@@ -85,36 +83,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate text for one or more prompts")
     gen.add_argument("prompts", nargs="+", help="prompt text(s)")
-    gen.add_argument("--model", default=None, help="HF directory or hub id (default: embedded model)")
     gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.8, help="0 for greedy (default 0.8)")
+    gen.add_argument("--temperature", type=float, default=0.8,
+                     help="0 for greedy (default 0.8; --seed makes sampling reproducible)")
     gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=0, help="sampling seed (default 0: reproducible)")
-    gen.add_argument("--device", default=None)
-    gen.add_argument("--dtype", default="auto")
+    EngineArgs.add_cli_args(gen)
     gen.set_defaults(func=_generate)
 
     serve = sub.add_parser(
         "serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, ...)"
     )
-    serve.add_argument("--model", default=None, help="HF directory or hub id (default: embedded model)")
     serve.add_argument("--served-model-name", default=None,
                        help="the name clients send as 'model' (default: --model, or tiny-shakespeare)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize")
-    serve.add_argument("--device", default=None)
-    serve.add_argument("--dtype", default="auto")
-    serve.add_argument("--max-model-len", type=int, default=None)
-    serve.add_argument("--block-size", type=int, default=16)
-    serve.add_argument("--num-kv-blocks", type=int, default=None)
-    serve.add_argument("--max-num-seqs", type=int, default=64)
-    serve.add_argument("--max-num-batched-tokens", type=int, default=None)
-    serve.add_argument("--no-enable-prefix-caching", action="store_true")
-    serve.add_argument("--policy", default="fcfs", choices=["fcfs", "priority", "spf"])
-    serve.add_argument("--log-stats", action="store_true", help="log vLLM's periodic stats line")
     serve.add_argument("--log-level", default="info")
+    EngineArgs.add_cli_args(serve)
     serve.set_defaults(func=_serve)
 
     bench = sub.add_parser(

@@ -2,42 +2,60 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from workbench.reprs import html_table
+
+
+def option(default: Any, help: str, **cli: Any) -> Any:
+    """A config field with its help text (``EngineArgs.add_cli_args`` turns it into a flag;
+    ``cli`` adds argparse settings such as ``choices``)."""
+    return field(default=default, metadata={"help": help, **cli})
 
 
 @dataclass
 class EngineConfig:
-    """Configuration of an :class:`~workbench.engine.LLMEngine`.
+    """Configuration of an :class:`~workbench.engine.LLMEngine` (every field's help text is
+    also its ``workbench serve`` / ``generate`` flag's help).
 
-    ``None`` means "derive it": ``model`` -> the embedded default model in data/;
-    ``device`` -> "cuda" when available else "cpu"; ``attention_backend`` -> "triton"
-    on CUDA, "torch" on CPU; ``max_model_len`` -> the model config's
-    ``max_position_embeddings``; ``num_kv_blocks`` -> from ``kv_cache_memory_bytes``
-    (CPU) or ``gpu_memory_utilization`` (CUDA); ``max_num_batched_tokens`` ->
-    ``max(2048, max_model_len)`` without chunked prefill, 512 with it.
+    ``None`` means "derive it" as each field's help says.
     """
 
-    model: str | None = None
-    tokenizer: str | None = None
-    dtype: str = "auto"
-    device: str | None = None
-    load_format: str = "auto"  # "auto" (safetensors) or "dummy" (seeded random weights)
-    seed: int = 0
-    max_model_len: int | None = None
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_memory_bytes: int = 256 * 1024**2
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int | None = None
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    policy: Any = "fcfs"  # a name ("fcfs", "priority", "spf") or a SchedulingPolicy object
-    attention_backend: str | None = None  # "torch" or "triton"
-    max_history: int = 10_000
-    log_stats: bool = False
-    log_stats_interval: float = 5.0
+    model: str | None = option(
+        None, "Hugging Face directory or hub id (default: the embedded tiny model in data/)")
+    tokenizer: str | None = option(None, "tokenizer directory or hub id (default: the model's)")
+    dtype: str = option("auto", "weights and activations dtype ('auto': the checkpoint's)",
+                        choices=["auto", "float32", "float16", "bfloat16"])
+    device: str | None = option(None, "'cpu' or 'cuda[:N]' (default: cuda when available)")
+    load_format: str = option("auto", "'auto'/'safetensors' (the weights) or 'dummy' (seeded "
+                              "random weights, real shapes)",
+                              choices=["auto", "safetensors", "dummy"])
+    seed: int = option(0, "seed of the engine's sampler and of dummy weights")
+    max_model_len: int | None = option(
+        None, "context length (default: the model config's max_position_embeddings)")
+    block_size: int = option(16, "tokens per KV-cache block")
+    num_kv_blocks: int | None = option(
+        None, "KV-cache blocks (default: from kv_cache_memory_bytes on CPU, "
+        "gpu_memory_utilization on CUDA)")
+    kv_cache_memory_bytes: int = option(256 * 1024**2, "CPU: bytes for the KV cache")
+    gpu_memory_utilization: float = option(
+        0.9, "CUDA: fraction of GPU memory for weights, activations and KV cache")
+    max_num_seqs: int = option(64, "most requests in one step")
+    max_num_batched_tokens: int | None = option(
+        None, "token budget of one step (default: 512 with chunked prefill, else "
+        "max(2048, max_model_len))")
+    enable_prefix_caching: bool = option(True, "reuse cached KV blocks of shared prefixes")
+    enable_chunked_prefill: bool = option(True, "split long prompts over several steps")
+    policy: Any = option("fcfs", "scheduling policy: a name or a SchedulingPolicy object",
+                         choices=["fcfs", "priority", "spf"])
+    attention_backend: str | None = option(
+        None, "'torch' or 'triton' (default: triton on CUDA, torch on CPU)",
+        choices=["torch", "triton"])
+    max_logprobs: int = option(20, "largest logprobs / prompt_logprobs a request may ask for")
+    max_history: int = option(10_000, "StepRecords kept in engine.history")
+    log_stats: bool = option(False, "log vLLM's periodic stats line")
+    log_stats_interval: float = option(5.0, "seconds between two stats lines")
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -64,7 +82,12 @@ class EngineConfig:
             raise ValueError(
                 f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}."
             )
+        if self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."
             )
+
+    def _repr_html_(self) -> str:
+        return html_table(type(self).__name__, {f.name: getattr(self, f.name) for f in fields(self)})

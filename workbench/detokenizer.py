@@ -103,6 +103,12 @@ class IncrementalDetokenizer:
         self._append(full[len(self._decode(before)) :])
         return self.stop_string
 
+    def visible_text(self, finished: bool) -> str:
+        """The text so far, less the characters ``get_delta`` would still hold back."""
+        if finished or self.stop_string is not None or not self._hold_back:
+            return self._text
+        return self._text[: max(self._num_sent, len(self._text) - self._hold_back)]
+
     def get_delta(self, finished: bool) -> str:
         """Text not returned by an earlier call.
 

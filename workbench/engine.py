@@ -8,23 +8,39 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from workbench.config import EngineConfig
 from workbench.core.kv_cache import KVCacheManager
+from workbench.core.policy import FCFSPolicy, SchedulingPolicy, ShortestPromptFirstPolicy
 from workbench.core.scheduler import Scheduler
+from workbench.core.scheduler_output import SchedulerOutput
 from workbench.history import StepHistory, StepRecord
 from workbench.inputs import InputProcessor, PromptType
 from workbench.model.loader import resolve_model_path
 from workbench.model.model_config import ModelConfig
-from workbench.outputs import OutputProcessor, RequestOutput
-from workbench.request import Request, RequestStatus
+from workbench.output_processor import OutputProcessor
+from workbench.outputs import RequestOutput
+from workbench.parent_request import ParentRequest
+from workbench.request import RequestStatus
+from workbench.request_metrics import RequestTracker
 from workbench.runner import ModelRunner
 from workbench.sampling_params import SamplingParams
-from workbench.stats import StatLogger
+from workbench.stats import IterationStats, LoggingStatLogger, SchedulerStats, StatLoggerBase
+
+if TYPE_CHECKING:
+    from workbench.engine_args import EngineArgs
+
+#: Built-in policies that ignore ``Request.priority``: a non-zero priority is an error there.
+_PRIORITY_BLIND = (SchedulingPolicy, FCFSPolicy, ShortestPromptFirstPolicy)
+
+
+logger = logging.getLogger(__name__)
 
 
 def _load_tokenizer(path):
@@ -36,9 +52,10 @@ def _load_tokenizer(path):
 class LLMEngine:
     """A continuous-batching engine over a paged KV cache, advanced one ``step()`` at a time.
 
-    Invariants between steps: ``scheduler.requests`` holds exactly the unfinished requests;
-    a request id is never reused while it is unfinished; finished and aborted requests own
-    no KV blocks.
+    Invariants between steps: ``scheduler.requests`` holds exactly the unfinished requests
+    that were handed to the scheduler; ``output_processor.parents`` holds every request id
+    added and not yet reported finished (an id is never reused while it is there); finished,
+    failed and aborted requests own no KV blocks.
     """
 
     def __init__(self, config: EngineConfig | None = None, **overrides) -> None:
@@ -76,7 +93,9 @@ class LLMEngine:
             max_num_batched_tokens=self.max_num_batched_tokens,
         )
         self.runner.allocate_kv_cache(num_blocks)
-        self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv_cache = KVCacheManager(
+            num_blocks, config.block_size, config.enable_prefix_caching, record_events=True
+        )
         self.scheduler = Scheduler(
             self.kv_cache,
             max_num_seqs=config.max_num_seqs,
@@ -84,22 +103,30 @@ class LLMEngine:
             max_model_len=max_model_len,
             enable_chunked_prefill=config.enable_chunked_prefill,
             policy=config.policy,
+            record_events=True,
         )
         self.input_processor = InputProcessor(
-            self.tokenizer, max_model_len, self.model_config.vocab_size
+            self.tokenizer, max_model_len, self.model_config.vocab_size,
+            max_logprobs=config.max_logprobs,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.history = StepHistory(config.max_history)
-        self.stats = StatLogger(interval=config.log_stats_interval)
-        self._children: dict[str, list[str]] = {}  # add_request id -> child request ids
-        self._child_ids: set[str] = set()  # every child id in flight (queued or not yet)
-        self._forks: dict[str, list[Request]] = {}  # child 0 id -> siblings not yet queued
-        self._freed_mark = 0  # pool.num_freed at the end of the previous step
-        self._pending_outputs: list[RequestOutput] = []
-        #: False: step() returns a request's RequestOutput once, when it finishes (what LLM
-        #: uses). True: every step returns a delta output (new text and token ids) for each
-        #: request that got tokens, as a streaming server needs.
-        self.stream_outputs = False
+        self.history = StepHistory(config.max_history, initial_kv_state=self.kv_cache.snapshot())
+        self.request_tracker = RequestTracker()
+        #: Callables ``fn(record)`` run after every step, in order; one that raises is logged
+        #: and skipped, never breaking the step.
+        self.on_step: list[Callable[[StepRecord], object]] = []
+        #: Loggers fed every step (``record``) and on ``do_log_stats`` (``log``), by name.
+        self.stat_loggers: dict[str, StatLoggerBase] = (
+            {"logging": LoggingStatLogger()} if config.log_stats else {}
+        )
+        #: The scheduler and KV cache after the latest step (one snapshot type for all readers).
+        self.scheduler_stats = SchedulerStats(
+            num_free_blocks=num_blocks, kv_cache_usage=self.kv_cache.usage
+        )
+        self._last_log_time = time.monotonic()
+        self._prefix_mark = (0, 0)  # cumulative prefix-cache (queries, hits) at the last step
+        self._freed_mark = 0  # kv_cache.num_blocks_freed at the end of the previous step
+        self._pending_outputs: list[RequestOutput] = []  # aborts reported by the next step
         # The tokenizer's eos ends a request; other eos ids of generation_config.json join
         # each request's stop_token_ids (as vLLM does), unless it ignores eos.
         eos = self.model_config.eos_token_ids
@@ -108,61 +135,88 @@ class LLMEngine:
             self._eos_token_id = eos[0]
         self._extra_eos_ids = [t for t in eos if t != self._eos_token_id]
 
+    @classmethod
+    def from_engine_args(
+        cls, engine_args: EngineArgs, stat_loggers: Mapping[str, StatLoggerBase] | None = None
+    ) -> LLMEngine:
+        """vLLM's constructor: an engine from :class:`~workbench.engine_args.EngineArgs`,
+        with extra stat loggers by name."""
+        engine = cls(engine_args.create_engine_config())
+        for name, stat_logger in (stat_loggers or {}).items():
+            engine.add_logger(name, stat_logger)
+        return engine
+
+    # ------------------------------------------------------------------ accessors
+    def get_engine_config(self) -> EngineConfig:
+        """The EngineConfig this engine was built from (vLLM's ``get_vllm_config``)."""
+        return self.config
+
+    def get_model_config(self) -> ModelConfig:
+        return self.model_config
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
     # ------------------------------------------------------------------ requests
     def add_request(
         self,
         request_id: str,
         prompt: PromptType,
         params: SamplingParams | None = None,
-        priority: int = 0,
         arrival_time: float | None = None,
+        lora_request: object | None = None,
+        tokenization_kwargs: dict | None = None,
+        trace_headers: Mapping[str, str] | None = None,
+        priority: int = 0,
     ) -> None:
-        """Validate and queue a request. Raises ValueError (nothing queued) on bad input.
+        """Validate and queue a request (vLLM's signature). Raises ValueError, with nothing
+        queued, on bad input.
 
-        ``params.n > 1`` makes n child requests ``"{i}_{request_id}"`` reported as one
-        RequestOutput. Child 0 is queued now; its siblings join the scheduler once child 0's
-        prompt is computed, so they find its full prompt blocks in the prefix cache and share
-        them instead of computing the prompt n times.
+        ``arrival_time`` is in ``time.monotonic()`` seconds (default: now).
+        ``tokenization_kwargs`` may hold ``add_special_tokens``. ``params.n > 1`` makes n
+        child sequences ``"{i}_{request_id}"`` reported as one RequestOutput
+        (see :class:`~workbench.parent_request.ParentRequest`).
         """
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}.")
-        if request_id in self._children:
+        if lora_request is not None:
+            raise ValueError("lora_request: LoRA adapters are not supported by this engine.")
+        if trace_headers:
+            raise ValueError("trace_headers: tracing is not supported by this engine.")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}.")
+        policy = self.scheduler.policy
+        if priority != 0 and type(policy) in _PRIORITY_BLIND:
+            raise ValueError(
+                f"priority: got {priority}, but the scheduling policy {policy.name!r} ignores "
+                "priority; create the engine with policy='priority'."
+            )
+        kwargs = dict(tokenization_kwargs or {})
+        unknown = sorted(set(kwargs) - {"add_special_tokens"})
+        if unknown:
+            raise ValueError(f"tokenization_kwargs: unsupported keys {unknown}; "
+                             "only 'add_special_tokens' is.")
+        if request_id in self.output_processor.parents:
             raise ValueError(f"request_id {request_id!r} is already in flight.")
         params = params or SamplingParams()
-        text, token_ids, params = self.input_processor.process(prompt, params)
-        arrival = time.monotonic() if arrival_time is None else arrival_time
-        children = []
-        for i in range(params.n):
-            child_params = dataclasses.replace(
-                params,
-                n=1,
-                seed=None if params.seed is None else params.seed + i,
-                stop_token_ids=params.stop_token_ids
-                + ([] if params.ignore_eos else self._extra_eos_ids),
+        text, token_ids, params = self.input_processor.process(prompt, params, **kwargs)
+        if not params.ignore_eos and self._extra_eos_ids:
+            params = dataclasses.replace(
+                params, stop_token_ids=params.stop_token_ids + self._extra_eos_ids
             )
-            child_id = request_id if params.n == 1 else f"{i}_{request_id}"
-            children.append(
-                Request(
-                    child_id,
-                    list(token_ids),
-                    child_params,
-                    eos_token_id=self._eos_token_id,
-                    priority=priority,
-                    arrival_time=arrival,
-                )
-            )
-        clash = [c.request_id for c in children if c.request_id in self._child_ids]
-        if clash:
-            raise ValueError(f"request_id {clash[0]!r} is already in flight.")
-        self.scheduler.add_request(children[0])  # raises (nothing queued) if it can never fit
-        if len(children) > 1:
-            self._forks[children[0].request_id] = children[1:]
-        for i, child in enumerate(children):
-            self.output_processor.add_request(
-                child, text, parent_id=request_id if params.n > 1 else None, index=i, n=params.n
-            )
-        self._children[request_id] = [c.request_id for c in children]
-        self._child_ids.update(self._children[request_id])
+        parent = ParentRequest(
+            request_id, text, token_ids, params, eos_token_id=self._eos_token_id,
+            priority=priority,
+            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+        )
+        self.output_processor.add_request(parent)  # raises on an id in flight
+        try:
+            # Raises (nothing queued) if it can never fit. Its siblings join once it computed
+            # the prompt, to share the prompt's blocks through the prefix cache.
+            self.scheduler.add_request(parent.children[0])
+        except ValueError:
+            self.output_processor.discard(request_id)
+            raise
 
     def abort_request(self, request_id: str | Iterable[str], *, report: bool = True) -> None:
         """Abort requests (by the id given to add_request) in any state; frees their blocks.
@@ -171,24 +225,16 @@ class LLMEngine:
         ``report=False`` (a rollback of requests nobody has seen).
         """
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
-        child_ids = [c for rid in ids for c in self._children.pop(rid, [])]
-        self._child_ids.difference_update(child_ids)
-        for c in child_ids:
-            self._forks.pop(c, None)
-        live = [c for c in child_ids if c in self.scheduler.requests]
-        if live:
-            self.scheduler.finish_requests(live, RequestStatus.FINISHED_ABORTED)
-        for c in child_ids:
-            self.runner.sampler.remove(c)
-        outputs = self.output_processor.abort(child_ids, stream=self.stream_outputs)
+        child_ids, outputs = self.output_processor.abort(ids)
+        self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
         if report:
             self._pending_outputs.extend(outputs)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._children) or bool(self._pending_outputs)
+        return self.output_processor.has_unfinished_requests() or bool(self._pending_outputs)
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self._children)
+        return self.output_processor.get_num_unfinished_requests()
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached block's hash (only possible while no request holds blocks)."""
@@ -198,72 +244,145 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduling + model step.
 
-        Returns the RequestOutputs of requests that finished in it (and of aborts since the
-        last step); with ``stream_outputs`` a delta output for every request that got tokens.
-        ``history[-1]`` records the step; ``num_blocks_freed`` counts blocks released since the
-        previous record (aborts in between included).
+        Returns a RequestOutput for every request that progressed (per its
+        ``SamplingParams.output_kind``: CUMULATIVE by default, DELTA, FINAL_ONLY) and the
+        final outputs of aborts since the last step. A request whose own processing raises
+        (sampling, logits processors, detokenization, stop strings) finishes with
+        finish_reason "error" and ``RequestOutput.error``; the others are unaffected. Only a
+        failure of the whole batch (the forward pass) propagates.
+        ``history[-1]`` records the step.
         """
         t0 = time.perf_counter()
         so = self.scheduler.schedule()
         t1 = time.perf_counter()
         timings = {"schedule": t1 - t0}
-        sampled: dict[str, int] = {}
-        logprobs = {}
-        batch = None
-        requests = self.scheduler.requests
-        if so.scheduled:
-            result = self.runner.execute(so, requests)
-            sampled, logprobs, batch = result.sampled_token_ids, result.logprobs, result.batch
-            timings.update(result.timings)
+        try:
+            result = self.runner.execute(so, self.scheduler.requests)
+        except BaseException:
+            self._record_failed_step(so, timings)
+            raise
+        timings.update(result.timings)
         t2 = time.perf_counter()
-        updated = self.scheduler.update_from_output(so, sampled)  # sets token/finish times
-        for request in updated:
-            for sibling in self._forks.pop(request.request_id, ()):
-                self.scheduler.add_request(sibling)
-        outputs, stop_ids = self.output_processor.process(
-            updated, logprobs, stream=self.stream_outputs
+        failed = result.failed
+        if failed:  # these rows got no token: finish them before the scheduler wants one
+            self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)
+        updated = self.scheduler.update_from_output(so, result.sampled_token_ids)
+        iteration = IterationStats()
+        step_out = self.output_processor.process(
+            updated,
+            logprobs=result.logprobs,
+            prompt_logprobs=result.prompt_logprobs,
+            failed=failed,
+            stats=iteration,
         )
-        if stop_ids:
-            self.scheduler.finish_requests(stop_ids, RequestStatus.FINISHED_STOPPED)
-        finished = tuple(r.request_id for r in updated if r.is_finished)
-        for request_id in finished:
-            self.runner.sampler.remove(request_id)
-        outputs = self._pending_outputs + outputs
+        self.scheduler.finish_requests(step_out.stop_ids, RequestStatus.FINISHED_STOPPED)
+        self.scheduler.finish_requests(step_out.error_ids, RequestStatus.FINISHED_ERROR)
+        for sibling in self.output_processor.release_siblings():
+            self.scheduler.add_request(sibling)
+        outputs = self._pending_outputs + step_out.outputs
         self._pending_outputs = []
-        for out in outputs:
-            if out.finished:
-                self._child_ids.difference_update(self._children.pop(out.request_id, ()))
         timings["output"] = time.perf_counter() - t2
+        finished = [r.request_id for r in updated if r.is_finished]
+        finished += [rid for rid in (*failed, *step_out.stop_ids, *step_out.error_ids)
+                     if rid not in finished]
         record = StepRecord(
             step=so.step,
             scheduler_output=so,
-            batch=batch,
-            sampled_token_ids=sampled,
-            finished_request_ids=finished,
+            batch=result.batch,
+            sampled_token_ids=result.sampled_token_ids,
+            finished_request_ids=tuple(dict.fromkeys(finished)),
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             num_free_blocks=self.kv_cache.num_free_blocks,
             kv_usage=self.kv_cache.usage,
-            num_blocks_freed=self.kv_cache.pool.num_freed - self._freed_mark,
+            num_blocks_freed=self.kv_cache.num_blocks_freed - self._freed_mark,
             timings=timings,
+            kv_events=self.kv_cache.take_events(),
+            request_events=self.scheduler.take_events(),
         )
-        self._freed_mark = self.kv_cache.pool.num_freed
+        self._freed_mark = self.kv_cache.num_blocks_freed
         self.history.append(record)
-        self.stats.record(prompt_tokens=record.num_prefill_tokens, generation_tokens=len(sampled))
-        if self.config.log_stats:
-            self.log_stats()
+        self.request_tracker.consume(record.request_events)
+        self.scheduler_stats = self._make_scheduler_stats(so)
+        for stat_logger in self.stat_loggers.values():
+            stat_logger.record(self.scheduler_stats, iteration)
+        now = time.monotonic()
+        if self.config.log_stats and now - self._last_log_time >= self.config.log_stats_interval:
+            self.do_log_stats()
+        for hook in list(self.on_step):
+            try:
+                hook(record)
+            except Exception:
+                logger.exception("on_step hook %r failed at step %d", hook, record.step)
         return outputs
 
-    def log_stats(self, force: bool = False) -> str | None:
-        """Log (and return) vLLM's periodic summary line, at most once per interval unless forced."""
-        prefix = self.kv_cache.prefix_cache_stats
-        return self.stats.maybe_log(
-            running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
+    def _record_failed_step(self, so: SchedulerOutput, timings: dict[str, float]) -> None:
+        """Keep the history consecutive (and its block events complete) when the batch as a
+        whole failed: the step is recorded with nothing sampled before the error propagates."""
+        self.history.append(StepRecord(
+            step=so.step,
+            scheduler_output=so,
+            batch=None,
+            sampled_token_ids={},
+            finished_request_ids=(),
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_free_blocks=self.kv_cache.num_free_blocks,
             kv_usage=self.kv_cache.usage,
-            prefix=(prefix.queries, prefix.hits),
-            force=force,
+            num_blocks_freed=self.kv_cache.num_blocks_freed - self._freed_mark,
+            timings=timings,
+            kv_events=self.kv_cache.take_events(),
+            request_events=self.scheduler.take_events(),
+        ))
+        self._freed_mark = self.kv_cache.num_blocks_freed
+
+    # ------------------------------------------------------------ research layer
+    def requests_dataframe(self):
+        """One row per request seen (queue time, TTFT, TPOT, e2e latency in steps and
+        seconds, preemptions, recomputed and cached tokens): see
+        :class:`~workbench.request_metrics.RequestTracker`."""
+        return self.request_tracker.dataframe()
+
+    def replay(self, workload, *, clock: str = "steps", progress: bool = False):
+        """Drive this engine through ``workload`` (arrivals by step or wall clock) until every
+        request finished; returns a :class:`~workbench.run.RunResult` of the steps it took."""
+        from workbench.run import drive
+
+        return drive(self, workload, clock=clock, progress=progress)
+
+    def _make_scheduler_stats(self, so: SchedulerOutput) -> SchedulerStats:
+        prefix = self.kv_cache.prefix_cache_stats
+        queries, hits = self._prefix_mark
+        if prefix.queries < queries:  # reset_prefix_cache() zeroed the counters
+            queries = hits = 0
+        self._prefix_mark = (prefix.queries, prefix.hits)
+        return SchedulerStats(
+            num_running_reqs=len(self.scheduler.running),
+            num_waiting_reqs=len(self.scheduler.waiting),
+            kv_cache_usage=self.kv_cache.usage,
+            num_free_blocks=self.kv_cache.num_free_blocks,
+            prefix_cache_queries=prefix.queries - queries,
+            prefix_cache_hits=prefix.hits - hits,
+            num_preemptions=len(so.preempted_request_ids),
         )
+
+    # ------------------------------------------------------------------ stat loggers
+    def add_logger(self, logger_name: str, logger: StatLoggerBase) -> None:
+        """Register a stat logger (vLLM's API); it sees every following step."""
+        if logger_name in self.stat_loggers:
+            raise KeyError(f"Logger with name {logger_name} already exists.")
+        self.stat_loggers[logger_name] = logger
+
+    def remove_logger(self, logger_name: str) -> None:
+        if logger_name not in self.stat_loggers:
+            raise KeyError(f"Logger with name {logger_name} does not exist.")
+        del self.stat_loggers[logger_name]
+
+    def do_log_stats(self) -> None:
+        """Ask every stat logger to emit (the periodic line logs what it saw since the last)."""
+        self._last_log_time = time.monotonic()
+        for stat_logger in self.stat_loggers.values():
+            stat_logger.log()
 
     def _repr_html_(self) -> str:
         mc, kv = self.model_config, self.kv_cache

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 
-from workbench.config import EngineConfig
 from workbench.engine import LLMEngine
+from workbench.engine_args import EngineArgs
 from workbench.inputs import PromptType
 from workbench.outputs import RequestOutput
-from workbench.sampling_params import SamplingParams
+from workbench.sampling_params import RequestOutputKind, SamplingParams
 
 Conversation = Sequence[Mapping[str, str]]
 
@@ -17,13 +18,19 @@ Conversation = Sequence[Mapping[str, str]]
 class LLM:
     """Offline batched generation. ``LLM()`` loads the embedded default model.
 
-    Keyword arguments are :class:`~workbench.config.EngineConfig` fields. ``llm.engine`` is the
-    LLMEngine behind it: step it yourself, or inspect ``llm.engine.history`` after a run.
+    Keyword arguments are :class:`~workbench.engine_args.EngineArgs` (EngineConfig) fields.
+    ``llm.engine`` is the LLMEngine behind it: step it yourself, or inspect
+    ``llm.engine.history`` after a run. ``generate``/``chat`` ask for FINAL_ONLY outputs.
     """
 
     def __init__(self, model: str | None = None, **kwargs) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self.engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
         self._ids = itertools.count()
+
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """vLLM's name for :attr:`engine`."""
+        return self.engine
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -65,7 +72,7 @@ class LLM:
         processor = self.engine.input_processor
         prompts = []
         for conversation in conversations:
-            text = processor.apply_chat_template(
+            text = processor.render_chat(
                 conversation, add_generation_prompt=add_generation_prompt, chat_template=chat_template
             )
             ids = self.engine.tokenizer(text, add_special_tokens=False).input_ids
@@ -88,6 +95,7 @@ class LLM:
         from tqdm.auto import tqdm
 
         engine = self.engine
+        params = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         for i, (prompt, p) in enumerate(zip(prompts, params)):  # validate all before adding any
             try:
                 engine.input_processor.process(prompt, p)

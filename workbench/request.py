@@ -16,6 +16,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH_CAPPED = "finished_length_capped"
     FINISHED_ABORTED = "finished_aborted"
+    FINISHED_ERROR = "finished_error"  # processing this request raised; the others went on
 
     @property
     def is_finished(self) -> bool:
@@ -23,7 +24,7 @@ class RequestStatus(enum.Enum):
 
     @property
     def finish_reason(self) -> str | None:
-        """vLLM's finish_reason string: "stop", "length", "abort" or None while unfinished."""
+        """vLLM's finish_reason string: "stop", "length", "abort", "error" or None while unfinished."""
         return _FINISH_REASON.get(self)
 
 
@@ -31,11 +32,13 @@ _FINISHED = {
     RequestStatus.FINISHED_STOPPED,
     RequestStatus.FINISHED_LENGTH_CAPPED,
     RequestStatus.FINISHED_ABORTED,
+    RequestStatus.FINISHED_ERROR,
 }
 _FINISH_REASON = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 

@@ -10,7 +10,7 @@ import html
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -128,12 +128,33 @@ def build_batch_inputs(scheduler_output: SchedulerOutput, block_size: int) -> Ba
 
 @dataclass(frozen=True)
 class RunnerOutput:
-    """What one execute() produced: sampled tokens by request id, logprobs, the batch, timings (s)."""
+    """What one execute() produced, by request id: sampled tokens, their logprobs, prompt
+    logprobs ``(first prompt index, entries)`` of prefill chunks that asked, and the
+    requests whose sampling raised (``failed``: no token, the message); plus the batch
+    (None when nothing was scheduled) and timings (s)."""
 
-    sampled_token_ids: dict[str, int]
-    logprobs: dict[str, TokenLogprobs]
-    batch: BatchInputs
-    timings: dict[str, float]
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    batch: BatchInputs | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def token_logprobs(logits: torch.Tensor, targets: list[int], k: int) -> list[TokenLogprobs]:
+    """Raw logprobs (``log_softmax`` in fp32) of ``targets[i]`` under row ``i``: value, rank
+    (1 = most likely) and the ``k`` most likely tokens."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = torch.tensor(targets, device=logits.device).unsqueeze(1)
+    values = logprobs.gather(1, chosen)
+    ranks = ((logprobs > values).sum(dim=1) + 1).tolist()
+    top_lp, top_ids = logprobs.topk(min(k, logprobs.shape[1]), dim=-1)
+    return [
+        TokenLogprobs(token_id=t, logprob=v, rank=r, top=tuple(zip(ids, lps)))
+        for t, v, r, ids, lps in zip(
+            targets, values.squeeze(1).tolist(), ranks, top_ids.tolist(), top_lp.tolist()
+        )
+    ]
 
 
 class ModelRunner:
@@ -230,7 +251,15 @@ class ModelRunner:
     def execute(
         self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request]
     ) -> RunnerOutput:
-        """Run one step's batch: prepare inputs, forward, sample the requests that need a token."""
+        """Run one step's batch: prepare inputs, forward, sample the requests that need a token.
+
+        First forgets the per-request state (seeded generators) of the requests the
+        scheduler finished since the previous step; an empty step does only that.
+        """
+        for request_id in scheduler_output.finished_request_ids:
+            self.sampler.remove(request_id)
+        if not scheduler_output.scheduled:
+            return RunnerOutput()
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         t0 = time.perf_counter()
         batch = build_batch_inputs(scheduler_output, self.block_size)  # kept on the record
@@ -250,13 +279,51 @@ class ModelRunner:
         t2 = time.perf_counter()
         sampled: dict[str, int] = {}
         logprobs: dict[str, TokenLogprobs] = {}
+        failed: dict[str, str] = {}
         if batch.sample_request_ids:
             rows = [requests[rid] for rid in batch.sample_request_ids]
             out = self.sampler(logits, rows)
+            failed = dict(getattr(out, "failed", {}))
             for rid, token, lp in zip(batch.sample_request_ids, out.token_ids, out.logprobs):
+                if rid in failed:
+                    continue
                 sampled[rid] = token
                 if lp is not None:
                     logprobs[rid] = lp
+        prompt_logprobs = self._prompt_logprobs(scheduler_output, requests, hidden, failed)
+        for rid in failed:  # a request failed anywhere gets nothing else from this step
+            sampled.pop(rid, None)
+            logprobs.pop(rid, None)
         t3 = time.perf_counter()
         timings = {"prepare": t1 - t0, "forward": t2 - t1, "sample": t3 - t2}
-        return RunnerOutput(sampled, logprobs, batch, timings)
+        return RunnerOutput(sampled, logprobs, prompt_logprobs, failed, batch, timings)
+
+    def _prompt_logprobs(
+        self,
+        scheduler_output: SchedulerOutput,
+        requests: Mapping[str, Request],
+        hidden: torch.Tensor,
+        failed: dict[str, str],
+    ) -> dict[str, tuple[int, list[TokenLogprobs]]]:
+        """Logprobs of the prompt tokens each chunk predicts, for requests that asked:
+        the chunk's position ``p`` predicts prompt token ``p + 1``. A request whose
+        computation raises goes into ``failed`` ("ExcType: message") instead."""
+        out: dict[str, tuple[int, list[TokenLogprobs]]] = {}
+        offset = 0
+        for chunk in scheduler_output.scheduled:
+            request = requests[chunk.request_id]
+            k = request.sampling_params.prompt_logprobs
+            # Positions start..last predict prompt tokens start+1..last+1.
+            start = chunk.num_computed_tokens
+            last = min(chunk.seq_len, request.num_prompt_tokens - 1) - 1
+            if k is not None and last >= start and chunk.request_id not in failed:
+                try:
+                    logits = self.model.compute_logits(hidden[offset : offset + last + 1 - start])
+                    targets = request.prompt_token_ids[start + 1 : last + 2]
+                    out[chunk.request_id] = (start + 1, token_logprobs(logits, targets, k))
+                except Exception as exc:  # noqa: BLE001 - isolate this request
+                    logger.error("prompt logprobs of request %r failed", chunk.request_id,
+                                 exc_info=exc)
+                    failed[chunk.request_id] = f"{type(exc).__name__}: {exc}"
+            offset += chunk.num_new_tokens
+        return out

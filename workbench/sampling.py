@@ -4,18 +4,24 @@ Order of operations per row (vLLM v1's order, its default ``logprobs_mode="raw_l
 
 1. **Logprobs** come from the *raw* logits: ``log_softmax(logits)`` as the model produced them.
    They do not reflect penalties, min_tokens, temperature or top-k/top-p/min-p truncation.
-2. **Penalties**: ``repetition_penalty`` over the prompt + output tokens (a seen token's positive
+2. **Per-request logits work**, row by row and isolated: the request's ``logits_processors``
+   (``fn(output_token_ids, logits) -> logits``), then ``allowed_token_ids`` (every other token
+   -inf), ``bad_words`` and ``logit_bias``. An exception raised there (or by a seeded
+   generator, step 7) fails only that row: it samples no token (``token_ids[i] == -1``) and
+   ``SamplerOutput.failed`` maps its request id to ``"ExcType: message"``. So does a row these
+   steps leave with no finite logit. The other rows are sampled as if it were absent.
+3. **Penalties**: ``repetition_penalty`` over the prompt + output tokens (a seen token's positive
    logit is divided by it, a negative one multiplied), then ``frequency_penalty * count`` and
    ``presence_penalty * [count > 0]`` subtracted, with counts over the *output* tokens only
    (as vLLM and OpenAI).
-3. **min_tokens**: while ``num_output_tokens < min_tokens`` the stop tokens (``stop_token_ids``
+4. **min_tokens**: while ``num_output_tokens < min_tokens`` the stop tokens (``stop_token_ids``
    and ``eos_token_id`` unless ``ignore_eos``, vLLM's ``all_stop_token_ids``) are set to ``-inf``.
-4. **Greedy** rows (``SamplingParams.greedy``) take the argmax here; the others are divided
+5. **Greedy** rows (``SamplingParams.greedy``) take the argmax here; the others are divided
    by their temperature.
-5. **top-k** (keep the k largest), **top-p** (keep the smallest most-likely set whose
+6. **top-k** (keep the k largest), **top-p** (keep the smallest most-likely set whose
    probability is ``>= top_p``, at least one token), **min-p** (drop tokens whose probability
    is below ``min_p`` times the largest), each on the distribution the previous step left.
-6. **Sample** by the exponential race: ``argmax(probs / q)`` with ``q ~ Exp(1)`` i.i.d. per
+7. **Sample** by the exponential race: ``argmax(probs / q)`` with ``q ~ Exp(1)`` i.i.d. per
    token, which picks token ``i`` with probability ``probs[i]``. A request with
    ``sampling_params.seed`` draws its ``q`` from its own ``torch.Generator`` (seeded once, kept
    across steps until :meth:`Sampler.remove`), so the same seed gives the same tokens whatever
@@ -29,7 +35,7 @@ requests (to gather their parameters and token ids).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -57,10 +63,23 @@ class TokenLogprobs:
 
 @dataclass
 class SamplerOutput:
-    """``token_ids[i]`` is row ``i``'s token; ``logprobs[i]`` is None unless its request asked."""
+    """``token_ids[i]`` is row ``i``'s token; ``logprobs[i]`` is None unless its request asked.
+
+    ``failed`` maps the request id of each row whose per-request work raised to
+    ``"ExcType: message"``; such a row has ``token_ids[i] == -1`` and no logprobs.
+    """
 
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
+    failed: dict[str, str] = field(default_factory=dict)
+
+    def _repr_html_(self) -> str:
+        from workbench.reprs import html_table
+
+        return html_table("SamplerOutput", {"token_ids": self.token_ids,
+                                            "rows with logprobs": sum(
+                                                lp is not None for lp in self.logprobs),
+                                            "failed": self.failed or "none"})
 
 
 def _check_token_ids(tokens: list[int], vocab_size: int, request: Request, what: str) -> None:
@@ -69,6 +88,53 @@ def _check_token_ids(tokens: list[int], vocab_size: int, request: Request, what:
             f"request {request.request_id!r}: {what} contains token id {max(tokens)}, "
             f"which must be < the logits' vocab size {vocab_size}."
         )
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _request_logits(row: Tensor, request: Request) -> Tensor:
+    """One row after its request's logits processors, allowed_token_ids, bad_words and
+    logit_bias (steps in that order); raises if a processor misbehaves."""
+    sp = request.sampling_params
+    vocab_size = row.shape[0]
+    for fn in sp.logits_processors or ():
+        out = fn(list(request.output_token_ids), row)
+        if not isinstance(out, Tensor) or out.shape != row.shape:
+            raise TypeError(
+                f"logits processor {getattr(fn, '__qualname__', fn)!s} must return a tensor "
+                f"of shape {tuple(row.shape)}, got {type(out).__name__}"
+                f"{tuple(out.shape) if isinstance(out, Tensor) else ''}."
+            )
+        row = out.to(torch.float32)
+    if sp.allowed_token_ids is not None:
+        _check_token_ids(sp.allowed_token_ids, vocab_size, request, "allowed_token_ids")
+        keep = torch.zeros(vocab_size, dtype=torch.bool, device=row.device)
+        keep[torch.tensor(sp.allowed_token_ids, device=row.device)] = True
+        row = row.masked_fill(~keep, _NEG_INF)
+    banned = _banned_bad_word_tokens(sp.bad_words_token_ids or (), request.output_token_ids)
+    if banned:
+        _check_token_ids(banned, vocab_size, request, "bad_words_token_ids")
+        row = row.index_fill(0, torch.tensor(banned, device=row.device), _NEG_INF)
+    if sp.logit_bias:
+        tokens = list(sp.logit_bias)
+        _check_token_ids(tokens, vocab_size, request, "logit_bias")
+        bias = torch.tensor([sp.logit_bias[t] for t in tokens], dtype=row.dtype, device=row.device)
+        row = row.index_add(0, torch.tensor(tokens, device=row.device), bias)
+    if torch.isnan(row).any() or not torch.isfinite(row).any():
+        raise ValueError("no token is left with a finite logit (NaN, or every token masked).")
+    return row
+
+
+def _banned_bad_word_tokens(words: Sequence[Sequence[int]], output: Sequence[int]) -> list[int]:
+    """The last token of each bad word whose other tokens are the latest output tokens."""
+    banned = []
+    for word in words:
+        prefix = list(word[:-1])
+        if not prefix or list(output[len(output) - len(prefix):]) == prefix:
+            banned.append(word[-1])
+    return banned
 
 
 def apply_penalties(logits: Tensor, requests: Sequence[Request]) -> None:
@@ -176,6 +242,11 @@ def apply_min_p(logits: Tensor, min_p: Tensor) -> Tensor:
     return logits.masked_fill(probs < threshold, _NEG_INF)
 
 
+def _has_request_logits_work(sp) -> bool:
+    return bool(sp.logits_processors or sp.allowed_token_ids is not None
+                or sp.bad_words_token_ids or sp.logit_bias)
+
+
 class Sampler:
     """Samples one token per row; holds the per-request generators of seeded requests.
 
@@ -191,6 +262,12 @@ class Sampler:
 
     def __repr__(self) -> str:
         return f"Sampler(seed={self.seed}, seeded_requests={len(self._request_generators)})"
+
+    def _repr_html_(self) -> str:
+        from workbench.reprs import html_table
+
+        return html_table("Sampler", {"seed": self.seed,
+                                      "seeded requests": len(self._request_generators)})
 
     def remove(self, request_id: str) -> None:
         """Forget the per-request state (its seeded generator); unknown ids are ignored."""
@@ -213,19 +290,25 @@ class Sampler:
         return gen
 
     def _exponentials(
-        self, requests: list[Request], vocab_size: int, device: torch.device
+        self, requests: list[Request], vocab_size: int, device: torch.device,
+        failed: dict[str, str],
     ) -> Tensor:
-        """Exp(1) draws [len(requests), vocab]: seeded rows use their own generator."""
-        q = torch.empty(len(requests), vocab_size, device=device)
+        """Exp(1) draws [len(requests), vocab]: seeded rows use their own generator (a row
+        whose generator raises is recorded in ``failed`` and drawn from the shared one)."""
+        q = torch.ones(len(requests), vocab_size, device=device)
         unseeded = [j for j, r in enumerate(requests) if r.sampling_params.seed is None]
         if unseeded:
             draws = torch.empty(len(unseeded), vocab_size, device=device)
             draws.exponential_(generator=self._shared_generator(device))
             q[torch.tensor(unseeded, device=device)] = draws
         for j, r in enumerate(requests):
-            if r.sampling_params.seed is not None:
-                row = torch.empty(vocab_size, device=device)
-                q[j] = row.exponential_(generator=self._request_generator(r, device))
+            if r.sampling_params.seed is not None and r.request_id not in failed:
+                try:
+                    generator = self._request_generator(r, device)
+                except Exception as exc:  # one request's fault: that row only
+                    failed[r.request_id] = _describe(exc)
+                    continue
+                q[j] = torch.empty(vocab_size, device=device).exponential_(generator=generator)
         return q.clamp_min_(_TINY)  # an Exp draw of exactly 0 would divide by zero
 
     def __call__(self, logits: Tensor, requests: Sequence[Request]) -> SamplerOutput:
@@ -244,10 +327,20 @@ class Sampler:
             return SamplerOutput(token_ids=[], logprobs=[])
         device = logits.device
         x = logits.to(torch.float32, copy=True)
+        failed: dict[str, str] = {}
+        for i, r in enumerate(requests):
+            if _has_request_logits_work(r.sampling_params):
+                try:
+                    x[i] = _request_logits(x[i], r)
+                except Exception as exc:  # one request's fault: that row only
+                    failed[r.request_id] = _describe(exc)
+                    x[i] = 0.0  # keep the batch finite; the row's token is dropped below
         want_logprobs = [
-            i for i, r in enumerate(requests) if r.sampling_params.logprobs is not None
+            i for i, r in enumerate(requests)
+            if r.sampling_params.logprobs is not None and r.request_id not in failed
         ]
-        raw_logprobs = torch.log_softmax(x[want_logprobs], dim=-1) if want_logprobs else None
+        raw = logits.to(torch.float32)
+        raw_logprobs = torch.log_softmax(raw[want_logprobs], dim=-1) if want_logprobs else None
 
         apply_penalties(x, requests)
         apply_min_tokens(x, requests)
@@ -259,8 +352,11 @@ class Sampler:
             tokens[rows] = x[rows].argmax(dim=-1)
         sampled_rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         if sampled_rows:
-            sampled = self._sample(x, [requests[i] for i in sampled_rows], sampled_rows)
+            sampled = self._sample(x, [requests[i] for i in sampled_rows], sampled_rows, failed)
             tokens[torch.tensor(sampled_rows, device=device)] = sampled
+        if failed:
+            bad_rows = [i for i, r in enumerate(requests) if r.request_id in failed]
+            tokens[torch.tensor(bad_rows, device=device)] = -1
 
         logprobs: list[TokenLogprobs | None] = [None] * num_rows
         if raw_logprobs is not None:
@@ -268,9 +364,11 @@ class Sampler:
             entries = self._logprobs(raw_logprobs, tokens[want_logprobs], asked)
             for i, entry in zip(want_logprobs, entries):
                 logprobs[i] = entry
-        return SamplerOutput(token_ids=tokens.tolist(), logprobs=logprobs)
+        return SamplerOutput(token_ids=tokens.tolist(), logprobs=logprobs, failed=failed)
 
-    def _sample(self, x: Tensor, requests: list[Request], rows: list[int]) -> Tensor:
+    def _sample(
+        self, x: Tensor, requests: list[Request], rows: list[int], failed: dict[str, str]
+    ) -> Tensor:
         """Temperature, top-k, top-p, min-p and the exponential race for the ``rows`` of x."""
         device = x.device
         vocab_size = x.shape[1]
@@ -289,7 +387,7 @@ class Sampler:
         if any(p.min_p > 0.0 for p in params):
             y = apply_min_p(y, column([p.min_p for p in params]))
         probs = y.softmax(dim=-1)
-        return (probs / self._exponentials(requests, vocab_size, device)).argmax(dim=-1)
+        return (probs / self._exponentials(requests, vocab_size, device, failed)).argmax(dim=-1)
 
     @staticmethod
     def _logprobs(

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import enum
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
+import torch
+
 _GREEDY_EPS = 1e-5
+_INT64 = torch.iinfo(torch.int64)  # vLLM's range for seed
+_MAX_LOGIT_BIAS = 100.0  # OpenAI's and vLLM's limit on |logit_bias| values
+
+#: vLLM V0's per-request logits processor: ``(output_token_ids, logits[vocab]) -> logits``.
+LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
 
 
 class RequestOutputKind(enum.Enum):
@@ -26,7 +35,17 @@ class SamplingParams:
     """Per-request sampling and stopping parameters.
 
     Every field is validated at construction; a bad value raises ``ValueError`` naming
-    the field, the value and the allowed range. ``temperature == 0`` means greedy.
+    the field, the value and the allowed range (floats must be finite). ``temperature == 0``
+    means greedy. What needs the model (token ids below the vocabulary size, ``logprobs``
+    below ``max_logprobs``, ``bad_words`` tokenized into ``bad_words_token_ids``) is checked
+    by :class:`~workbench.inputs.InputProcessor` when the request is added.
+
+    ``logit_bias`` ({token id: bias in [-100, 100]}) is added to the logits;
+    ``allowed_token_ids`` masks every other token; ``bad_words`` bans the last token of each
+    word's tokenization when the tokens before it were just generated; ``logits_processors``
+    are called per step as ``fn(output_token_ids, logits) -> logits`` (vLLM V0 style, for
+    notebook experiments). ``prompt_logprobs`` asks for the prompt tokens' logprobs.
+    ``truncate_prompt_tokens`` keeps only the last k prompt tokens (-1: the model's context).
     """
 
     n: int = 1
@@ -44,9 +63,19 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    logits_processors: list[LogitsProcessor] | None = None
+    truncate_prompt_tokens: int | None = None
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    #: Set by InputProcessor from ``bad_words`` and the tokenizer (each word with and
+    #: without a leading space, as vLLM); the sampler reads only this.
+    bad_words_token_ids: list[list[int]] | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -63,13 +92,29 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        if self.logit_bias is not None:
+            self.logit_bias = _int_keyed(self.logit_bias)
+        for name in ("allowed_token_ids", "bad_words", "logits_processors"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, dict)):
+                setattr(self, name, list(value))
         self._validate()
 
     def _validate(self) -> None:
         def bad(name: str, rule: str) -> ValueError:
             return ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}.")
 
-        if not isinstance(self.n, int) or self.n < 1:
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (value is None or isinstance(value, int)):
+                raise bad(name, "an integer")
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise bad(name, "a number")
+            if not math.isfinite(value):
+                raise bad(name, "a finite number")
+        if self.n < 1:
             raise bad("n", "an integer >= 1")
         if self.temperature < 0.0:
             raise bad("temperature", "non-negative (0 means greedy)")
@@ -79,8 +124,8 @@ class SamplingParams:
             raise bad("top_k", "an integer >= 0 (0 or -1 disables it)")
         if not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", "in [0, 1]")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad("seed", "an integer or None")
+        if self.seed is not None and not _INT64.min <= self.seed <= _INT64.max:
+            raise bad("seed", f"an integer in [{_INT64.min}, {_INT64.max}]")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             raise bad("max_tokens", "an integer >= 1 or None")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
@@ -95,21 +140,89 @@ class SamplingParams:
             raise bad("frequency_penalty", "in [-2, 2]")
         if not 0.0 < self.repetition_penalty <= 2.0:
             raise bad("repetition_penalty", "in (0, 2]")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
-            raise bad("logprobs", "an integer >= 0 or None")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", "a list of non-negative token ids")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise bad(name, "an integer >= 0 or None")
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            ids = getattr(self, name)
+            if ids is not None and any(isinstance(t, bool) or not isinstance(t, int) or t < 0
+                                       for t in ids):
+                raise bad(name, "a list of non-negative token ids")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise bad("allowed_token_ids", "a non-empty list (or None)")
+        if self.truncate_prompt_tokens is not None and not (
+            self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1
+        ):
+            raise bad("truncate_prompt_tokens", "an integer >= 1, or -1 (the model's context)")
+        for token, bias in (self.logit_bias or {}).items():
+            if token < 0:
+                raise bad("logit_bias", "a dict of non-negative token ids to biases")
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not (
+                math.isfinite(bias) and -_MAX_LOGIT_BIAS <= bias <= _MAX_LOGIT_BIAS
+            ):
+                raise ValueError(
+                    f"logit_bias values must be numbers in [-100, 100], got {bias!r} for "
+                    f"token {token}."
+                )
+        if self.bad_words is not None and any(not isinstance(w, str) or not w.strip()
+                                              for w in self.bad_words):
+            raise bad("bad_words", "a list of non-blank strings")
+        if self.logits_processors is not None and any(
+            not callable(fn) for fn in self.logits_processors
+        ):
+            raise bad("logits_processors", "a list of callables (output_token_ids, logits)")
 
     @property
     def greedy(self) -> bool:
         """True when the argmax is taken (temperature 0, as vLLM treats values below 1e-5)."""
         return self.temperature < _GREEDY_EPS
 
-    def __repr__(self) -> str:
+    def _changed(self) -> dict[str, str]:
+        """The fields that differ from vLLM's defaults, as plain text."""
         defaults = SamplingParams()
-        parts = [
-            f"{f.name}={getattr(self, f.name)!r}"
+        return {
+            f.name: _plain(getattr(self, f.name))
             for f in fields(self)
-            if f.init and getattr(self, f.name) != getattr(defaults, f.name)
-        ]
+            if f.init and f.name != "bad_words_token_ids"
+            and getattr(self, f.name) != getattr(defaults, f.name)
+        }
+
+    def __repr__(self) -> str:
+        parts = [f"{name}={value}" for name, value in self._changed().items()]
         return f"SamplingParams({', '.join(parts)})"
+
+    def _repr_html_(self) -> str:
+        from workbench.reprs import html_table
+
+        return html_table("SamplingParams (fields not at their defaults)",
+                          self._changed() or {"(all defaults)": ""})
+
+
+_INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
+               "truncate_prompt_tokens")
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty")
+
+
+def _int_keyed(bias: dict) -> dict[int, float]:
+    """logit_bias with int keys (JSON sends "123"); a key that is no integer raises."""
+    out = {}
+    for key, value in dict(bias).items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"logit_bias keys must be token ids (integers), got {key!r}."
+            ) from None
+        if isinstance(key, (bool, float)) or (isinstance(key, str) and str(token) != key.strip()):
+            raise ValueError(f"logit_bias keys must be token ids (integers), got {key!r}.")
+        out[token] = value
+    return out
+
+
+def _plain(value) -> str:
+    """repr without addresses: callables print their qualified names."""
+    if isinstance(value, list) and value and callable(value[0]):
+        names = [getattr(fn, "__qualname__", type(fn).__qualname__) for fn in value]
+        return f"[{', '.join(names)}]"
+    return repr(value)

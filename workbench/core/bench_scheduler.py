@@ -3,10 +3,13 @@
 No model: a fake runner samples a fixed token for every sampling chunk. The N requests
 first prefill (not timed); then ``--steps`` pure decode steps are timed, each scheduling
 all N requests one token (blocks are allocated as they fill, and, with prefix caching on,
-newly full blocks are hashed and cached). Prints one table row per N::
+newly full blocks are hashed and cached). Prints one table row per N and event recording
+setting: with ``events on`` the KV cache and scheduler log their block and request events and
+each step drains them, as the engine does; ``--events both`` (default) measures the two side
+by side::
 
     workbench bench scheduler                      # N = 256
-    workbench bench scheduler --num-running 64 256 1024 --steps 300
+    workbench bench scheduler --num-running 64 256 1024 --steps 300 --events on
 """
 
 from __future__ import annotations
@@ -23,19 +26,22 @@ from workbench.sampling_params import SamplingParams
 FAKE_TOKEN = 7
 
 
-def _build(n: int, args: argparse.Namespace) -> Scheduler:
+def _build(n: int, args: argparse.Namespace, record_events: bool) -> Scheduler:
     budget = max(n, args.max_num_batched_tokens)
     # Room for the prefill steps (early finishers decode meanwhile) and the timed steps,
     # so that no request finishes while timed.
     total_len = args.prompt_len + cdiv(n * args.prompt_len, budget) + args.steps + 8
     num_blocks = n * cdiv(total_len, args.block_size)
-    kv = KVCacheManager(num_blocks, args.block_size, enable_prefix_caching=not args.no_prefix_caching)
+    kv = KVCacheManager(
+        num_blocks, args.block_size, enable_prefix_caching=not args.no_prefix_caching, record_events=record_events
+    )
     sched = Scheduler(
         kv,
         max_num_seqs=n,
         max_num_batched_tokens=budget,
         max_model_len=total_len + 1,
         policy=args.policy,
+        record_events=record_events,
     )
     params = SamplingParams(max_tokens=None, ignore_eos=True)
     for i in range(n):
@@ -48,8 +54,8 @@ def _fake_runner(out) -> dict[str, int]:
     return {c.request_id: FAKE_TOKEN for c in out.scheduled if c.samples}
 
 
-def _measure(n: int, args: argparse.Namespace) -> dict:
-    sched = _build(n, args)
+def _measure(n: int, args: argparse.Namespace, record_events: bool) -> dict:
+    sched = _build(n, args, record_events)
     # Prefill (untimed) until every request is decoding.
     while True:
         out = sched.schedule()
@@ -64,6 +70,9 @@ def _measure(n: int, args: argparse.Namespace) -> dict:
         sampled = _fake_runner(out)
         t2 = time.perf_counter()
         sched.update_from_output(out, sampled)
+        if record_events:
+            sched.kv_cache.take_events()
+            sched.take_events()
         t3 = time.perf_counter()
         assert len(out.scheduled) == n and not any(c.is_prefill for c in out.scheduled)
         t_sched.append(t1 - t0)
@@ -72,6 +81,7 @@ def _measure(n: int, args: argparse.Namespace) -> dict:
     us = 1e6
     return {
         "running": n,
+        "events": "on" if record_events else "off",
         "schedule_us": statistics.fmean(t_sched) * us,
         "update_us": statistics.fmean(t_update) * us,
         "total_us": statistics.fmean(totals) * us,
@@ -94,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--policy", default="fcfs", help="fcfs | priority | spf")
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--events", choices=("off", "on", "both"), default="both",
+                        help="record block and request events (default: both, side by side)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.prompt_len < 1 or args.block_size < 1 or min(args.num_running) < 1:
         parser.error("--steps, --prompt-len, --block-size and --num-running must be >= 1")
@@ -103,15 +115,17 @@ def main(argv: list[str] | None = None) -> int:
         f"block_size {args.block_size}, policy {args.policy}, "
         f"prefix caching {'off' if args.no_prefix_caching else 'on'}"
     )
-    header = f"{'running':>8} {'schedule us':>12} {'update us':>10} {'total us':>9} {'p50 us':>8} {'us/request':>11}"
+    header = f"{'running':>8} {'events':>7} {'schedule us':>12} {'update us':>10} {'total us':>9} {'p50 us':>8} {'us/request':>11}"
     print(header)
     print("-" * len(header))
+    settings = {"off": (False,), "on": (True,), "both": (False, True)}[args.events]
     for n in args.num_running:
-        r = _measure(n, args)
-        print(
-            f"{r['running']:>8} {r['schedule_us']:>12.1f} {r['update_us']:>10.1f} "
-            f"{r['total_us']:>9.1f} {r['p50_us']:>8.1f} {r['per_req_us']:>11.2f}"
-        )
+        for record_events in settings:
+            r = _measure(n, args, record_events)
+            print(
+                f"{r['running']:>8} {r['events']:>7} {r['schedule_us']:>12.1f} {r['update_us']:>10.1f} "
+                f"{r['total_us']:>9.1f} {r['p50_us']:>8.1f} {r['per_req_us']:>11.2f}"
+            )
     return 0
 
 

@@ -9,11 +9,25 @@ Invariants (checked by :meth:`BlockPool.check_invariants`):
 
 Eviction is lazy: a freed block keeps its hash (and stays findable by the prefix cache)
 until the free queue hands it out for new content; only then is the hash dropped.
+
+With ``record_events`` every change is also appended, as it happens, to an event list
+(:mod:`workbench.core.kv_events`) that :meth:`BlockPool.take_events` drains; replaying those
+events on a snapshot of the pool rebuilds it exactly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+
+from workbench.core.kv_events import (
+    AllBlocksCleared,
+    BlockAllocated,
+    BlockFreed,
+    BlockRemoved,
+    BlockStored,
+    BlockWritten,
+    KVEvent,
+)
 
 
 class KVCacheBlock:
@@ -128,7 +142,7 @@ class BlockPool:
     (blocks whose ref_count fell to 0) only grow; readers report differences.
     """
 
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, record_events: bool = False):
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}.")
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
@@ -137,6 +151,18 @@ class BlockPool:
         self.num_allocated = 0
         self.num_evicted = 0
         self.num_freed = 0
+        self._events: list[KVEvent] | None = [] if record_events else None
+
+    @property
+    def record_events(self) -> bool:
+        return self._events is not None
+
+    def take_events(self) -> tuple[KVEvent, ...]:
+        """The events since the previous call, oldest first (empty when not recording)."""
+        if not self._events:
+            return ()
+        events, self._events = tuple(self._events), []
+        return events
 
     @property
     def num_blocks(self) -> int:
@@ -155,9 +181,11 @@ class BlockPool:
         if n > len(self.free_queue):
             raise ValueError(f"cannot allocate {n} blocks: only {len(self.free_queue)} free.")
         out = []
+        evicted: list[tuple[bytes, int]] = []
         for _ in range(n):
             block = self.free_queue.popleft()
             if block.block_hash is not None:
+                evicted.append((block.block_hash, block.block_id))
                 del self.cached[block.block_hash]
                 block.block_hash = None
                 self.num_evicted += 1
@@ -166,6 +194,11 @@ class BlockPool:
             block._owners[owner] = None
             out.append(block)
         self.num_allocated += n
+        if self._events is not None:
+            if evicted:
+                hashes, ids = zip(*evicted)
+                self._events.append(BlockRemoved(hashes, ids))
+            self._events.extend(BlockAllocated(b.block_id, owner) for b in out)
         return out
 
     def touch(self, blocks: Iterable[KVCacheBlock], owner: str) -> None:
@@ -175,6 +208,8 @@ class BlockPool:
                 self.free_queue.remove(block)
             block.ref_count += 1
             block._owners[owner] = None
+            if self._events is not None:
+                self._events.append(BlockAllocated(block.block_id, owner, prefix_hit=True))
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], owner: str) -> None:
         """Drop ``owner``'s reference on each block; blocks reaching 0 join the queue's back
@@ -183,6 +218,8 @@ class BlockPool:
         for block in ordered_blocks:
             del block._owners[owner]
             block.ref_count -= 1
+            if self._events is not None:
+                self._events.append(BlockFreed(block.block_id, owner))
             if block.ref_count == 0:
                 if block.block_hash is None:
                     block.token_ids = ()
@@ -191,7 +228,8 @@ class BlockPool:
 
     def cache_block(self, block: KVCacheBlock, block_hash: bytes, token_ids: tuple[int, ...]) -> bool:
         """Record a full, computed block under ``block_hash``. Returns False (and leaves the
-        block uncached) when another block already holds that hash."""
+        block uncached, its tokens recorded) when another block already holds that hash.
+        Emits no event: :meth:`cache_full_blocks` is the recorded entry point."""
         block.token_ids = token_ids
         if block.block_hash is not None:
             return block.block_hash == block_hash
@@ -201,6 +239,51 @@ class BlockPool:
         self.cached[block_hash] = block
         return True
 
+    def cache_full_blocks(
+        self,
+        blocks: Sequence[KVCacheBlock],
+        block_hashes: Sequence[bytes],
+        parent_hash: bytes | None,
+        token_ids: Sequence[tuple[int, ...]],
+        block_size: int,
+    ) -> None:
+        """Cache consecutive full blocks of one request (``parent_hash`` chains before the
+        first). Emits one ``BlockStored`` per run of blocks that entered the cache and a
+        ``BlockWritten`` for each that could not (its hash is held by another block)."""
+        run: list[int] = []
+        for i, (block, block_hash, tokens) in enumerate(zip(blocks, block_hashes, token_ids)):
+            stored = self.cache_block(block, block_hash, tokens)
+            if self._events is None:
+                continue
+            if stored:
+                run.append(i)
+                continue
+            self._flush_stored(run, blocks, block_hashes, parent_hash, token_ids, block_size)
+            run = []
+            self._events.append(BlockWritten(block.block_id, tokens))
+        if self._events is not None:
+            self._flush_stored(run, blocks, block_hashes, parent_hash, token_ids, block_size)
+
+    def _flush_stored(self, run, blocks, block_hashes, parent_hash, token_ids, block_size) -> None:
+        if not run:
+            return
+        first = run[0]
+        self._events.append(
+            BlockStored(
+                block_ids=tuple(blocks[i].block_id for i in run),
+                block_hashes=tuple(block_hashes[i] for i in run),
+                parent_block_hash=block_hashes[first - 1] if first else parent_hash,
+                token_ids=tuple(t for i in run for t in token_ids[i]),
+                block_size=block_size,
+            )
+        )
+
+    def write_tokens(self, block: KVCacheBlock, token_ids: tuple[int, ...]) -> None:
+        """Record the tokens an uncached block holds (a partial tail, or caching off)."""
+        block.token_ids = token_ids
+        if self._events is not None:
+            self._events.append(BlockWritten(block.block_id, token_ids))
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash. Only allowed while no block is in use; returns success."""
         if self.num_free_blocks != self.num_blocks:
@@ -209,6 +292,8 @@ class BlockPool:
             block.block_hash = None
             block.token_ids = ()
         self.cached.clear()
+        if self._events is not None:
+            self._events.append(AllBlocksCleared())
         return True
 
     def check_invariants(self, block_size: int) -> None:

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from workbench.core.block_pool import BlockPool, KVCacheBlock
+from workbench.core.kv_events import KVEvent
+from workbench.core.kv_state import KVState
 from workbench.core.prefix_hash import hash_block_tokens
 from workbench.request import Request
 
@@ -56,15 +58,22 @@ class KVCacheManager:
 
     ``blocks[i]`` is the live :class:`KVCacheBlock` ``i`` (block_id, ref_count, block_hash,
     token_ids, owners). With ``enable_prefix_caching`` off no hash is computed and no block
-    is shared.
+    is shared. With ``record_events`` the pool logs every change (``take_events()``), so a
+    :class:`~workbench.core.kv_state.KVState` taken by :meth:`snapshot` can be rolled forward.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        record_events: bool = False,
+    ):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}.")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks, record_events=record_events)
         self.prefix_cache_stats = PrefixCacheStats()
         self._tables: dict[str, list[KVCacheBlock]] = {}
         self._table_ids: dict[str, list[int]] = {}  # the same tables as block ids
@@ -90,6 +99,11 @@ class KVCacheManager:
         return 1.0 - self.pool.num_free_blocks / self.pool.num_blocks
 
     @property
+    def num_blocks_freed(self) -> int:
+        """Blocks whose ref_count fell to 0 so far (only grows; readers take differences)."""
+        return self.pool.num_freed
+
+    @property
     def num_cached_blocks(self) -> int:
         """Blocks currently findable by the prefix cache (in use or not)."""
         return len(self.pool.cached)
@@ -101,6 +115,14 @@ class KVCacheManager:
     def block_ids(self, request_id: str) -> tuple[int, ...]:
         """``block_table`` as a tuple (what a ScheduledRequest carries)."""
         return tuple(self._table_ids.get(request_id, ()))
+
+    def take_events(self) -> tuple[KVEvent, ...]:
+        """The pool's block events since the previous call (empty unless ``record_events``)."""
+        return self.pool.take_events()
+
+    def snapshot(self) -> KVState:
+        """The pool as it is now, as an immutable :class:`KVState` (O(num_blocks))."""
+        return KVState.capture(self.pool, self._table_ids, self.block_size)
 
     def num_blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
@@ -123,8 +145,10 @@ class KVCacheManager:
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest run of the request's leading full blocks found in the cache, and the
         number of tokens they hold. Capped at ``(num_tokens - 1) // block_size`` blocks so at
-        least the last known token is computed (and sampled from). Changes no state."""
-        if not self.enable_prefix_caching:
+        least the last known token is computed (and sampled from). A request that asks for
+        prompt logprobs gets no hit: its whole prompt must be computed (as vLLM). Changes no
+        state."""
+        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
         self.update_block_hashes(request)
         bs = self.block_size
@@ -202,15 +226,20 @@ class KVCacheManager:
         filled = self._num_filled[request.request_id]
         if num_full > filled:
             self.update_block_hashes(request)
-            for i in range(filled, num_full):
-                tokens = tuple(request.token_ids_slice(i * bs, (i + 1) * bs))
-                if self.enable_prefix_caching:
-                    self.pool.cache_block(table[i], request.block_hashes[i], tokens)
-                else:
-                    table[i].token_ids = tokens
+            tokens = [tuple(request.token_ids_slice(i * bs, (i + 1) * bs)) for i in range(filled, num_full)]
+            if self.enable_prefix_caching:
+                hashes = request.block_hashes
+                self.pool.cache_full_blocks(
+                    table[filled:num_full], hashes[filled:num_full],
+                    hashes[filled - 1] if filled else None, tokens, bs,
+                )
+            else:
+                for block, block_tokens in zip(table[filled:num_full], tokens):
+                    self.pool.write_tokens(block, block_tokens)
             self._num_filled[request.request_id] = num_full
         if num_computed_tokens > num_full * bs:
-            table[num_full].token_ids = tuple(request.token_ids_slice(num_full * bs, num_computed_tokens))
+            tail = tuple(request.token_ids_slice(num_full * bs, num_computed_tokens))
+            self.pool.write_tokens(table[num_full], tail)
 
     def free(self, request: Request) -> None:
         """Release every block of the request (tail first into the eviction order)."""

@@ -26,6 +26,10 @@ hold exactly the unfinished requests; a running request has ``1 <= num_computed_
 num_tokens`` and a block table of ``ceil(num_computed_tokens / block_size)`` blocks; a
 waiting one has no blocks and ``num_computed_tokens == 0``; plus the KV cache's own.
 Per-step work is O(scheduled requests + their block tables), never O(all blocks).
+
+With ``record_events`` the scheduler logs each request's life (arrival, chunks, prefix
+hits, preemptions, resumes, first token, finish: :mod:`workbench.core.request_events`);
+``take_events()`` drains the log.
 """
 
 from __future__ import annotations
@@ -39,6 +43,16 @@ from collections.abc import Iterable, Iterator
 
 from workbench.core.kv_cache import KVCacheManager
 from workbench.core.policy import SchedulingPolicy, get_policy
+from workbench.core.request_events import (
+    RequestArrived,
+    RequestEvent,
+    RequestFinished,
+    RequestFirstToken,
+    RequestPrefixHit,
+    RequestPreempted,
+    RequestResumed,
+    RequestScheduled,
+)
 from workbench.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from workbench.request import Request, RequestStatus
 
@@ -112,6 +126,7 @@ class Scheduler:
         max_model_len: int,
         enable_chunked_prefill: bool = True,
         policy: str | SchedulingPolicy = "fcfs",
+        record_events: bool = False,
     ):
         for name, value in (
             ("max_num_seqs", max_num_seqs),
@@ -133,6 +148,14 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.step_count = 0  # schedule() calls so far; the next output's step index
         self._finished_ids: list[str] = []  # since the last schedule()
+        self._events: list[RequestEvent] | None = [] if record_events else None
+
+    def take_events(self) -> tuple[RequestEvent, ...]:
+        """The request events since the previous call, oldest first (empty unless recording)."""
+        if not self._events:
+            return ()
+        events, self._events = tuple(self._events), []
+        return events
 
     # -------------------------------------------------------------- requests
     def add_request(self, request: Request) -> None:
@@ -184,6 +207,10 @@ class Scheduler:
         kv.update_block_hashes(request)
         self.requests[rid] = request
         self.waiting.add(request)
+        if self._events is not None:
+            self._events.append(
+                RequestArrived(rid, self.step_count, request.arrival_time, n_prompt, request.priority)
+            )
 
     def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
         """Finish requests in any state (stop strings, aborts) and free their blocks.
@@ -200,7 +227,7 @@ class Scheduler:
                 self.running.remove(request)
             else:
                 self.waiting.remove(request)
-            self._finish(request, status)
+            self._finish(request, status, self.step_count - 1)
 
     def abort_request(self, request_id: str) -> None:
         self.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
@@ -260,7 +287,10 @@ class Scheduler:
             if kv.allocate_slots(request, num_new, hit_blocks) is None:
                 break
             self.waiting.pop()
-            (resumed_ids if request.status is RequestStatus.PREEMPTED else new_ids).append(request.request_id)
+            resumed = request.status is RequestStatus.PREEMPTED
+            (resumed_ids if resumed else new_ids).append(request.request_id)
+            if self._events is not None:
+                self._log_admission(request, resumed, num_hit, hit_blocks)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit
             if request.first_scheduled_time is None:
@@ -288,6 +318,13 @@ class Scheduler:
             kv_usage=kv.usage,
             extra={"num_running": len(self.running), "num_waiting": len(self.waiting)},
         )
+        if self._events is not None:
+            now = time.monotonic()
+            self._events.extend(
+                RequestScheduled(c.request_id, output.step, now, c.num_computed_tokens, c.num_new_tokens,
+                                 c.is_prefill, c.samples)
+                for c in scheduled
+            )
         self._finished_ids = []
         self.step_count += 1
         return output
@@ -328,10 +365,14 @@ class Scheduler:
             request.output_token_ids.append(token)
             if request.first_token_time is None:
                 request.first_token_time = time.monotonic()
+                if self._events is not None:
+                    self._events.append(
+                        RequestFirstToken(request.request_id, scheduler_output.step, request.first_token_time)
+                    )
             kv.update_block_hashes(request)
             status = self._check_stop(request, token)
             if status is not None:
-                self._finish(request, status)
+                self._finish(request, status, scheduler_output.step)
                 any_finished = True
             got_token.append(request)
         if any_finished:
@@ -352,7 +393,23 @@ class Scheduler:
             num_cached_tokens=num_hit,
         )
 
+    def _log_admission(self, request: Request, resumed: bool, num_hit: int, hit_blocks) -> None:
+        rid, now = request.request_id, time.monotonic()
+        if resumed:
+            self._events.append(RequestResumed(rid, self.step_count, now, num_hit))
+        if num_hit:
+            self._events.append(
+                RequestPrefixHit(rid, self.step_count, now, num_hit, tuple(b.block_id for b in hit_blocks))
+            )
+
     def _preempt(self, request: Request) -> None:
+        if self._events is not None:
+            self._events.append(
+                RequestPreempted(
+                    request.request_id, self.step_count, time.monotonic(),
+                    self.kv_cache.block_ids(request.request_id), request.num_computed_tokens,
+                )
+            )
         self.kv_cache.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -373,10 +430,15 @@ class Scheduler:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    def _finish(self, request: Request, status: RequestStatus) -> None:
-        """Mark finished, forget, free blocks. The caller removes it from its queue."""
+    def _finish(self, request: Request, status: RequestStatus, step: int) -> None:
+        """Mark finished (at ``step``), forget, free blocks. The caller removes it from its queue."""
         request.status = status
         request.finished_time = time.monotonic()
+        if self._events is not None:
+            self._events.append(
+                RequestFinished(request.request_id, step, request.finished_time, status.finish_reason,
+                                request.num_output_tokens)
+            )
         del self.requests[request.request_id]
         self.kv_cache.free(request)
         self._finished_ids.append(request.request_id)

@@ -4,37 +4,48 @@ The engine is not thread-safe, so exactly one thread (the *engine thread*) ever 
 it. Everything else reaches the engine by submitting a callable that the engine thread runs
 between two steps (:meth:`AsyncLLM.call`). Outputs go back to each request's asyncio loop with
 ``loop.call_soon_threadsafe`` into a per-request ``asyncio.Queue``.
+
+Input processing (tokenization, chat templates, decoding for echo) runs on a separate
+*input thread*, so a huge prompt never pauses the running streams: the engine thread only
+receives token ids that were already validated.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import functools
+import html
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from workbench.engine import LLMEngine
 from workbench.inputs import PromptType
 from workbench.outputs import RequestOutput
-from workbench.sampling_params import SamplingParams
+from workbench.sampling_params import RequestOutputKind, SamplingParams
 
 T = TypeVar("T")
+_INPUT_NICENESS = 10  # the input thread's nice value: below the engine thread's priority
 
 
 class EngineDeadError(RuntimeError):
     """The engine thread stopped (shutdown, or a step raised): no request can be served."""
 
 
-@dataclass(frozen=True)
-class EngineSnapshot:
-    """Scheduler state after the engine thread's latest step (read without the engine)."""
+def _lower_priority() -> None:
+    """Make the calling thread yield the CPU to the engine thread (Linux: per-thread nice).
 
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_usage: float = 0.0
-    num_free_blocks: int = 0
+    Tokenizing a huge prompt takes a core for seconds; on a small CPU box the engine's
+    intra-op threads would otherwise wait for it and every running stream would stutter.
+    """
+    if hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _INPUT_NICENESS)
+        except OSError:  # not permitted here: run at normal priority
+            pass
 
 
 class RequestStream:
@@ -79,6 +90,14 @@ class RequestStream:
     async def aclose(self) -> None:
         self.close()
 
+    def __repr__(self) -> str:
+        state = "finished" if self.finished else "aborted" if self.aborted else \
+            "closed" if self.closed else "open"
+        return f"RequestStream(request_id={self.request_id!r}, {state})"
+
+    def _repr_html_(self) -> str:
+        return f"<b>RequestStream</b> <code>{html.escape(repr(self))}</code>"
+
 
 class AsyncLLM:
     """Serve an :class:`LLMEngine` to asyncio code.
@@ -89,15 +108,19 @@ class AsyncLLM:
     """
 
     def __init__(self, engine: LLMEngine) -> None:
-        engine.stream_outputs = True
         self.engine = engine
+        # One input thread: the tokenizer is used by it and the engine thread, no more.
+        self._inputs = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="workbench-inputs", initializer=_lower_priority
+        )
         self._cond = threading.Condition()
         self._calls: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
         self._stopping = False
         self._error: BaseException | None = None
         # request id -> (its consumer's loop, its queue); engine thread only.
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self.snapshot = self._take_snapshot()
+        #: Set when the engine thread has stopped (shutdown, or an error: see dead_error).
+        self.stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="workbench-engine", daemon=True)
         self._thread.start()
 
@@ -114,21 +137,60 @@ class AsyncLLM:
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn()`` on the engine thread between two steps; return or raise its result."""
-        return await asyncio.wrap_future(self._submit(fn))
+        return await asyncio.wrap_future(self.submit(fn))
+
+    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future:
+        """Queue ``fn()`` for the engine thread (between two steps); its future. Safe from
+        any thread; a dead engine fails the future with EngineDeadError."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._stopping or self._error is not None:
+                future.set_exception(EngineDeadError(self._dead_message()))
+                return future
+            self._calls.append((fn, future))
+            self._cond.notify_all()
+        return future
+
+    async def run_input(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` on the input thread (tokenizer work off the engine)."""
+        if not self.is_running:
+            raise EngineDeadError(self._dead_message())
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._inputs, functools.partial(fn, *args, **kwargs))
+
+    async def process_inputs(
+        self, prompt: PromptType, params: SamplingParams, *, add_special_tokens: bool = True
+    ) -> tuple[str | None, list[int], SamplingParams]:
+        """``InputProcessor.process`` on the input thread (raises its ValueError)."""
+        return await self.run_input(
+            self.engine.input_processor.process, prompt, params,
+            add_special_tokens=add_special_tokens,
+        )
+
+    async def render_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+        """``InputProcessor.render_chat`` on the input thread (raises its ValueError)."""
+        return await self.run_input(self.engine.input_processor.render_chat, messages, **kwargs)
+
+    async def decode(self, token_ids: list[int]) -> str:
+        return await self.run_input(self.engine.tokenizer.decode, token_ids)
 
     async def add_request(
-        self, prompt: PromptType, params: SamplingParams, request_id: str
+        self, prompt: PromptType, params: SamplingParams, request_id: str, *, priority: int = 0
     ) -> RequestStream:
         """Validate and queue a request; return the stream of its delta RequestOutputs.
 
+        The prompt is processed on the input thread; the engine thread gets its token ids.
         A ValueError from validation propagates unchanged and nothing is queued (requests
         already in flight are untouched).
         """
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
+        text, token_ids, params = await self.process_inputs(prompt, params)
+        processed = {"prompt": text, "prompt_token_ids": token_ids}
+        delta = dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
 
         def add() -> None:
-            self.engine.add_request(request_id, prompt, params)
+            self.engine.add_request(request_id, processed, delta, priority=priority)
             self._streams[request_id] = (loop, queue)
 
         try:
@@ -161,7 +223,7 @@ class AsyncLLM:
             self.engine.abort_request(request_id)
 
         if self.is_running:
-            self._submit(do_abort)
+            self.submit(do_abort)
 
     async def shutdown(self) -> None:
         """Stop the engine thread and wait for it: requests in flight are aborted (their
@@ -170,18 +232,9 @@ class AsyncLLM:
             self._stopping = True
             self._cond.notify_all()
         await asyncio.to_thread(self._thread.join)
+        self._inputs.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ engine thread
-    def _submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        with self._cond:
-            if self._stopping or self._error is not None:
-                future.set_exception(EngineDeadError(self._dead_message()))
-                return future
-            self._calls.append((fn, future))
-            self._cond.notify_all()
-        return future
-
     def _dead_message(self) -> str:
         if self._error is not None:
             return f"The engine stopped after an error: {self._error!r}"
@@ -209,7 +262,6 @@ class AsyncLLM:
                     break
                 if engine.has_unfinished_requests():
                     self._deliver(engine.step())
-                self.snapshot = self._take_snapshot()
         except BaseException as exc:
             self._error = exc
         finally:
@@ -223,6 +275,7 @@ class AsyncLLM:
             for loop, queue in self._streams.values():
                 self._put(loop, queue, dead)
             self._streams.clear()
+            self.stopped.set()
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
@@ -238,18 +291,21 @@ class AsyncLLM:
         except RuntimeError:  # that consumer's loop is closed: nobody is listening
             pass
 
-    def _take_snapshot(self) -> EngineSnapshot:
-        sched, kv = self.engine.scheduler, self.engine.kv_cache
-        return EngineSnapshot(
-            num_running=len(sched.running),
-            num_waiting=len(sched.waiting),
-            kv_usage=kv.usage,
-            num_free_blocks=kv.num_free_blocks,
+    def __repr__(self) -> str:
+        s = self.engine.scheduler_stats  # replaced whole after each step: safe to read here
+        return (
+            f"AsyncLLM(running={s.num_running_reqs}, waiting={s.num_waiting_reqs}, "
+            f"kv_usage={s.kv_cache_usage:.2f}, alive={self.is_running})"
         )
 
-    def __repr__(self) -> str:
-        s = self.snapshot
-        return (
-            f"AsyncLLM(running={s.num_running}, waiting={s.num_waiting}, "
-            f"kv_usage={s.kv_usage:.2f}, alive={self.is_running})"
-        )
+    def _repr_html_(self) -> str:
+        from workbench.reprs import html_table
+
+        s = self.engine.scheduler_stats
+        error = self.dead_error
+        return html_table("AsyncLLM", {
+            "engine thread": "running" if self.is_running
+            else f"stopped: {error!r}" if error else "shut down",
+            "running / waiting": f"{s.num_running_reqs} / {s.num_waiting_reqs}",
+            "KV cache used": f"{s.kv_cache_usage:.0%}",
+        })

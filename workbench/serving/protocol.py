@@ -1,57 +1,157 @@
-"""Pydantic models of the OpenAI-compatible API (the fields vLLM's server accepts that the
-engine supports), and their conversion to :class:`SamplingParams`."""
+"""Pydantic models of the OpenAI-compatible API's requests: every field of vLLM's
+CompletionRequest and ChatCompletionRequest, each honoured or rejected with a 400 "... is not
+supported" (the table: docs/serving_fields.md). Responses: responses.py.
+
+Types are strict (``"n": true``, ``"max_tokens": 1.5`` or ``"5"`` are 400s naming the field;
+an integer is accepted where a number is expected) and floats must be finite. Cross-field
+rules (vLLM's) raise :class:`FieldError`, which the server answers 400 with ``param`` set.
+Fields nobody declares are accepted and named in one warning per request (vLLM's behaviour).
+"""
 
 from __future__ import annotations
 
-import time
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workbench.sampling_params import SamplingParams
 
 
+class FieldError(ValueError):
+    """A request field breaks a rule; ``field`` is answered as the error's ``param``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def unsupported(field: str, what: str | None = None) -> FieldError:
+    return FieldError(field, f"{what or field} is not supported by this server.")
+
+
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields are ignored, as vLLM does
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+    def unknown_fields(self) -> list[str]:
+        """Fields the request sent that no model declares (logged once, then ignored);
+        a nested object's are named ``outer.inner``."""
+        names = list(self.model_extra or {})
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, OpenAIModel) and not isinstance(value, ChatMessage):
+                names += [f"{name}.{inner}" for inner in value.unknown_fields()]
+        return sorted(names)
 
 
 class StreamOptions(OpenAIModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
-class _SamplingFields(OpenAIModel):
-    """Fields shared by completions and chat; ``None`` means SamplingParams' default."""
+class ResponseFormat(OpenAIModel):
+    type: str
+    json_schema: Optional[dict[str, Any]] = None
 
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
+
+class _CommonFields(OpenAIModel):
+    """Fields of both endpoints: OpenAI's, then vLLM's extra sampling and serving fields."""
+
+    model: Optional[str] = None
+    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, float]] = None
     n: int = 1
+    seed: Optional[int] = None
     stop: Union[str, list[str], None] = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    user: Optional[str] = None  # OpenAI's end-user id; vLLM does not use it either
+    response_format: Optional[ResponseFormat] = None
+    # vLLM's extra sampling parameters
+    best_of: Optional[int] = None
+    use_beam_search: bool = False
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    length_penalty: float = 1.0
+    stop_token_ids: Optional[list[int]] = None
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = None
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: Optional[int] = None
+    allowed_token_ids: Optional[list[int]] = None
+    bad_words: Optional[list[str]] = None
+    prompt_logprobs: Optional[int] = None
+    # vLLM's extra serving parameters
+    priority: int = 0
+    request_id: Optional[str] = None
+    return_tokens_as_token_ids: bool = False
+    # vLLM fields this server rejects when set (see check_supported)
+    guided_json: Any = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
+    guided_decoding_backend: Optional[str] = None
+    guided_whitespace_pattern: Optional[str] = None
+    structural_tag: Optional[str] = None
+    structured_outputs: Any = None
+    logits_processors: Any = None
+    return_token_ids: Optional[bool] = None
+    cache_salt: Optional[str] = None
+    kv_transfer_params: Optional[dict[str, Any]] = None
+    vllm_xargs: Optional[dict[str, Any]] = None
 
-    def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """Build SamplingParams (raises its ValueError, naming the field, on a bad value)."""
+    @model_validator(mode="after")
+    def _cross_field_rules(self):
+        if self.stream_options is not None and not self.stream:
+            raise FieldError("stream_options",
+                             "Stream options can only be defined when `stream=True`.")
+        if self.n < 1:
+            raise FieldError("n", f"n must be at least 1, got {self.n}.")
+        if self.best_of is not None and self.best_of < self.n:
+            raise FieldError("best_of", f"best_of must be greater than or equal to n, got "
+                                        f"n={self.n} and best_of={self.best_of}.")
+        if self.prompt_logprobs is not None and self.stream:
+            raise FieldError("prompt_logprobs",
+                             "`prompt_logprobs` are not available when `stream=True`.")
+        return self
+
+    def check_supported(self) -> None:
+        """Raise FieldError for a set field this server cannot honour (vLLM honours it with
+        features the workbench does not have: beam search, structured output, KV transfer)."""
+        if self.best_of is not None and self.best_of != self.n:
+            raise FieldError("best_of", "best_of > n is not supported by this server.")
+        if self.use_beam_search:
+            raise unsupported("use_beam_search", "Beam search")
+        if self.length_penalty != 1.0:
+            raise unsupported("length_penalty", "length_penalty (a beam-search option)")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise unsupported("response_format",
+                              f"response_format of type {self.response_format.type!r}")
+        for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                     "guided_decoding_backend", "guided_whitespace_pattern", "structural_tag",
+                     "structured_outputs"):
+            if getattr(self, name) is not None:
+                raise unsupported(name, f"{name} (structured output)")
+        if self.logits_processors is not None:
+            raise unsupported("logits_processors", "logits_processors (server-side classes; "
+                              "use SamplingParams.logits_processors offline)")
+        for name in ("return_token_ids", "cache_salt", "kv_transfer_params", "vllm_xargs"):
+            if getattr(self, name):
+                raise unsupported(name)
+
+    def sampling_params(self, *, max_tokens: int | None, logprobs: int | None,
+                        defaults: dict[str, Any]) -> SamplingParams:
+        """SamplingParams of this request: fields it left None take ``defaults`` (the model's
+        generation config), then SamplingParams' own (raises its ValueError on bad values)."""
         optional = {
-            name: getattr(self, name)
-            for name in (
-                "temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                "frequency_penalty", "repetition_penalty",
-            )
-            if getattr(self, name) is not None
+            name: getattr(self, name) if getattr(self, name) is not None else defaults.get(name)
+            for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                         "frequency_penalty", "repetition_penalty")
         }
         return SamplingParams(
             n=self.n,
@@ -62,192 +162,183 @@ class _SamplingFields(OpenAIModel):
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
             logprobs=logprobs,
+            prompt_logprobs=self.prompt_logprobs,
+            logit_bias=self.logit_bias,
+            allowed_token_ids=self.allowed_token_ids,
+            bad_words=self.bad_words,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
             skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            **optional,
+            **{k: v for k, v in optional.items() if v is not None},
         )
 
     @property
     def include_usage(self) -> bool:
-        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage_stats(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
-class CompletionRequest(_SamplingFields):
-    """POST /v1/completions. ``prompt`` is one text or one list of token ids."""
+PromptInput = Union[str, list[str], list[int], list[list[int]]]
 
-    prompt: Union[str, list[int], list[str], list[list[int]]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
+
+class CompletionRequest(_CommonFields):
+    """POST /v1/completions. ``prompt``: a text, a list of token ids, or a list of either
+    (one choice per prompt and sample: prompt i, sample j -> index ``i * n + j``)."""
+
+    prompt: Optional[PromptInput] = None
+    prompt_embeds: Any = None
     echo: bool = False
+    logprobs: Optional[int] = None
+    max_tokens: Optional[int] = 16
+    suffix: Optional[str] = None
+    add_special_tokens: bool = True
 
-    def to_sampling_params(self) -> SamplingParams:
-        return self._sampling_params(self.max_tokens, self.logprobs)
+    @model_validator(mode="after")
+    def _completion_rules(self):
+        if self.prompt_embeds is not None:
+            raise unsupported("prompt_embeds")
+        if self.prompt is None or self.prompt == [] or self.prompt == [[]]:
+            raise FieldError("prompt", "prompt must be a text, a list of token ids, or a "
+                                       "non-empty list of either.")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise FieldError("logprobs", "`logprobs` must be a positive value.")
+        if self.max_tokens is not None and self.max_tokens < 0:
+            raise FieldError("max_tokens", f"max_tokens must be at least 0, got "
+                                           f"{self.max_tokens}.")
+        if self.max_tokens == 0 and not self.echo:
+            raise FieldError("max_tokens", "max_tokens must be at least 1 (0 only with "
+                                           "echo: the prompt alone), got 0.")
+        return self
+
+    max_tokens_field: ClassVar[str] = "max_tokens"
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.suffix is not None:
+            raise unsupported("suffix")
+
+    def prompts(self) -> list[Union[str, list[int]]]:
+        """The prompts of this request, one per choice group."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(x, int) for x in p):
+            return [p]  # one prompt of token ids
+        return list(p)
 
 
 class ContentPart(OpenAIModel):
-    type: str = "text"
-    text: str = ""
+    type: str
+    text: Optional[str] = None
 
 
 class ChatMessage(OpenAIModel):
+    """A message; fields beyond role/content (name, tool_calls, ...) reach the template."""
+
     role: str
     content: Union[str, list[ContentPart], None] = None
 
-    def text(self) -> str:
-        """The message content as one string (text parts joined, as vLLM's "string" format)."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "\n".join(p.text for p in self.content if p.type == "text")
+    def for_template(self, index: int) -> dict[str, Any]:
+        """The message as the chat template sees it: content parts joined into one text."""
+        content = self.content
+        if isinstance(content, list):
+            for part in content:
+                if part.type != "text":
+                    raise FieldError("messages", f"messages[{index}]: content parts of type "
+                                                 f"{part.type!r} are not supported by this "
+                                                 "server (text only).")
+            content = "\n".join(part.text or "" for part in content)
+        return {**(self.model_extra or {}), "role": self.role, "content": content or ""}
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_CommonFields):
     """POST /v1/chat/completions. ``max_completion_tokens`` wins over ``max_tokens``; with
     neither, the rest of the context is the limit."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: Optional[int] = None
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Union[str, dict[str, Any], None] = "none"
+    parallel_tool_calls: Optional[bool] = None
+    reasoning_effort: Optional[str] = None
+    include_reasoning: bool = True
+    echo: bool = False
     add_generation_prompt: bool = True
-    chat_template: str | None = None
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    documents: Optional[list[dict[str, str]]] = None
+    chat_template: Optional[str] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    mm_processor_kwargs: Optional[dict[str, Any]] = None
 
-    def to_sampling_params(self) -> SamplingParams:
-        max_tokens = (
-            self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        )
-        logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(max_tokens, logprobs)
+    @model_validator(mode="after")
+    def _chat_rules(self):
+        k = self.top_logprobs
+        if k is not None and k < 0:
+            raise FieldError("top_logprobs", "`top_logprobs` must be a positive value.")
+        if k is not None and k > 0 and not self.logprobs:
+            raise FieldError("top_logprobs",
+                             "when using `top_logprobs`, `logprobs` must be set to true.")
+        for name in ("max_tokens", "max_completion_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise FieldError(name, f"{name} must be at least 1, got {getattr(self, name)}.")
+        if self.add_generation_prompt and self.continue_final_message:
+            raise FieldError("continue_final_message", "Cannot set both "
+                             "`continue_final_message` and `add_generation_prompt` to True.")
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise FieldError("tool_choice", "When using `tool_choice`, `tools` must be set.")
+        return self
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.tool_choice not in (None, "none"):
+            raise unsupported("tool_choice", f"tool_choice {self.tool_choice!r} (tool calling)")
+        if self.reasoning_effort is not None:
+            raise unsupported("reasoning_effort")
+        if self.mm_processor_kwargs:
+            raise unsupported("mm_processor_kwargs", "mm_processor_kwargs (multimodal input)")
+
+    @property
+    def max_tokens_field(self) -> str:
+        """The field that set the limit, as errors name it."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """What the chat template receives besides the messages (tools, documents, kwargs)."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.tools:
+            kwargs["tools"] = self.tools
+        if self.documents:
+            kwargs["documents"] = self.documents
+        return kwargs
 
 
 class TokenizeRequest(OpenAIModel):
     """POST /tokenize: a text (``add_special_tokens`` as the completions API) or a chat."""
 
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: Optional[str] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
 class DetokenizeRequest(OpenAIModel):
-    model: str | None = None
+    model: Optional[str] = None
     tokens: list[int]
-
-
-# ---------------------------------------------------------------------------- responses
-class UsageInfo(BaseModel):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-
-
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: int
-
-
-class ErrorResponse(BaseModel):
-    object: Literal["error"] = "error"
-    error: ErrorInfo
-
-
-class CompletionLogprobs(BaseModel):
-    """Completions-API logprobs; ``text_offset`` counts characters from the start of the
-    choice's text (of the whole completion, also in stream chunks)."""
-
-    text_offset: list[int] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)
-    tokens: list[str] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: Union[int, str, None] = None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class ChatTokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob] = Field(default_factory=list)
-
-
-class ChatLogprobs(BaseModel):
-    content: list[ChatTokenLogprob] | None = None
-
-
-class ChatResponseMessage(BaseModel):
-    role: str = "assistant"
-    content: str = ""
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: ChatResponseMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: Union[int, str, None] = None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatChoice]
-    usage: UsageInfo
-
-
-class ChatStreamChoice(BaseModel):
-    index: int
-    delta: dict[str, str]  # {"role": "assistant", "content": ""} first, then {"content": text}
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: Union[int, str, None] = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatStreamChoice]
-    usage: UsageInfo | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    owned_by: str = "workbench"
-    max_model_len: int | None = None
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-def dump(model: BaseModel) -> dict[str, Any]:
-    """JSON-ready dict of a response model."""
-    return model.model_dump(mode="json")

@@ -1,6 +1,17 @@
-"""Plots and widgets that read StepRecords and the live engine objects (never the other way round)."""
+"""Widgets and plots that read StepRecords and the live engine (never the other way round).
 
-from workbench.viz.plots import plot_kv_blocks, plot_kv_usage, plot_step_tokens
+``BlockMap``, ``RequestTimeline``, ``StepPlayer``, ``EngineDashboard`` and ``ComparisonView``
+are ipywidgets; the ``plot_*`` functions draw on a matplotlib Axes.
+"""
+
+from workbench.viz.block_map import BlockMap
+from workbench.viz.comparison import ComparisonView
 from workbench.viz.dashboard import EngineDashboard
+from workbench.viz.player import StepPlayer
+from workbench.viz.plots import plot_kv_blocks, plot_kv_usage, plot_step_tokens
+from workbench.viz.timeline import RequestTimeline
 
-__all__ = ["plot_step_tokens", "plot_kv_usage", "plot_kv_blocks", "EngineDashboard"]
+__all__ = [
+    "BlockMap", "RequestTimeline", "StepPlayer", "EngineDashboard", "ComparisonView",
+    "plot_step_tokens", "plot_kv_usage", "plot_kv_blocks",
+]

@@ -1,83 +1,193 @@
-"""EngineDashboard: an ipywidgets panel to step a live engine and watch its decisions.
+"""EngineDashboard: one panel to drive a live engine and watch every decision it makes.
 
-Buttons step the engine; a text box adds requests; the panel redraws the last StepRecord, the
-scheduler's queues and the pictures from :mod:`workbench.viz.plots`. It only reads the engine,
-except through the engine's own public methods (add_request, step).
+Controls add requests (prompt, request id, max_tokens, temperature, priority), step, run and
+reset; tabs show the :class:`StepPlayer` (with the :class:`BlockMap` as it was at the step
+picked), the :class:`RequestTimeline`, step plots (tokens per step, KV usage and queues),
+the per-request metrics and the finished outputs. It redraws after its own clicks and, via a
+throttled ``engine.on_step`` hook, after steps taken elsewhere -- also while ``%llm serve``
+steps the engine (``read_only=True``: no drive controls). Live redraws touch only the tab on
+show, so watching costs the engine little.
 """
 
 from __future__ import annotations
 
+import html
 import itertools
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
-from IPython.display import HTML, display
+import traitlets
 
 from workbench.sampling_params import SamplingParams
-from workbench.viz.plots import plot_kv_blocks, plot_kv_usage, plot_step_tokens
+from workbench.viz.busy import busy
+from workbench.viz.figures import figure_png, new_figure
+from workbench.viz.live import LiveUpdater
+from workbench.viz.player import StepPlayer
+from workbench.viz.plots import plot_kv_usage, plot_step_tokens
+from workbench.viz.source import ViewSource
+from workbench.viz.timeline import RequestTimeline
+
+_NARROW = dict(layout=widgets.Layout(width="200px"), style={"description_width": "initial"})
 
 
-class EngineDashboard:
-    """``EngineDashboard(engine).widget`` is the panel; display it in a notebook cell.
+class EngineDashboard(widgets.VBox):
+    """``EngineDashboard(engine)``; display it in a cell. ``add`` / ``step`` / ``run_to_end``
+    / ``reset`` do what the buttons do. ``summary`` is the header line shown."""
 
-    ``read_only=True`` (an engine that a server is stepping) shows only a Refresh button.
-    """
+    summary = traitlets.Unicode("")
 
-    def __init__(
-        self, engine, params: SamplingParams | None = None, *, read_only: bool = False
-    ) -> None:
+    def __init__(self, engine, params: SamplingParams | None = None, *, read_only: bool = False,
+                 live_interval: float = 1.0):
         self.engine = engine
-        self.params = params or SamplingParams(temperature=0, max_tokens=32)
+        self.source = ViewSource(engine, live=not read_only)
+        params = params or SamplingParams(temperature=0.0, max_tokens=32)
         self._ids = itertools.count()
+        self.header = widgets.HTML()
+        self.status = widgets.HTML()
+        self.prompt = widgets.Text(value="ROMEO:", description="prompt", layout=widgets.Layout(width="340px"))
+        self.request_id = widgets.Text(value="", placeholder="(made up)", description="request id",
+                                       layout=widgets.Layout(width="240px"))
+        self.max_tokens = widgets.BoundedIntText(value=params.max_tokens, min=1, max=100_000,
+                                                 description="max_tokens", **_NARROW)
+        self.temperature = widgets.BoundedFloatText(value=params.temperature, min=0.0, max=10.0, step=0.1,
+                                                    description="temperature", **_NARROW)
+        self.priority = widgets.IntText(value=0, description="priority", **_NARROW)
+        self.player = StepPlayer(self.source, controls=False, live_updates=False)
+        self.timeline = RequestTimeline(self.source)
+        self.plots = widgets.Image(format="png")
+        self.requests = widgets.HTML()
+        self.finished = widgets.HTML()
         self.outputs: list = []
-        self.prompt = widgets.Text(value="ROMEO:", description="prompt")
-        add = widgets.Button(description="Add request")
-        step = widgets.Button(description="Step")
-        run = widgets.Button(description="Run 10 steps")
-        finish = widgets.Button(description="Run to the end")
-        add.on_click(lambda _: self.add(self.prompt.value))
-        step.on_click(lambda _: self.step(1))
-        run.on_click(lambda _: self.step(10))
-        finish.on_click(lambda _: self.run_to_end())
-        self.view = widgets.Output()
+        buttons = {}
+        for label, action in (("Add request", self._on_add), ("Step", lambda: self.step(1)),
+                              ("Run 10 steps", lambda: self.step(10)), ("Run to the end", self.run_to_end),
+                              ("Reset", self.reset), ("Refresh", self.refresh)):
+            button = widgets.Button(description=label, layout=widgets.Layout(width="130px"))
+            button.on_click(lambda _, label=label, action=action: self._click(label, action))
+            buttons[label] = button
+        self.buttons = list(buttons.values())
         if read_only:
-            refresh = widgets.Button(description="Refresh")
-            refresh.on_click(lambda _: self.refresh())
-            controls = [refresh]
+            self.buttons = [buttons["Refresh"]]
+            controls = [widgets.HBox([buttons["Refresh"], self.status])]
         else:
-            controls = [widgets.HBox([self.prompt, add]), widgets.HBox([step, run, finish])]
-        self.widget = widgets.VBox([*controls, self.view])
+            controls = [
+                widgets.HBox([self.prompt, self.request_id, buttons["Add request"]]),
+                widgets.HBox([self.max_tokens, self.temperature, self.priority]),
+                widgets.HBox([buttons[k] for k in ("Step", "Run 10 steps", "Run to the end", "Reset")]
+                             + [self.status]),
+            ]
+        self.tabs = widgets.Tab([self.player, self.timeline, self.plots, self.requests, self.finished])
+        for i, title in enumerate(("Step player", "Timeline", "Step plots", "Requests", "Outputs")):
+            self.tabs.set_title(i, title)
+        self._stale: set[int] = set()  # tabs not redrawn since the engine moved
+        self.tabs.observe(lambda change: self._on_tab(change["new"]), "selected_index")
+        super().__init__([self.header, *controls, self.tabs])
+        self.updater = LiveUpdater(engine, lambda: self.refresh(all_tabs=False), live_interval)
         self.refresh()
 
-    def add(self, prompt: str) -> None:
-        self.engine.add_request(f"ui-{next(self._ids)}", prompt, self.params)
+    # ------------------------------------------------------------- actions
+    def add(self, prompt: str, request_id: str | None = None, **params) -> str:
+        """Queue a request (params: SamplingParams fields, priority); returns its id."""
+        priority = params.pop("priority", 0)
+        rid = request_id or self._new_id()
+        self.engine.add_request(rid, prompt, SamplingParams(**params), priority=priority)
         self.refresh()
+        return rid
 
-    def step(self, n: int = 1) -> None:
-        for _ in range(n):
-            if not self.engine.has_unfinished_requests():
-                break
-            self.outputs.extend(self.engine.step())
+    def step(self, num_steps: int = 1) -> None:
+        """Advance the engine up to ``num_steps`` steps (fewer when it runs dry)."""
+        self.updater.paused = True
+        try:
+            for _ in range(num_steps):
+                if not self.engine.has_unfinished_requests():
+                    break
+                self.outputs.extend(out for out in self.engine.step() if out.finished)
+        finally:
+            self.updater.paused = False
         self.refresh()
 
     def run_to_end(self, max_steps: int = 10_000) -> None:
         self.step(max_steps)
 
-    def refresh(self) -> None:
-        self.view.clear_output(wait=True)
-        with self.view:
-            if len(self.engine.history):
-                display(HTML(self.engine.history[-1]._repr_html_()))
-            display(HTML(self.engine.scheduler._repr_html_()))
-            fig, axes = plt.subplots(1, 2, figsize=(13, 3), layout="constrained")
-            plot_step_tokens(self.engine.history, ax=axes[0])
-            plot_kv_usage(self.engine.history, ax=axes[1])
-            blocks = plot_kv_blocks(self.engine.kv_cache).figure
-            for figure in (fig, blocks):
-                display(figure)
-                plt.close(figure)  # drawn once, here; not again by the inline backend
-            for out in self.outputs[-5:]:
-                display(HTML(out._repr_html_()))
+    def reset(self) -> None:
+        """Abort every request, forget the recorded steps and the prefix cache (the model and
+        its KV pool stay allocated)."""
+        self.engine.abort_request(list(self.engine._children), report=False)
+        self.engine.history.clear()
+        self.engine.reset_prefix_cache()
+        self.outputs.clear()
+        self.refresh()
 
-    def _ipython_display_(self) -> None:
-        display(self.widget)
+    def refresh(self, *, all_tabs: bool = True) -> None:
+        """Redraw the header and the tabs. ``all_tabs=False`` (the live updates) redraws only
+        the tab on show; the others are redrawn when picked."""
+        self._header()
+        redraws = (self.player.refresh, self.timeline.refresh, self._draw_plots, self._draw_requests,
+                   self._draw_outputs)
+        shown = self.tabs.selected_index or 0
+        for i, redraw in enumerate(redraws):
+            if all_tabs or i == shown:
+                redraw()
+                self._stale.discard(i)
+            else:
+                self._stale.add(i)
+
+    def _on_tab(self, index: int | None) -> None:
+        if index in self._stale:
+            self._stale.discard(index)
+            (self.player.refresh, self.timeline.refresh, self._draw_plots, self._draw_requests,
+             self._draw_outputs)[index]()
+
+    def _header(self) -> None:
+        engine = self.engine
+        kv, scheduler = engine.kv_cache, engine.scheduler
+        last = self.source.last_step
+        self.summary = (
+            f"policy {scheduler.policy.name}, budget {scheduler.max_num_batched_tokens} tokens / "
+            f"{scheduler.max_num_seqs} seqs per step, {kv.num_blocks} KV blocks × {kv.block_size} tokens; "
+            f"{len(scheduler.running)} running, {len(scheduler.waiting)} waiting, "
+            + ("no steps yet" if last is None else f"last step {last}")
+        )
+        self.header.value = f"<b>LLMEngine</b>: {html.escape(self.summary)}"
+
+    def _draw_requests(self) -> None:
+        frame = self.source.requests()
+        self.requests.value = frame.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="") \
+            if frame is not None and len(frame) else "no requests yet"
+
+    def _draw_outputs(self) -> None:
+        self.finished.value = "".join(out._repr_html_() for out in self.outputs[-10:]) or "no finished requests yet"
+
+    def _draw_plots(self) -> None:
+        self.plots.value = self._plots_png()
+
+    def _plots_png(self) -> bytes:
+        figure = new_figure(12, 3.4)
+        left, right = figure.subplots(1, 2)
+        plot_step_tokens(self.engine.history, ax=left)
+        plot_kv_usage(self.engine.history, ax=right, last=200)
+        return figure_png(figure)
+
+    def _new_id(self) -> str:
+        while True:
+            rid = f"ui-{next(self._ids)}"
+            if rid not in self.engine._children:
+                return rid
+
+    def _on_add(self) -> None:
+        self.add(self.prompt.value, self.request_id.value.strip() or None, max_tokens=self.max_tokens.value,
+                 temperature=self.temperature.value, priority=self.priority.value)
+        self.request_id.value = ""
+
+    def _click(self, label: str, action) -> None:
+        with busy(self.buttons, self.status, label.lower()):
+            action()
+
+    def close(self) -> None:
+        self.updater.close()
+        super().close()
+
+    def __repr__(self) -> str:
+        return f"EngineDashboard({self.summary})"
+
+    def _repr_html_(self) -> str:
+        return self.header.value + self.player._repr_html_()

@@ -1,106 +1,139 @@
 """Matplotlib pictures of a run: tokens per step, KV usage and queues, the block pool.
 
-Each function takes what it draws (a StepHistory, a KVCacheManager) and an optional ``ax``,
-and returns the Axes, so a notebook can compose them. Nothing here changes engine state.
+Each function takes what it draws (a StepHistory, a KV cache or KVState) and an ``ax``, and
+returns the Axes, so a notebook can compose them. The widgets always pass axes of figures they
+own (:mod:`workbench.viz.figures`); ``ax=None`` is a notebook convenience that makes a pyplot
+figure (main thread only). Nothing here changes engine state.
 """
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
+from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
+
+from workbench.viz.block_map import block_cells
+from workbench.viz.colors import STATE_COLORS, request_color
 
 
 def _axes(ax, size=(8, 3)):
     if ax is None:
+        import matplotlib.pyplot as plt
+
         _, ax = plt.subplots(figsize=size)
     return ax
 
 
-def plot_step_tokens(history, ax=None, last: int = 200):
-    """Stacked bars: prefill and decode tokens each step, against the token budget.
+def _records(history, last: int | None):
+    records = history[:]
+    return records[-last:] if last else records
 
+
+def plot_step_tokens(history, ax=None, last: int = 200):
+    """Tokens scheduled per step, stacked per request in the request's colour (prefill chunks
+    hatched), against the token budget.
+
+    The y axis is scaled to the bars; the budget is a dashed reference line drawn behind them
+    when it is within twice the tallest bar, otherwise noted in the legend ("off scale").
     Only the ``last`` steps are drawn (a served engine keeps thousands).
     """
-    frame = history.to_dataframe().tail(last)
+    records = _records(history, last)
     ax = _axes(ax)
-    if frame.empty:
+    if not records:
         ax.set_title("no steps yet")
         return ax
-    steps = frame.index.to_numpy()
-    ax.bar(steps, frame["prefill_tokens"], label="prefill tokens", color="tab:orange", width=0.9)
-    ax.bar(steps, frame["decode_tokens"], bottom=frame["prefill_tokens"], label="decode tokens",
-           color="tab:blue", width=0.9)
-    ax.step(steps, frame["token_budget"], where="mid", color="black", lw=1, label="token budget")
-    preempted = frame.index[frame["preempted"] > 0]
-    if len(preempted):
-        ax.scatter(preempted, frame.loc[preempted, "num_tokens"] + 0.5, marker="v", color="red",
-                   label="preemption", zorder=3)
-    ax.set_ylim(0, frame["token_budget"].max() * 1.25)
+    for record in records:
+        bottom = 0
+        for chunk in record.scheduler_output.scheduled:
+            ax.bar(record.step, chunk.num_new_tokens, bottom=bottom, width=0.85,
+                   color=request_color(chunk.request_id), hatch="///" if chunk.is_prefill else None,
+                   edgecolor="white", linewidth=0.3)
+            bottom += chunk.num_new_tokens
+    tallest = max(r.num_scheduled_tokens for r in records) or 1
+    budget = records[-1].scheduler_output.token_budget
+    top = tallest * 1.2
+    handles = [Patch(facecolor="0.7", hatch="///", edgecolor="white", label="prefill chunk"),
+               Patch(color="0.7", label="decode")]
+    if budget <= 2 * tallest:
+        top = max(top, budget * 1.1)
+        line = ax.axhline(budget, color="black", lw=1, ls="--", zorder=0)
+        line.set_label(f"token budget ({budget})")
+        handles.append(line)
+    else:
+        handles.append(Patch(color="none", label=f"token budget {budget} (off scale)"))
+    preempted = [r for r in records if r.scheduler_output.preempted_request_ids]
+    if preempted:
+        handles.append(ax.scatter([r.step for r in preempted],
+                                  [r.num_scheduled_tokens + tallest * 0.06 for r in preempted],
+                                  marker="v", color=STATE_COLORS["preempted"], zorder=3, label="preemption"))
+    ax.set_ylim(0, top)
     ax.set_xlabel("step")
     ax.set_ylabel("tokens")
-    ax.set_title("Tokens scheduled per step")
-    ax.legend(loc="upper right", fontsize="small", ncols=2)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title("Tokens scheduled per step (colour = request)")
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize="small",
+              ncols=len(handles), frameon=False)
     return ax
 
 
-def plot_kv_usage(history, ax=None):
-    """KV-cache usage (left axis) and running / waiting queue lengths (right axis) per step."""
-    frame = history.to_dataframe()
+def plot_kv_usage(history, ax=None, last: int | None = None):
+    """KV-cache usage in % of blocks (left axis, scaled to the peak) and running / waiting
+    requests (right axis)."""
+    records = _records(history, last)
     ax = _axes(ax)
-    if frame.empty:
+    if not records:
         ax.set_title("no steps yet")
         return ax
-    ax.fill_between(frame.index, frame["kv_usage"] * 100, color="tab:green", alpha=0.3,
-                    step="mid", label="KV usage %")
-    ax.set_ylim(0, 100)
-    ax.set_ylabel("KV usage (%)")
+    steps = [r.step for r in records]
+    ax.fill_between(steps, [r.kv_usage * 100 for r in records], color="tab:green", alpha=0.3,
+                    step="mid", label="KV usage (% of blocks)")
+    peak = max(r.kv_usage for r in records) * 100
+    ax.set_ylim(0, min(105, max(1.0, peak * 1.25)))  # scaled to the data: 0.1% of a big pool shows
+    ax.set_ylabel("KV usage (% of blocks)")
     ax.set_xlabel("step")
     twin = ax.twinx()
-    twin.step(frame.index, frame["running"], where="mid", color="tab:blue", label="running")
-    twin.step(frame.index, frame["waiting"], where="mid", color="tab:red", label="waiting")
+    twin.step(steps, [r.num_running for r in records], where="mid", color="tab:blue", label="running")
+    twin.step(steps, [r.num_waiting for r in records], where="mid", color="tab:red", label="waiting")
     twin.set_ylabel("requests")
+    twin.set_ylim(0, max(1, max(max(r.num_running, r.num_waiting) for r in records)) * 1.15)
     twin.yaxis.set_major_locator(MaxNLocator(integer=True))
     lines = ax.get_legend_handles_labels()
     more = twin.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left", fontsize="small",
-              bbox_to_anchor=(1.12, 1))
+    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper center", bbox_to_anchor=(0.5, -0.2),
+              fontsize="small", ncols=3, frameon=False)
     ax.set_title("KV cache and queues")
     return ax
 
 
-def plot_kv_blocks(kv_cache, ax=None, columns: int = 16, max_blocks: int = 256):
-    """The block pool as a grid: one cell per physical block, coloured by owning request.
+def plot_kv_blocks(kv, ax=None, columns: int = 16, max_blocks: int = 256):
+    """The block pool as a grid, one cell per block: the owner's colour when in use (a shared
+    block is outlined and labelled ×ref_count), blue-grey when free but still cached, light
+    grey when free, white when never used. ``kv`` is a KVCacheManager (live) or a KVState.
 
-    Free blocks are white; free blocks that still hold a cached prefix are grey (they can be
-    reused by a prefix hit until evicted); a cell owned by several requests is hatched.
-    Only the first ``max_blocks`` block ids are drawn (the free queue hands out low ids
-    first), so a large default pool stays quick to draw.
+    Blocks ``0..max_blocks-1`` are drawn (low ids are handed out first, so that is the part
+    of a large pool in play); the title counts every block.
     """
-    n = min(kv_cache.num_blocks, max_blocks)
+    state = kv.snapshot() if hasattr(kv, "snapshot") else kv
+    cells = block_cells(state)[:max_blocks]
+    n = len(cells)
     rows = -(-n // columns)
     ax = _axes(ax, size=(min(12, columns * 0.5), max(1.0, rows * 0.5)))
-    owners = sorted({o for i in range(n) for o in kv_cache.blocks[i].owners})
-    palette = plt.get_cmap("tab20")
-    colour = {o: palette(k % 20) for k, o in enumerate(owners)}
-    for i in range(n):
-        block = kv_cache.blocks[i]
-        r, c = divmod(i, columns)
-        if block.owners:
-            face = colour[sorted(block.owners)[0]]
-        else:
-            face = "0.85" if block.block_hash is not None else "white"
-        ax.add_patch(plt.Rectangle((c, rows - 1 - r), 0.95, 0.95, facecolor=face, edgecolor="0.4",
-                                   hatch="//" if len(block.owners) > 1 else None))
-        ax.text(c + 0.47, rows - 1 - r + 0.47, str(i), ha="center", va="center", fontsize=6)
+    for cell in cells:
+        r, c = divmod(cell["block_id"], columns)
+        owner = cell["owners"][0] if cell["owners"] else None
+        face = request_color(owner) if owner else STATE_COLORS[cell["state"]]
+        shared = cell["state"] == "shared"
+        ax.add_patch(Rectangle((c, rows - 1 - r), 0.95, 0.95, facecolor=face,
+                               edgecolor="black" if shared else "0.6", linewidth=2 if shared else 0.5))
+        label = f"{cell['block_id']}\n×{cell['ref_count']}" if shared else str(cell["block_id"])
+        ax.text(c + 0.47, rows - 1 - r + 0.47, label, ha="center", va="center", fontsize=6)
     ax.set_xlim(0, columns)
     ax.set_ylim(0, rows)
     ax.set_aspect("equal")
     ax.axis("off")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colour[o]) for o in owners]
-    handles += [plt.Rectangle((0, 0), 1, 1, facecolor="0.85", edgecolor="0.4")]
-    ax.legend(handles, owners + ["cached, free"], loc="upper left", bbox_to_anchor=(1.01, 1),
-              fontsize="small")
-    shown = "" if n == kv_cache.num_blocks else f" (first {n} drawn)"
-    ax.set_title(f"KV blocks: {kv_cache.num_free_blocks}/{kv_cache.num_blocks} free{shown}")
+    owners = sorted({o for cell in cells for o in cell["owners"]})
+    handles = [Patch(color=request_color(o), label=o) for o in owners[:30]]
+    handles += [Patch(facecolor=STATE_COLORS[k], edgecolor="0.6", label=k) for k in ("cached", "free", "never used")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    shown = "" if n == state.num_blocks else f" (first {n} drawn)"
+    ax.set_title(f"KV blocks: {state.num_free_blocks}/{state.num_blocks} free{shown}")
     return ax
-

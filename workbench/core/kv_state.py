@@ -1,0 +1,229 @@
+"""KVState: an immutable picture of a block pool, taken live or rebuilt from block events.
+
+``KVCacheManager.snapshot()`` captures the live pool; ``state.apply(events)`` rolls a state
+forward through the pool's :mod:`~workbench.core.kv_events`. Both give the same type, so a
+state rebuilt from a step history compares equal (``==``) to a snapshot taken live at that
+step: same ref counts, owners, hashes, tokens, free-queue (eviction) order and block tables.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from workbench.core.kv_events import (
+    AllBlocksCleared,
+    BlockAllocated,
+    BlockFreed,
+    BlockRemoved,
+    BlockStored,
+    BlockWritten,
+    KVEvent,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockState:
+    """One block: ``owners`` are the request ids holding it, in the order they took it
+    (``ref_count == len(owners)``); ``block_hash`` is set while it is in the prefix cache."""
+
+    block_id: int
+    ref_count: int = 0
+    block_hash: bytes | None = None
+    token_ids: tuple[int, ...] = ()
+    owners: tuple[str, ...] = ()
+
+    @property
+    def state(self) -> str:
+        """"shared" (ref > 1), "used" (ref 1), "cached" (free, evictable, still a prefix-cache
+        hit) or "free" (free, holds nothing)."""
+        if self.ref_count > 1:
+            return "shared"
+        if self.ref_count == 1:
+            return "used"
+        return "cached" if self.block_hash is not None else "free"
+
+    def _repr_html_(self) -> str:
+        h = self.block_hash.hex()[:16] if self.block_hash is not None else "-"
+        return (
+            f"<b>block {self.block_id}</b> ({self.state}): ref_count {self.ref_count}, hash {h}, "
+            f"owners {html.escape(', '.join(self.owners) or '-')}, tokens {list(self.token_ids)}"
+        )
+
+
+@dataclass(frozen=True)
+class KVState:
+    """The pool at one moment. ``free_queue`` lists the free block ids, next evicted first;
+    ``tables`` maps each request holding blocks to its block table (logical order)."""
+
+    block_size: int
+    blocks: tuple[BlockState, ...]
+    free_queue: tuple[int, ...]
+    tables: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, num_blocks: int, block_size: int) -> KVState:
+        """A fresh pool: every block free and uncached, queued in id order."""
+        return cls(block_size, tuple(BlockState(i) for i in range(num_blocks)), tuple(range(num_blocks)))
+
+    @classmethod
+    def capture(cls, pool, tables: Mapping[str, Iterable[int]], block_size: int) -> KVState:
+        """The state of a live :class:`~workbench.core.block_pool.BlockPool` and its tables."""
+        blocks = tuple(
+            BlockState(b.block_id, b.ref_count, b.block_hash, tuple(b.token_ids), b.owners) for b in pool.blocks
+        )
+        kept = {rid: tuple(ids) for rid, ids in tables.items() if ids}
+        return cls(block_size, blocks, tuple(pool.free_queue.block_ids()), kept)
+
+    # ----------------------------------------------------------------- views
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with ref_count 0, cached ones included (they are evictable)."""
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks referenced by at least one request, in [0, 1]."""
+        return 1.0 - len(self.free_queue) / len(self.blocks)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks findable by the prefix cache (in use or not)."""
+        return sum(b.block_hash is not None for b in self.blocks)
+
+    def block_table(self, request_id: str) -> list[int]:
+        """Physical block ids of the request, in logical order ([] when it holds none)."""
+        return list(self.tables.get(request_id, ()))
+
+    def counts(self) -> dict[str, int]:
+        """Blocks per :attr:`BlockState.state`: free, cached, used, shared."""
+        out = dict.fromkeys(("free", "cached", "used", "shared"), 0)
+        for b in self.blocks:
+            out[b.state] += 1
+        return out
+
+    # ---------------------------------------------------------------- replay
+    def apply(self, events: Iterable[KVEvent]) -> KVState:
+        """The state after ``events`` (a pool's events, in order, from this state on).
+
+        Raises ValueError naming the event when one does not fit the state (events from
+        another pool, or missing ones)."""
+        return KVReplay(self).run(events).freeze()
+
+    # ------------------------------------------------------------------ repr
+    def __repr__(self) -> str:
+        c = self.counts()
+        tables = ", ".join(f"{rid}: {list(ids)}" for rid, ids in sorted(self.tables.items()))
+        return (
+            f"KVState(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+            f"free={self.num_free_blocks} (cached {c['cached']}), used={c['used']}, "
+            f"shared={c['shared']}, usage={self.usage:.1%}, tables={{{tables}}})"
+        )
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{html.escape(rid)}</td><td>{' '.join(map(str, ids))}</td></tr>"
+            for rid, ids in sorted(self.tables.items())
+        )
+        c = self.counts()
+        return (
+            f"<div><b>KVState</b> {self.num_blocks} blocks x {self.block_size} slots: "
+            + ", ".join(f"{n} {k}" for k, n in c.items())
+            + f", usage {self.usage:.1%}; next evicted: {' '.join(map(str, self.free_queue[:16]))}"
+            + ("..." if len(self.free_queue) > 16 else "")
+            + f"<table><tr><th>request</th><th>block table</th></tr>{rows}</table></div>"
+        )
+
+
+class KVReplay:
+    """Applies block events to a copy of a KVState; :meth:`freeze` may be called between runs.
+
+    Blocks stay immutable :class:`BlockState` objects: an event replaces the ones it touches,
+    so frozen states share every block that did not change. The free queue is an
+    insertion-ordered dict (removal from anywhere and appending are O(1)).
+    """
+
+    def __init__(self, state: KVState):
+        self.block_size = state.block_size
+        self.blocks = list(state.blocks)
+        self.free = dict.fromkeys(state.free_queue)
+        self.tables = {rid: list(ids) for rid, ids in state.tables.items()}
+
+    def run(self, events: Iterable[KVEvent]) -> KVReplay:
+        for event in events:
+            try:
+                self._apply(event)
+            except (IndexError, KeyError, ValueError) as e:
+                raise ValueError(f"block event {event!r} does not fit the pool state: {e!r}") from None
+        return self
+
+    def _set(self, b: int, **changes) -> None:
+        old = self.blocks[b]
+        self.blocks[b] = BlockState(
+            b,
+            changes.get("ref_count", old.ref_count),
+            changes.get("block_hash", old.block_hash),
+            changes.get("token_ids", old.token_ids),
+            changes.get("owners", old.owners),
+        )
+
+    def _apply(self, event: KVEvent) -> None:
+        match event:
+            case BlockAllocated(b, rid, prefix_hit):
+                block = self.blocks[b]
+                if block.ref_count == 0:
+                    del self.free[b]
+                if not prefix_hit and block.block_hash is not None:
+                    raise ValueError(f"block {b} is allocated while still cached")
+                self._set(
+                    b,
+                    ref_count=block.ref_count + 1,
+                    owners=block.owners + (rid,),
+                    token_ids=block.token_ids if prefix_hit else (),
+                )
+                self.tables.setdefault(rid, []).append(b)
+            case BlockFreed(b, rid):
+                block = self.blocks[b]
+                if rid not in block.owners:
+                    raise ValueError(f"{rid!r} does not own block {b}")
+                ref = block.ref_count - 1
+                self._set(
+                    b,
+                    ref_count=ref,
+                    owners=tuple(o for o in block.owners if o != rid),
+                    token_ids=() if ref == 0 and block.block_hash is None else block.token_ids,
+                )
+                table = self.tables[rid]
+                table.remove(b)
+                if not table:
+                    del self.tables[rid]
+                if ref == 0:
+                    self.free[b] = None
+            case BlockStored(block_ids, block_hashes, _, token_ids, block_size):
+                for i, (b, h) in enumerate(zip(block_ids, block_hashes, strict=True)):
+                    self._set(b, block_hash=h, token_ids=tuple(token_ids[i * block_size : (i + 1) * block_size]))
+            case BlockWritten(b, token_ids):
+                self._set(b, token_ids=tuple(token_ids))
+            case BlockRemoved(_, block_ids):
+                for b in block_ids:
+                    self._set(b, block_hash=None, token_ids=())
+            case AllBlocksCleared():
+                for block in self.blocks:
+                    if block.block_hash is not None:
+                        self._set(block.block_id, block_hash=None, token_ids=())
+            case _:
+                raise ValueError("unknown event type")
+
+    def freeze(self) -> KVState:
+        """The state so far (O(num_blocks) pointer copies; unchanged blocks are shared)."""
+        return KVState(
+            self.block_size,
+            tuple(self.blocks),
+            tuple(self.free),
+            {rid: tuple(ids) for rid, ids in self.tables.items()},
+        )

@@ -1,0 +1,219 @@
+"""RunResult and drive(): an engine driven through a Workload, and what the run recorded.
+
+``LLMEngine.replay(workload)`` drives an existing engine; ``workbench.compare.run_workload``
+a fresh one built from a config.
+
+Two clocks decide when a request arrives:
+
+* ``clock="steps"`` (default, deterministic): before engine step ``k`` of the run (counted
+  from 0) every request with ``arrival_step <= k`` is added. The engine steps even when it
+  has nothing to do until the next arrival, so the same workload and config always give the
+  same schedule -- step numbers, batches, preemptions, block tables.
+* ``clock="wall"``: a request is added at the first step boundary after ``arrival_time``
+  seconds from the start, with that arrival time (so queue time counts the wait for the
+  boundary); an idle engine sleeps until the next arrival.
+
+A request the engine refuses (too long for the pool, ...) is left out and reported in
+``RunResult.rejected``; the rest of the run goes on.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from workbench.config import EngineConfig
+from workbench.history import StepHistory
+from workbench.request_metrics import RequestTracker
+from workbench.workload import Workload, WorkloadRequest
+
+logger = logging.getLogger(__name__)
+
+CLOCKS = ("steps", "wall")
+PERCENTILES = (50, 90, 99)
+#: The latency columns summarised as percentiles, in seconds and in steps.
+LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s", "ttft_steps", "tpot_steps", "e2e_steps")
+
+
+@dataclass
+class RunResult:
+    """One workload run on one engine configuration.
+
+    ``history``: the steps of this run (its own :class:`StepHistory`, so ``kv_state(step)``
+    works); ``requests``: one row per request of the run (see
+    :mod:`workbench.request_metrics`); ``outputs``: the final RequestOutput of each request
+    by id; ``rejected``: request id -> the engine's error for requests it refused.
+    """
+
+    workload: Workload
+    config: EngineConfig
+    clock: str
+    history: StepHistory
+    requests: object  # pandas DataFrame
+    outputs: dict = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+    wall_s: float = 0.0
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache at admissions
+    prefix_hits: int = 0  # of those, tokens found
+    tokenizer: object = field(default=None, repr=False)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.history)
+
+    @property
+    def policy(self) -> str:
+        policy = self.config.policy
+        return policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
+
+    def summary(self) -> dict[str, float]:
+        """Run-level numbers: p50/p90/p99 of each latency metric (``ttft_s_p50``, ...; NaN
+        when no request has the metric), output tokens, throughput per second and per step,
+        preemptions, recomputed tokens and the prefix-cache hit rate (hit / looked-up tokens
+        at every admission, vLLM's)."""
+        frame = self.requests
+        out: dict[str, float] = {
+            "num_requests": len(frame),
+            "num_finished": int(frame["finish_reason"].notna().sum()) if len(frame) else 0,
+            "num_steps": self.num_steps,
+        }
+        for metric in LATENCY_METRICS:
+            values = frame[metric].astype("float64").dropna() if len(frame) else frame
+            for p in PERCENTILES:
+                out[f"{metric}_p{p}"] = float(values.quantile(p / 100)) if len(values) else math.nan
+        tokens = int(frame["num_output_tokens"].sum()) if len(frame) else 0
+        out["output_tokens"] = tokens
+        out["throughput_tok_s"] = tokens / self.wall_s if self.wall_s > 0 else math.nan
+        out["throughput_tok_step"] = tokens / self.num_steps if self.num_steps else math.nan
+        out["num_preemptions"] = int(frame["num_preemptions"].sum()) if len(frame) else 0
+        out["num_recomputed_tokens"] = int(frame["num_recomputed_tokens"].sum()) if len(frame) else 0
+        out["prefix_hit_rate"] = self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+        return out
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return (
+            f"RunResult({s['num_requests']} requests, {s['num_finished']} finished, {self.num_steps} steps, "
+            f"clock={self.clock}, policy={self.policy}, ttft_steps_p50={s['ttft_steps_p50']:g}, "
+            f"e2e_steps_p50={s['e2e_steps_p50']:g}, preemptions={s['num_preemptions']}, "
+            f"recomputed_tokens={s['num_recomputed_tokens']}, prefix_hit_rate={s['prefix_hit_rate']:.2f}"
+            + (f", rejected={sorted(self.rejected)}" if self.rejected else "")
+            + ")"
+        )
+
+    def _repr_html_(self) -> str:
+        s = self.summary()
+        cells = "".join(
+            f"<tr><th>{html.escape(k)}</th><td>{v:.4g}</td></tr>" if isinstance(v, float)
+            else f"<tr><th>{html.escape(k)}</th><td>{v}</td></tr>"
+            for k, v in s.items()
+        )
+        rejected = "".join(
+            f"<li>{html.escape(rid)}: {html.escape(msg)}</li>" for rid, msg in self.rejected.items()
+        )
+        return (
+            f"<div><b>RunResult</b>: {len(self.workload)} requests, clock={self.clock}, "
+            f"policy={html.escape(self.policy)}<table>{cells}</table>"
+            + (f"<b>rejected</b><ul>{rejected}</ul>" if rejected else "")
+            + self.requests.head(20).to_html(index=False)
+            + "</div>"
+        )
+
+
+def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = False) -> RunResult:
+    """Add ``workload``'s requests to ``engine`` as they arrive and step it until nothing is
+    unfinished (requests already in flight included). The engine's ``on_step`` hooks see
+    every step; the result keeps the steps of this run only."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}.")
+    if isinstance(workload, (list, tuple)):
+        workload = Workload(workload)
+    if not isinstance(workload, Workload):
+        raise ValueError(f"workload must be a Workload or a list of WorkloadRequest, got {type(workload).__name__}.")
+    pending = deque(sorted(workload, key=lambda r: _arrival(r, clock)))  # stable: ties keep order
+    history = StepHistory(engine.config.max_history, initial_kv_state=engine.history.kv_state())
+    t0 = time.monotonic()
+    tracker = RequestTracker(epoch=t0)
+    stats = engine.kv_cache.prefix_cache_stats
+    queries0, hits0 = stats.queries, stats.hits
+    ids = set(workload.request_ids)
+    outputs, rejected = {}, {}
+    bar = _progress_bar(len(workload), progress)
+
+    def keep(record) -> None:
+        history.append(record)
+        tracker.consume(record.request_events)
+
+    engine.on_step.append(keep)
+    try:
+        step = 0
+        while True:
+            now = step if clock == "steps" else time.monotonic() - t0
+            while pending and _arrival(pending[0], clock) <= now:
+                request = pending.popleft()
+                try:
+                    engine.add_request(
+                        request.request_id,
+                        request.prompt if isinstance(request.prompt, str) else list(request.prompt),
+                        request.params,
+                        priority=request.priority,
+                        arrival_time=t0 + request.arrival_time if clock == "wall" else None,
+                    )
+                except ValueError as e:
+                    rejected[request.request_id] = str(e)
+                    logger.warning("request %r left out of the run: %s", request.request_id, e)
+                    bar.update(1)
+            if not engine.has_unfinished_requests():
+                if not pending:
+                    break
+                if clock == "wall":
+                    time.sleep(max(0.0, _arrival(pending[0], clock) - (time.monotonic() - t0)))
+                    continue
+            for out in engine.step():
+                if out.finished and out.request_id in ids:
+                    outputs[out.request_id] = out
+                    bar.update(1)
+            step += 1
+    finally:
+        engine.on_step.remove(keep)
+        bar.close()
+    return RunResult(
+        workload=workload,
+        config=engine.config,
+        clock=clock,
+        history=history,
+        requests=tracker.dataframe(),
+        outputs=outputs,
+        rejected=rejected,
+        wall_s=time.monotonic() - t0,
+        prefix_queries=stats.queries - queries0,
+        prefix_hits=stats.hits - hits0,
+        tokenizer=engine.tokenizer,
+    )
+
+
+def _arrival(request: WorkloadRequest, clock: str) -> float:
+    """The request's arrival in ``clock``'s unit; a request with neither arrival comes at 0."""
+    if clock == "steps":
+        if request.arrival_step is None and request.arrival_time is not None:
+            raise ValueError(
+                f"request {request.request_id!r} has arrival_time but no arrival_step; "
+                f"use clock='wall' or give arrival_step."
+            )
+        return request.arrival_step or 0
+    if request.arrival_time is None and request.arrival_step is not None:
+        raise ValueError(
+            f"request {request.request_id!r} has arrival_step but no arrival_time; "
+            f"use clock='steps' or give arrival_time."
+        )
+    return request.arrival_time or 0.0
+
+
+def _progress_bar(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="requests", unit="req", disable=not enabled)

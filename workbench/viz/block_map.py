@@ -1,0 +1,255 @@
+"""BlockMap: the KV block pool as a grid of cells, as it was after any recorded step.
+
+Each block is in one state: ``used`` (one owner), ``shared`` (ref_count > 1), ``cached`` (free
+but still holding a prefix hash: a later prompt can hit it until it is evicted), ``free``
+(free, no content) or ``never used`` (still in its first place in the free queue). Free and
+cached blocks are numbered by their place in the eviction order (``#1`` is reused next).
+
+The grid shows blocks ``0 .. highest ever-used id`` (blocks are handed out from low ids, so a
+pool of thousands zooms to the part in play) and a summary row counts every block per state.
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+import traitlets
+
+from workbench.viz.colors import STATE_COLORS, request_color, text_color
+from workbench.viz.source import ViewSource
+
+BLOCK_STATES = ("used", "shared", "cached", "free", "never used")
+
+
+def never_used_blocks(free_queue: list[int], num_blocks: int) -> set[int]:
+    """Blocks never handed out. The queue starts as ``0..N-1`` and allocation pops its front
+    while freed blocks join its back, so the never-used blocks are exactly a front run
+    ``k, k+1, ..., N-1`` of the queue (empty once block N-1 has been handed out)."""
+    if not free_queue:
+        return set()
+    start = free_queue[0]
+    run = list(range(start, num_blocks))
+    return set(run) if free_queue[: len(run)] == run else set()
+
+
+def block_cells(state) -> list[dict]:
+    """One dict per block of a KV state: block_id, state, ref_count, owners, hash (hex or
+    None), num_tokens, evict_rank (1 = evicted next; None while in use)."""
+    rank = {block_id: i + 1 for i, block_id in enumerate(state.free_queue)}
+    untouched = never_used_blocks(list(state.free_queue), state.num_blocks)
+    cells = []
+    for block in state.blocks:
+        if block.ref_count > 1:
+            kind = "shared"
+        elif block.ref_count == 1:
+            kind = "used"
+        elif block.block_hash is not None:
+            kind = "cached"
+        elif block.block_id in untouched:
+            kind = "never used"
+        else:
+            kind = "free"
+        cells.append(
+            {
+                "block_id": block.block_id,
+                "state": kind,
+                "ref_count": block.ref_count,
+                "owners": list(block.owners),
+                "hash": block.block_hash.hex() if block.block_hash is not None else None,
+                "num_tokens": len(block.token_ids),
+                "evict_rank": rank.get(block.block_id),
+            }
+        )
+    return cells
+
+
+def _cell_html(cell: dict, table_pos: int | None, selected: bool, mark: str | None) -> str:
+    kind = cell["state"]
+    if kind in ("used", "shared"):
+        background = request_color(cell["owners"][0])
+        label = f"×{cell['ref_count']}" if kind == "shared" else html.escape(cell["owners"][0][-5:])
+    else:
+        background = STATE_COLORS[kind]
+        label = "" if kind == "never used" else f"#{cell['evict_rank']}"
+    if table_pos is not None:
+        label = f"[{table_pos}]"
+    border = "3px solid #000" if selected else "3px solid #d62728" if mark else (
+        "2px solid #222" if table_pos is not None else
+        "2px double #333" if kind == "shared" else "1px dashed #bbb" if kind == "never used" else "1px solid #999"
+    )
+    title = f"block {cell['block_id']}: {kind}, ref_count {cell['ref_count']}, {cell['num_tokens']} tokens"
+    if cell["owners"]:
+        title += f", owners {', '.join(cell['owners'])}"
+    if cell["hash"]:
+        title += f", hash {cell['hash'][:16]}"
+    if cell["evict_rank"] is not None:
+        title += f", eviction order {cell['evict_rank']}"
+    if mark:
+        title += f"; {mark}"
+    return (
+        f'<div class="wb-block" data-block="{cell["block_id"]}" title="{html.escape(title)}" '
+        f'style="background:{background};color:{text_color(background)};border:{border};'
+        f'width:40px;height:30px;box-sizing:border-box;font:10px/13px monospace;text-align:center;'
+        f'overflow:hidden">{cell["block_id"]}<br>{label}</div>'
+    )
+
+
+class BlockMap(widgets.VBox):
+    """``BlockMap(engine | history | run_result, step=None)``: the pool after ``step`` (None:
+    the latest step; before any, an engine's pool as it is). ``cells`` (one dict per block, see :func:`block_cells`) and
+    ``summary`` (blocks per state) are what the grid shows; ``select_block(i)`` and
+    ``select_request(rid)`` drive the detail pane and the block-table highlight."""
+
+    cells = traitlets.List()
+    summary = traitlets.Dict()
+    step = traitlets.Int(allow_none=True, default_value=None)
+    selected_block = traitlets.Int(allow_none=True, default_value=None)
+    selected_request = traitlets.Unicode("")
+    marked = traitlets.Dict()  # block id -> note (e.g. "lost by r3"), drawn with a red outline
+
+    def __init__(self, source, step: int | None = None, *, max_cells: int = 1024, tokenizer=None):
+        self.source = ViewSource(source, tokenizer)
+        self.max_cells = max_cells
+        self._state = None
+        self.title = widgets.HTML()
+        self.grid = widgets.HTML()
+        self.legend = widgets.HTML()
+        self.details = widgets.HTML()
+        self.block_picker = widgets.BoundedIntText(
+            value=0, min=0, max=0, description="block id", layout=widgets.Layout(width="170px")
+        )
+        self.request_picker = widgets.Dropdown(
+            options=[("(none)", "")], description="request", layout=widgets.Layout(width="230px")
+        )
+        self.block_picker.observe(lambda change: self.select_block(change["new"]), "value")
+        self.request_picker.observe(lambda change: self.select_request(change["new"]), "value")
+        super().__init__(
+            [self.title, widgets.HBox([self.block_picker, self.request_picker]), self.grid,
+             self.legend, self.details]
+        )
+        self.show(step)
+
+    # ------------------------------------------------------------ updates
+    def show(self, step: int | None = None) -> None:
+        """Draw the pool after ``step`` (None: the latest recorded step)."""
+        has_state = step is not None or self.source.engine is not None or len(self.source.history)
+        state = self.source.kv_state(step) if has_state else None
+        self.step = step if step is not None else self.source.last_step
+        self._state = state
+        if state is None:
+            self.cells, self.summary = [], {}
+            self.title.value = "<b>KV blocks</b>: no steps recorded yet"
+            self.grid.value = self.legend.value = self.details.value = ""
+            return
+        self.cells = block_cells(state)
+        counts = {kind: 0 for kind in BLOCK_STATES}
+        for cell in self.cells:
+            counts[cell["state"]] += 1
+        self.summary = counts
+        self.block_picker.max = state.num_blocks - 1
+        owners = sorted({o for cell in self.cells for o in cell["owners"]})
+        options = [("(none)", "")] + [(o, o) for o in owners]
+        if self.selected_request and self.selected_request not in owners:
+            options.append((f"{self.selected_request} (no blocks)", self.selected_request))
+        with self.request_picker.hold_trait_notifications():
+            self.request_picker.options = options
+            self.request_picker.value = self.selected_request
+        self._draw()
+
+    def refresh(self) -> None:
+        """Redraw: the same step if it is an older recorded one, else the latest."""
+        steps = self.source.steps
+        self.show(self.step if self.step in steps[:-1] else None)
+
+    def select_block(self, block_id: int | None) -> None:
+        self.selected_block = block_id
+        self._draw()
+
+    def select_request(self, request_id: str) -> None:
+        self.selected_request = request_id or ""
+        if self.request_picker.value != self.selected_request and any(
+            v == self.selected_request for _, v in self.request_picker.options
+        ):
+            self.request_picker.value = self.selected_request
+        self._draw()
+
+    def block_table(self, request_id: str) -> list[int]:
+        """The request's block table in the state shown."""
+        return list(self._state.block_table(request_id)) if self._state is not None else []
+
+    # ------------------------------------------------------------ drawing
+    def _visible(self) -> int:
+        """Cells drawn: up to the highest block ever used (at least one row), capped."""
+        touched = [c["block_id"] for c in self.cells if c["state"] != "never used"]
+        last = max(touched) + 1 if touched else 0
+        return min(len(self.cells), self.max_cells, max(last, 16))
+
+    def _draw(self) -> None:
+        if self._state is None:
+            return
+        state = self._state
+        table = {b: i for i, b in enumerate(self.block_table(self.selected_request))} \
+            if self.selected_request else {}
+        shown = self._visible()
+        cells = "".join(
+            _cell_html(c, table.get(c["block_id"]), c["block_id"] == self.selected_block,
+                       self.marked.get(c["block_id"]))
+            for c in self.cells[:shown]
+        )
+        hidden = len(self.cells) - shown
+        tail = ""
+        if hidden:
+            untouched = sum(1 for c in self.cells[shown:] if c["state"] == "never used")
+            tail = (f"<div>blocks {shown}..{len(self.cells) - 1} not drawn: "
+                    f"{untouched} of those {hidden} never used</div>")
+        self.grid.value = (
+            '<div style="display:flex;flex-wrap:wrap;gap:2px;max-width:900px">' + cells + "</div>" + tail
+        )
+        counts = ", ".join(f"{self.summary[k]} {k}" for k in BLOCK_STATES)
+        step = "before the first step" if self.step is None else f"after step {self.step}"
+        self.title.value = (
+            f"<b>KV blocks</b> ({step}): {state.num_blocks} blocks × "
+            f"{state.block_size} tokens, {state.num_free_blocks} free; {counts}"
+        )
+        self.legend.value = self._legend_html()
+        self.details.value = self._details_html(table)
+
+    def _legend_html(self) -> str:
+        chip = ('<span style="background:{};color:{};border:1px solid #999;padding:0 4px;'
+                'margin-right:4px;font:11px monospace">{}</span>')
+        owners = sorted({o for c in self.cells for o in c["owners"]})
+        parts = [chip.format(request_color(o), text_color(request_color(o)), html.escape(o)) for o in owners]
+        for kind in ("cached", "free", "never used"):
+            parts.append(chip.format(STATE_COLORS[kind], "#000", kind))
+        return (
+            "<div>" + "".join(parts) + "<br><small>cell: block id, then the owner (used), ×ref_count "
+            "(shared, double border), #n = n-th in the eviction order (free/cached), [i] = position "
+            "in the selected request's block table; red outline: blocks a preemption released "
+            "in this step</small></div>"
+        )
+
+    def _details_html(self, table: dict[int, int]) -> str:
+        lines = []
+        if self.selected_request:
+            ids = self.block_table(self.selected_request)
+            lines.append(f"<b>{html.escape(self.selected_request)}</b> block table: {ids or 'no blocks'}")
+        if self.selected_block is not None and 0 <= self.selected_block < len(self.cells):
+            cell = self.cells[self.selected_block]
+            block = self._state.blocks[self.selected_block]
+            text = self.source.decode(block.token_ids) if block.token_ids else ""
+            lines.append(
+                f"<b>block {cell['block_id']}</b>: {cell['state']}, ref_count {cell['ref_count']}, "
+                f"owners {cell['owners'] or 'none'}, hash {cell['hash'][:16] + '…' if cell['hash'] else 'none'}"
+                + (f", eviction order #{cell['evict_rank']}" if cell["evict_rank"] else "")
+                + f"<br>{cell['num_tokens']} tokens: <code>{html.escape(repr(text))}</code>"
+            )
+        return "<div>" + "<br>".join(lines) + "</div>"
+
+    def __repr__(self) -> str:
+        step = "no step" if self.step is None else f"step={self.step}"
+        counts = ", ".join(f"{k}={v}" for k, v in self.summary.items())
+        return f"BlockMap({step}, {counts})"
+
+    def _repr_html_(self) -> str:
+        return self.title.value + self.grid.value + self.legend.value

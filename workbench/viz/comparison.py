@@ -1,0 +1,122 @@
+"""ComparisonView: several engine configs on one workload, side by side.
+
+It shows a :class:`~workbench.compare.Comparison`: the table (p50/p90/p99 latencies,
+throughput, preemptions, recomputed tokens per config), the CDF of a latency metric, the
+configs' request timelines on one step axis (each request on the same row and in the same
+colour in every panel) and a :class:`StepPlayer` over the run picked.
+"""
+
+from __future__ import annotations
+
+import ipywidgets as widgets
+import traitlets
+
+from workbench.compare import METRIC_LABELS
+from workbench.viz.figures import figure_png, new_figure, png_img
+from workbench.viz.player import StepPlayer
+from workbench.viz.timeline import draw_timeline, request_spans, timeline_height, timeline_legend
+
+
+#: The compact table: (row label, summary keys joined as "p50 · p90 · p99" or one value).
+_SHORT = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "e2e latency", "queue": "queue time"}
+COMPACT_ROWS = [
+    (f"{_SHORT[metric.rsplit('_', 1)[0]]} ({metric.rsplit('_', 1)[1]})", [f"{metric}_p{p}" for p in (50, 90, 99)])
+    for metric in METRIC_LABELS
+] + [
+    ("output tokens / step", ["throughput_tok_step"]),
+    ("output tokens / s", ["throughput_tok_s"]),
+    ("preemptions", ["num_preemptions"]),
+    ("recomputed tokens", ["num_recomputed_tokens"]),
+    ("prefix-cache hit rate", ["prefix_hit_rate"]),
+    ("steps", ["num_steps"]),
+]
+
+
+def compact_table(table):
+    """``Comparison.table`` as one column per config and one row per metric, percentiles
+    joined in one cell (what the widget shows)."""
+    import pandas as pd
+
+    def cell(row, keys):
+        return " · ".join(f"{row[k]:.3g}" if isinstance(row[k], float) else str(row[k]) for k in keys)
+
+    return pd.DataFrame({name: {label: cell(row, keys) for label, keys in COMPACT_ROWS}
+                         for name, row in table.iterrows()})
+
+
+def aligned_timelines(results: dict, width: float = 12.0):
+    """One timeline panel per run, sharing the step axis and the request rows."""
+    spans = {name: request_spans(result.history[:]) for name, result in results.items()}
+    rows: list[str] = []
+    for run_rows, _ in spans.values():
+        rows += [r for r in run_rows if r not in rows]
+    panel = timeline_height(len(rows)) - 0.8
+    figure = new_figure(width, 0.8 + panel * len(results))
+    axes = figure.subplots(len(results), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (name, (_, run_spans)) in zip(axes, spans.items()):
+        draw_timeline(ax, rows, run_spans, title=name)
+    timeline_legend(figure)
+    return figure
+
+
+class ComparisonView(widgets.VBox):
+    """``ComparisonView(compare_runs(workload, {"fcfs": ..., "spf": ...}))``.
+
+    ``table_html`` is the table shown (:func:`compact_table`; ``comparison.table`` has all),
+    ``metric`` the CDF drawn, ``run`` the run in the player.
+    """
+
+    table_html = traitlets.Unicode("")
+    metric = traitlets.Unicode("ttft_steps")
+    run = traitlets.Unicode("")
+
+    def __init__(self, comparison, *, metric: str = "ttft_steps"):
+        self.comparison = comparison
+        names = list(comparison.results)
+        self.table = widgets.HTML()
+        self.metric_picker = widgets.Dropdown(options=[(label, m) for m, label in METRIC_LABELS.items()],
+                                              value=metric, description="CDF of",
+                                              layout=widgets.Layout(width="360px"))
+        self.cdf = widgets.Image(format="png")
+        self.timelines = widgets.Image(format="png")
+        self.run_picker = widgets.Dropdown(options=names, value=names[0], description="player")
+        self.player_box = widgets.VBox()
+        self.metric_picker.observe(lambda change: self.show_metric(change["new"]), "value")
+        self.run_picker.observe(lambda change: self.show_run(change["new"]), "value")
+        tabs = widgets.Tab([
+            widgets.HBox([self.table, widgets.VBox([self.metric_picker, self.cdf])]),
+            self.timelines,
+            widgets.VBox([self.run_picker, self.player_box]),
+        ])
+        for i, title in enumerate(("Table and CDF", "Timelines", "Step player")):
+            tabs.set_title(i, title)
+        super().__init__([tabs])
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.table_html = compact_table(self.comparison.table).to_html(classes="wb-compare")
+        self.table.value = (f"<b>One workload ({len(self.comparison.workload)} requests), "
+                            f"{len(self.comparison.results)} configs</b><br><small>latencies: "
+                            "p50 · p90 · p99 over the requests</small>"
+                            "<style>.wb-compare td, .wb-compare th {white-space: nowrap}</style>" + self.table_html)
+        self.timelines.value = figure_png(aligned_timelines(self.comparison.results))
+        self.show_metric(self.metric)
+        self.show_run(self.run_picker.value)
+
+    def show_metric(self, metric: str) -> None:
+        self.metric = metric
+        self.cdf.value = figure_png(self.comparison.cdf_figure(metric=metric))
+
+    def show_run(self, name: str) -> None:
+        self.run = name
+        old = list(self.player_box.children)
+        self.player_box.children = [StepPlayer(self.comparison.results[name], live_updates=False)]
+        for player in old:
+            player.close()
+
+    def __repr__(self) -> str:
+        return f"ComparisonView(runs={list(self.comparison.results)}, metric={self.metric})"
+
+    def _repr_html_(self) -> str:
+        return self.table.value + png_img(self.cdf.value) + png_img(self.timelines.value)
+

@@ -1,0 +1,280 @@
+"""StepPlayer: scrub through recorded steps; at step k see its batch, its events, the queues
+after it and the KV pool as it was (a :class:`BlockMap` of ``history.kv_state(k)``).
+
+With a live engine, Step / Run buttons extend the history and the player follows the newest
+step (unless scrubbed back). All it shows lives in ``batch_rows`` (the chunks of step k),
+``queues`` (running / waiting ids after step k) and ``notes`` (what happened and why).
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+import traitlets
+
+from workbench.core.kv_events import BlockAllocated, BlockFreed
+from workbench.viz.block_map import BlockMap
+from workbench.viz.busy import busy
+from workbench.viz.colors import request_color, text_color
+from workbench.viz.live import LiveUpdater
+from workbench.viz.source import ViewSource
+
+
+def request_states(records, step: int) -> tuple[list[str], list[str], dict[str, int]]:
+    """Replay request events up to ``step``: (running ids, waiting ids, tokens each request
+    had computed before its latest preemption). Waiting lists preempted requests first."""
+    status: dict[str, str] = {}
+    high_water: dict[str, int] = {}
+    for record in records:
+        if record.step > step:
+            break
+        for event in record.request_events:
+            rid = event.request_id
+            if event.kind == "arrived":
+                status[rid] = "waiting"
+            elif event.kind == "scheduled":
+                status[rid] = "running"
+            elif event.kind == "preempted":
+                status[rid] = "preempted"
+                high_water[rid] = max(high_water.get(rid, 0), event.num_computed_tokens)
+            elif event.kind == "finished":
+                status.pop(rid, None)
+    running = [r for r, s in status.items() if s == "running"]
+    waiting = [r for r, s in status.items() if s == "preempted"] + [r for r, s in status.items() if s == "waiting"]
+    return running, waiting, high_water
+
+
+def preemption_notes(record, policy: str) -> list[str]:
+    """One sentence per preemption of the step: who lost which blocks, for whom, and why."""
+    notes = []
+    events = list(record.kv_events)
+    for event in record.request_events:
+        if event.kind != "preempted":
+            continue
+        victim = event.request_id
+        freed = [i for i, e in enumerate(events) if isinstance(e, BlockFreed) and e.request_id == victim]
+        after = events[freed[-1] + 1:] if freed else []
+        taker = next((e for e in after if isinstance(e, BlockAllocated) and e.request_id != victim
+                      and not e.prefix_hit), None)
+        needed = (f"{taker.request_id} needed a new KV block (it got block {taker.block_id}) and none was free"
+                  if taker else "a running request needed a new KV block and none was free")
+        notes.append(
+            f"{victim} preempted: {needed}; policy {policy} picks the victim. {victim} lost blocks "
+            f"{list(event.block_ids)} and the K/V of {event.num_computed_tokens} tokens, to be "
+            f"recomputed (less what the prefix cache still holds) when it resumes."
+        )
+    return notes
+
+
+def waiting_note(record, waiting: list[str], max_num_seqs: int | None, chunked_prefill: bool | None) -> str | None:
+    """Why the requests still waiting after a step were not admitted in it, or None.
+
+    The scheduler admits waiting requests only in a step that preempted nothing, while the
+    token budget and ``max_num_seqs`` allow, and stops at the first whose chunk the free KV
+    blocks cannot hold (no overtaking)."""
+    if not waiting:
+        return None
+    so = record.scheduler_output
+    used, budget = so.total_num_scheduled_tokens, so.token_budget
+    if so.preempted_request_ids:
+        why = "this step preempted, and a step that preempts admits no waiting request"
+    elif used >= budget:
+        why = f"the token budget was spent ({used} of {budget} tokens)"
+    elif max_num_seqs is not None and len(so.scheduled) >= max_num_seqs:
+        why = f"max_num_seqs={max_num_seqs} requests were already running"
+    elif chunked_prefill is False:
+        why = (f"the next one's whole prompt did not fit the {budget - used} tokens left of the "
+               f"budget (chunked prefill is off) or the {so.num_free_blocks} free KV blocks")
+    else:
+        why = f"the next one's chunk did not fit the {so.num_free_blocks} free KV blocks"
+    return f"{', '.join(waiting)} kept waiting: {why}."
+
+
+def _set_range(widget, low: int, high: int) -> None:
+    """Move an int widget's [min, max] in the order that never has min > max on the way."""
+    if low > widget.max:
+        widget.max, widget.min = high, low
+    else:
+        widget.min, widget.max = low, high
+
+
+def _chip(request_id: str) -> str:
+    colour = request_color(request_id)
+    return (f'<span style="background:{colour};color:{text_color(colour)};padding:0 4px;'
+            f'font:11px monospace">{html.escape(request_id)}</span>')
+
+
+class StepPlayer(widgets.VBox):
+    """``StepPlayer(engine | history | run_result)``: a slider and play button over the
+    recorded steps (``show(k)`` from code). It follows the newest step unless scrubbed back.
+
+    ``live_updates`` redraws after engine steps taken elsewhere (a cell, ``%llm serve``),
+    throttled; ``controls=False`` leaves out the Step / Run buttons (the dashboard has its
+    own); ``outputs`` collects the finished RequestOutputs of the steps its buttons ran."""
+
+    batch_rows = traitlets.List()
+    queues = traitlets.Dict()
+    notes = traitlets.List()
+    step = traitlets.Int(allow_none=True, default_value=None)
+
+    def __init__(self, source, *, tokenizer=None, controls: bool = True, live_updates: bool = True,
+                 live_interval: float = 1.0):
+        self.source = ViewSource(source, tokenizer)
+        self.outputs: list = []
+        self.block_map = BlockMap(self.source)
+        self.slider = widgets.IntSlider(description="step", continuous_update=False,
+                                        layout=widgets.Layout(width="480px"))
+        self.play = widgets.Play(interval=600, description="play")
+        widgets.jslink((self.play, "value"), (self.slider, "value"))
+        self.position = widgets.HTML()
+        self.batch = widgets.HTML()
+        self.events = widgets.HTML()
+        self.queue_view = widgets.HTML()
+        self.status = widgets.HTML()
+        self.slider.observe(lambda change: self.show(change["new"]), "value")
+        self.buttons: list[widgets.Button] = []
+        engine = self.source.engine
+        if engine is not None and self.source.live and controls:
+            for label, steps in (("Step", 1), ("Run 10", 10), ("Run to end", None)):
+                button = widgets.Button(description=label, layout=widgets.Layout(width="110px"))
+                button.on_click(lambda _, n=steps: self.advance(n))
+                self.buttons.append(button)
+        super().__init__([
+            widgets.HBox([self.play, self.slider, self.position]), widgets.HBox([*self.buttons, self.status]),
+            self.batch, self.events, self.queue_view, self.block_map,
+        ])
+        self.updater = LiveUpdater(engine, self.refresh, live_interval) \
+            if engine is not None and live_updates else None
+        self.refresh()
+
+    # ----------------------------------------------------------- drive
+    def advance(self, num_steps: int | None = 1) -> None:
+        """Step the live engine ``num_steps`` times (None: until no request is left), then
+        show the newest step. Controls are disabled (busy) while it runs."""
+        engine = self.source.engine
+        with busy(self.buttons, self.status, "stepping"):
+            if self.updater:
+                self.updater.paused = True
+            try:
+                count = 0
+                while engine.has_unfinished_requests() and (num_steps is None or count < num_steps):
+                    self.outputs.extend(out for out in engine.step() if out.finished)
+                    count += 1
+            finally:
+                if self.updater:
+                    self.updater.paused = False
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Re-read the history: the slider's range grows; follow the newest step if the
+        slider was on the previous newest (or nothing was shown yet)."""
+        steps = self.source.steps
+        if not steps:
+            self.step = None
+            self.batch_rows, self.queues, self.notes = [], {}, []
+            self.batch.value = self.events.value = self.queue_view.value = ""
+            self.slider.disabled = True
+            self.position.value = "no steps recorded yet: add requests and step"
+            self.block_map.refresh()
+            return
+        following = self.step is None or self.step >= self.slider.max or self.step < steps[0]
+        self.slider.disabled = False
+        with self.slider.hold_trait_notifications():
+            _set_range(self.slider, steps[0], steps[-1])
+        _set_range(self.play, steps[0], steps[-1])
+        target = steps[-1] if following else self.step
+        if self.slider.value != target:
+            self.slider.value = target  # observe -> show
+        else:
+            self.show(target)
+
+    def show(self, step: int) -> None:
+        """Show step ``step`` (a recorded step number)."""
+        record = self.source.record(step)
+        records = self.source.records()
+        self.step = step
+        running, waiting, high_water = request_states(records, step)
+        so = record.scheduler_output
+        rows = []
+        for chunk in so.scheduled:
+            kind = "decode"
+            if chunk.is_prefill:
+                kind = "recompute" if chunk.num_computed_tokens < high_water.get(chunk.request_id, 0) else "prefill"
+            sampled = record.sampled_token_ids.get(chunk.request_id)
+            rows.append({
+                "request_id": chunk.request_id, "kind": kind,
+                "tokens": [chunk.num_computed_tokens, chunk.seq_len], "num_new_tokens": chunk.num_new_tokens,
+                "num_cached_tokens": chunk.num_cached_tokens, "block_ids": list(chunk.block_ids),
+                "sampled": None if sampled is None else self.source.decode([sampled]),
+            })
+        self.batch_rows = rows
+        self.queues = {"running": running, "waiting": waiting}
+        self.notes = self._notes(record) + [
+            n for n in [waiting_note(record, waiting, self.source.scheduler_setting("max_num_seqs"),
+                                     self.source.scheduler_setting("enable_chunked_prefill"))] if n]
+        last = self.source.last_step
+        self.position.value = f"step <b>{step}</b> of {self.slider.min}–{last}"
+        self.batch.value = self._batch_html(record)
+        self.events.value = "<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in self.notes) + "</ul>" \
+            if self.notes else ""
+        self.queue_view.value = (
+            "<b>after this step</b> running: " + (" ".join(map(_chip, running)) or "none")
+            + " &nbsp; waiting: " + (" ".join(map(_chip, waiting)) or "none")
+        )
+        lost = {b: f"lost by {e.request_id}" for e in record.request_events if e.kind == "preempted"
+                for b in e.block_ids}
+        self.block_map.marked = lost
+        self.block_map.show(step)
+
+    def _notes(self, record) -> list[str]:
+        so = record.scheduler_output
+        notes = []
+        for event in record.request_events:
+            if event.kind == "arrived":
+                notes.append(f"{event.request_id} arrived ({event.num_prompt_tokens} prompt tokens).")
+            elif event.kind == "prefix_hit" and event.num_tokens:
+                notes.append(f"{event.request_id} found {event.num_tokens} tokens in the prefix cache "
+                             f"(blocks {list(event.block_ids)}).")
+            elif event.kind == "resumed":
+                notes.append(f"{event.request_id} resumed after a preemption.")
+            elif event.kind == "finished":
+                notes.append(f"{event.request_id} finished ({event.reason}) with "
+                             f"{event.num_output_tokens} output tokens; its blocks were freed.")
+        notes += preemption_notes(record, self.source.policy_name)
+        if so.num_blocks_evicted:
+            notes.append(f"{so.num_blocks_evicted} cached blocks were evicted to serve new allocations.")
+        return notes
+
+    def _batch_html(self, record) -> str:
+        so = record.scheduler_output
+        used, budget = so.total_num_scheduled_tokens, so.token_budget
+        bar = (f'<div style="display:inline-block;width:200px;height:10px;background:#eee;border:1px solid #999">'
+               f'<div style="width:{min(100, 100 * used / max(budget, 1)):.0f}%;height:100%;background:#4a7"></div></div>')
+        head = "".join(f"<th>{h}</th>" for h in
+                       ("request", "kind", "tokens [from, to)", "new", "prefix hit", "block table", "sampled"))
+        body = "".join(
+            "<tr>" + f"<td>{_chip(r['request_id'])}</td><td>{r['kind']}</td>"
+            f"<td>[{r['tokens'][0]}, {r['tokens'][1]})</td><td>{r['num_new_tokens']}</td>"
+            f"<td>{r['num_cached_tokens'] or ''}</td><td>{' '.join(map(str, r['block_ids']))}</td>"
+            f"<td><code>{html.escape(repr(r['sampled'])) if r['sampled'] is not None else ''}</code></td></tr>"
+            for r in self.batch_rows
+        )
+        return (
+            f"<b>Step {record.step}</b>: {len(so.scheduled)} requests, budget used {bar} "
+            f"<b>{used}</b> / {budget} tokens; KV usage after the step {record.kv_usage:.0%} "
+            f"({record.num_free_blocks} blocks free)"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        )
+
+    def close(self) -> None:
+        if self.updater:
+            self.updater.close()
+        super().close()
+
+    def __repr__(self) -> str:
+        return f"StepPlayer(step={self.step}, steps={len(self.source.history)})"
+
+    def _repr_html_(self) -> str:
+        return (self.position.value + self.batch.value + self.events.value + "<br>" + self.queue_view.value
+                + self.block_map._repr_html_())

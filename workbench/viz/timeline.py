@@ -1,0 +1,219 @@
+"""RequestTimeline: one row per request, what it did at every step.
+
+Span kinds (``[start, end)`` in steps): ``waiting`` (arrived, not yet scheduled), ``prefill``
+(a prompt chunk), ``recompute`` (a chunk re-computing tokens a preemption dropped),
+``decode`` (consecutive one-token steps, merged), ``preempted`` (from preemption to
+resumption). ``finish`` marks the step a request finished, with its reason. Spans are derived
+from the request events each StepRecord carries, so a replayed history draws the same rows.
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+import traitlets
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
+
+from workbench.viz.colors import STATE_COLORS, request_color
+from workbench.viz.figures import figure_png, new_figure, png_img
+from workbench.viz.source import ViewSource
+
+FINISH_MARKERS = {"stop": "o", "length": "|", "abort": "x"}
+
+
+def request_spans(history) -> tuple[list[str], list[dict]]:
+    """``(rows, spans)`` from a history's request events: request ids in arrival order, and
+    dicts with request_id, kind, start, end (steps, end exclusive), tokens, reason."""
+    rows: list[str] = []
+    spans: list[dict] = []
+    open_since: dict[str, tuple[str, int]] = {}  # request -> (waiting|preempted, since step)
+    high_water: dict[str, int] = {}  # tokens computed before the latest preemption
+    last_span: dict[str, dict] = {}  # request -> its latest chunk span
+    last_step = history[-1].step if len(history) else 0
+
+    def close(rid: str, step: int) -> None:
+        if rid in open_since:
+            kind, since = open_since.pop(rid)
+            if step > since:
+                spans.append({"request_id": rid, "kind": kind, "start": since, "end": step,
+                              "tokens": 0, "reason": ""})
+
+    for record in history:
+        for event in record.request_events:
+            rid, step = event.request_id, event.step
+            if rid not in high_water:
+                rows.append(rid)
+                high_water[rid] = 0
+            if event.kind == "arrived":
+                open_since[rid] = ("waiting", step)
+            elif event.kind == "scheduled":
+                close(rid, step)
+                kind = ("recompute" if event.start < high_water[rid] else "prefill") \
+                    if event.is_prefill else "decode"
+                previous = last_span.get(rid)
+                if kind == "decode" and previous and previous["kind"] == "decode" and previous["end"] == step:
+                    previous["end"] = step + 1
+                    previous["tokens"] += event.num_tokens
+                else:
+                    last_span[rid] = {"request_id": rid, "kind": kind, "start": step, "end": step + 1,
+                                      "tokens": event.num_tokens, "reason": ""}
+                    spans.append(last_span[rid])
+            elif event.kind == "preempted":
+                high_water[rid] = max(high_water[rid], event.num_computed_tokens)
+                open_since[rid] = ("preempted", step)
+            elif event.kind == "finished":
+                close(rid, step + 1)
+                spans.append({"request_id": rid, "kind": "finish", "start": step, "end": step + 1,
+                              "tokens": event.num_output_tokens, "reason": event.reason})
+    for rid in list(open_since):
+        close(rid, last_step + 1)
+    order = {rid: i for i, rid in enumerate(rows)}
+    spans.sort(key=lambda s: (order[s["request_id"]], s["start"]))
+    return rows, spans
+
+
+def draw_timeline(ax, rows: list[str], spans: list[dict], *, title: str = "") -> None:
+    """Draw ``request_spans`` output on ``ax``: row i (top = first arrival) is rows[i]."""
+    y = {rid: len(rows) - 1 - i for i, rid in enumerate(rows)}
+    for span in spans:
+        row = y[span["request_id"]]
+        width = span["end"] - span["start"]
+        colour = request_color(span["request_id"])
+        kind = span["kind"]
+        if kind == "waiting":
+            ax.barh(row, width, left=span["start"], height=0.35, color=STATE_COLORS["waiting"])
+        elif kind == "preempted":
+            ax.barh(row, width, left=span["start"], height=0.35, color="none",
+                    edgecolor=STATE_COLORS["preempted"], hatch="xxx", linewidth=0)
+        elif kind == "decode":
+            ax.barh(row, width, left=span["start"], height=0.8, color=colour)
+        elif kind in ("prefill", "recompute"):
+            ax.barh(row, width - 0.1, left=span["start"], height=0.8, color=colour, alpha=0.55,
+                    hatch="////" if kind == "prefill" else None,
+                    edgecolor=STATE_COLORS["preempted"] if kind == "recompute" else "black",
+                    linewidth=1.5 if kind == "recompute" else 0.3)
+        elif kind == "finish":
+            ax.plot(span["end"] + 0.15, row, marker=FINISH_MARKERS.get(span["reason"], "o"), color="black",
+                    markersize=6, markeredgewidth=1.5, linestyle="none")
+    n = len(rows)
+    every = max(1, n // 40)
+    ax.set_yticks([y[r] for r in rows[::every]], rows[::every], fontsize=7 if n > 20 else 9)
+    ax.set_ylim(-0.6, max(n, 1) - 0.4)
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(axis="x", alpha=0.3)
+    if title:
+        ax.set_title(title)
+
+
+def timeline_legend(figure) -> None:
+    handles = [
+        Patch(color=STATE_COLORS["waiting"], label="waiting"),
+        Patch(facecolor="0.6", alpha=0.55, hatch="////", edgecolor="black", label="prefill chunk"),
+        Patch(facecolor="0.6", alpha=0.55, edgecolor=STATE_COLORS["preempted"], linewidth=1.5,
+              label="recompute chunk"),
+        Patch(color="0.6", label="decode"),
+        Patch(facecolor="none", edgecolor=STATE_COLORS["preempted"], hatch="xxx", label="preempted"),
+    ] + [Line2D([], [], marker=m, color="black", linestyle="none", label=f"finished: {r}")
+         for r, m in FINISH_MARKERS.items()]
+    figure.legend(handles=handles, loc="outside lower center", ncols=8, fontsize="small")
+
+
+def timeline_height(num_rows: int) -> float:
+    """Inches: 0.28 per row up to 30 rows, then 0.12 per row (100+ rows stay readable)."""
+    return 1.4 + (0.28 * num_rows if num_rows <= 30 else 8.4 + 0.12 * (num_rows - 30))
+
+
+class RequestTimeline(widgets.VBox):
+    """``RequestTimeline(engine | history | run_result)``: the figure of every request's life
+    (colour = the request, as in every view) and, for the request picked, its metrics and the
+    text it generated so far. ``rows`` / ``spans`` hold what is drawn (see :func:`request_spans`),
+    the ``last`` steps of a long history (a served engine keeps thousands)."""
+
+    rows = traitlets.List()
+    spans = traitlets.List()
+    selected_request = traitlets.Unicode("")
+
+    def __init__(self, source, *, tokenizer=None, width: float = 11.0, last: int | None = 200):
+        self.source = ViewSource(source, tokenizer)
+        self.width = width
+        self.last = last
+        self.image = widgets.Image(format="png")
+        self.picker = widgets.Dropdown(options=[("(pick a request)", "")], description="request",
+                                       layout=widgets.Layout(width="260px"))
+        self.details = widgets.HTML()
+        self.picker.observe(lambda change: self.select_request(change["new"]), "value")
+        super().__init__([self.image, self.picker, self.details])
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-derive the rows from the history and redraw the ``last`` steps (None: all) and
+        the requests active in them."""
+        records = self.source.records()
+        rows, spans = request_spans(records)
+        title = "Requests by step (one colour per request)"
+        if self.last and len(records) > self.last:
+            first = records[-self.last].step
+            spans = [dict(s, start=max(s["start"], first)) for s in spans if s["end"] > first]
+            rows = [r for r in rows if any(s["request_id"] == r for s in spans)]
+            title += f", the last {self.last} steps"
+        self.rows, self.spans = rows, spans
+        figure = new_figure(self.width, timeline_height(len(self.rows)))
+        ax = figure.add_subplot()
+        if self.rows:
+            draw_timeline(ax, self.rows, self.spans, title=title)
+            timeline_legend(figure)
+        else:
+            ax.set_title("no requests yet")
+            ax.axis("off")
+        self.image.value = figure_png(figure)
+        with self.picker.hold_trait_notifications():
+            self.picker.options = [("(pick a request)", "")] + [(r, r) for r in self.rows]
+            self.picker.value = self.selected_request if self.selected_request in self.rows else ""
+        self._describe()
+
+    def select_request(self, request_id: str) -> None:
+        self.selected_request = request_id or ""
+        if self.picker.value != self.selected_request and self.selected_request in self.rows:
+            self.picker.value = self.selected_request
+        self._describe()
+
+    def output_token_ids(self, request_id: str) -> list[int]:
+        """Tokens sampled for the request in the recorded steps (a preempted request keeps
+        its tokens, so this is its output so far)."""
+        return [r.sampled_token_ids[request_id] for r in self.source.history
+                if request_id in r.sampled_token_ids]
+
+    def _describe(self) -> None:
+        rid = self.selected_request
+        if not rid:
+            self.details.value = ""
+            return
+        own = [s for s in self.spans if s["request_id"] == rid]
+        chunks = ", ".join(f"{s['kind']} {s['start']}" + (f"–{s['end'] - 1}" if s["end"] - s["start"] > 1 else "")
+                           + (f" ({s['tokens']} tok)" if s["tokens"] and s["kind"] != "finish" else "")
+                           for s in own if s["kind"] != "finish")
+        finish = next((s for s in own if s["kind"] == "finish"), None)
+        metrics = self.source.request_row(rid)
+        table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(_fmt(v))}</td></tr>"
+                        for k, v in metrics.items())
+        text = self.source.decode(self.output_token_ids(rid))
+        self.details.value = (
+            f"<b>{html.escape(rid)}</b>: {html.escape(chunks)}"
+            + (f"; finished ({html.escape(finish['reason'])}) at step {finish['start']}" if finish else "; unfinished")
+            + f"<br>text so far: <code>{html.escape(repr(text))}</code>"
+            + (f"<table>{table}</table>" if table else "")
+        )
+
+    def __repr__(self) -> str:
+        return f"RequestTimeline({len(self.rows)} requests, {len(self.spans)} spans)"
+
+    def _repr_html_(self) -> str:
+        return png_img(self.image.value) + self.details.value
+
+
+def _fmt(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,447 @@
+"""Workload: a reproducible set of requests with arrival schedules, to replay on engines.
+
+A :class:`Workload` is a tuple of :class:`WorkloadRequest` (id, prompt as text or token ids,
+SamplingParams, arrival step and/or arrival time, priority). Generators build them from a
+seed, so the same arguments give the same workload on any machine:
+
+* :meth:`Workload.poisson` -- a Poisson process of ``rate`` arrivals per unit of time;
+* :meth:`Workload.burst` -- groups of requests arriving together.
+
+A unit of time is one engine step for ``arrival_step`` (``floor`` of the arrival) and one
+second for ``arrival_time`` (the same number), so ``run_workload(..., clock="steps")`` and
+``clock="wall"`` replay the same process in their own clock.
+
+Prompt lengths, output lengths, priorities and groups sharing a prefix are drawn from the
+seed too. Text prompts are cut from the embedded Shakespeare corpus at line starts, to the
+exact token length the engine will see (bos included); ``text=False`` gives token ids.
+Outputs have exact lengths: ``max_tokens`` with ``ignore_eos``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import gzip
+import html
+import importlib.resources
+import json
+import math
+import pathlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from workbench.sampling_params import RequestOutputKind, SamplingParams
+
+#: A length spec: an exact length, an inclusive ``(low, high)`` uniform range, one explicit
+#: length per request, or a distribution ``fn(rng, n) -> n lengths`` drawn from the workload's
+#: numpy Generator (e.g. ``lambda rng, n: np.clip(rng.lognormal(3, 0.5, n), 4, 200).astype(int)``).
+LengthSpec = int | tuple[int, int] | Sequence[int] | Callable[[np.random.Generator, int], Sequence[int]]
+
+CORPUS_WORK = "romeo_and_juliet"
+
+
+@dataclass(frozen=True)
+class WorkloadRequest:
+    """One request of a workload. ``arrival_step`` is used by the step clock and
+    ``arrival_time`` (seconds from the start) by the wall clock; either may be None."""
+
+    request_id: str
+    prompt: str | tuple[int, ...]
+    params: SamplingParams
+    arrival_step: int | None = None
+    arrival_time: float | None = None
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {self.request_id!r}.")
+        if isinstance(self.prompt, (list, tuple)):
+            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in self.prompt):
+                raise ValueError(f"request {self.request_id!r}: prompt token ids must be integers.")
+            object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))
+        if not isinstance(self.prompt, (str, tuple)) or not self.prompt:
+            raise ValueError(f"request {self.request_id!r}: prompt must be non-empty text or token ids.")
+        if not isinstance(self.params, SamplingParams):
+            raise ValueError(f"request {self.request_id!r}: params must be SamplingParams, got {type(self.params).__name__}.")
+        if self.arrival_step is not None and (not isinstance(self.arrival_step, int) or self.arrival_step < 0):
+            raise ValueError(f"request {self.request_id!r}: arrival_step must be an integer >= 0, got {self.arrival_step!r}.")
+        if self.arrival_time is not None and not (self.arrival_time >= 0 and math.isfinite(self.arrival_time)):
+            raise ValueError(f"request {self.request_id!r}: arrival_time must be a finite number >= 0, got {self.arrival_time!r}.")
+        if not isinstance(self.priority, int):
+            raise ValueError(f"request {self.request_id!r}: priority must be an integer, got {self.priority!r}.")
+
+    def _repr_html_(self) -> str:
+        prompt = self.prompt if isinstance(self.prompt, str) else f"{len(self.prompt)} token ids"
+        return (
+            f"<b>{html.escape(self.request_id)}</b>: arrival step {self.arrival_step}, time "
+            f"{self.arrival_time}, priority {self.priority}, max_tokens {self.params.max_tokens}"
+            f"<pre>{html.escape(prompt)}</pre>"
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "request_id": self.request_id,
+            "prompt": self.prompt if isinstance(self.prompt, str) else list(self.prompt),
+            "params": _params_to_json(self.params),
+            "arrival_step": self.arrival_step,
+            "arrival_time": self.arrival_time,
+            "priority": self.priority,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> WorkloadRequest:
+        return cls(**{**data, "params": _params_from_json(data["params"])})
+
+
+class Workload:
+    """An ordered, immutable collection of :class:`WorkloadRequest` with unique ids.
+
+    ``info`` records how it was made (the generator and its arguments).
+    """
+
+    def __init__(self, requests: Sequence[WorkloadRequest], info: dict | None = None):
+        self.requests = tuple(requests)
+        seen = set()
+        for r in self.requests:
+            if not isinstance(r, WorkloadRequest):
+                raise ValueError(f"a Workload holds WorkloadRequest objects, got {type(r).__name__}.")
+            if r.request_id in seen:
+                raise ValueError(f"request_id {r.request_id!r} appears twice in the workload.")
+            seen.add(r.request_id)
+        self.info = dict(info or {})
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self) -> Iterator[WorkloadRequest]:
+        return iter(self.requests)
+
+    def __getitem__(self, index):
+        return self.requests[index]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Workload) and self.requests == other.requests
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [r.request_id for r in self.requests]
+
+    # ------------------------------------------------------------ generators
+    @classmethod
+    def poisson(
+        cls,
+        num_requests: int = 12,
+        rate: float = 4.0,
+        input_len: LengthSpec = (8, 40),
+        output_len: LengthSpec = (4, 16),
+        seed: int = 1,
+        **kwargs,
+    ) -> Workload:
+        """Arrivals of a Poisson process of ``rate`` per unit (the first at 0): per step for
+        the step clock, per second for the wall clock. Other keywords: see :meth:`build`."""
+        _check_int("num_requests", num_requests, 1)
+        if not (rate > 0 and math.isfinite(rate)):
+            raise ValueError(f"rate must be a finite number > 0, got {rate!r}.")
+        rng = np.random.default_rng(seed)
+        gaps = rng.exponential(1.0 / rate, size=num_requests)
+        times = np.concatenate([[0.0], np.cumsum(gaps[1:])])
+        info = {"generator": "poisson", "num_requests": num_requests, "rate": rate, "input_len": input_len,
+                "output_len": output_len, "seed": seed, **kwargs}
+        return cls.build([float(t) for t in times], input_len, output_len, rng=rng, info=info, **kwargs)
+
+    @classmethod
+    def burst(
+        cls,
+        num_requests: int = 12,
+        num_bursts: int = 1,
+        interval: float = 16.0,
+        input_len: LengthSpec = (8, 40),
+        output_len: LengthSpec = (4, 16),
+        seed: int = 1,
+        **kwargs,
+    ) -> Workload:
+        """``num_requests`` split evenly into ``num_bursts`` groups arriving together, the
+        groups ``interval`` units apart (the first at 0). Other keywords: see :meth:`build`."""
+        _check_int("num_requests", num_requests, 1)
+        _check_int("num_bursts", num_bursts, 1)
+        if num_bursts > num_requests:
+            raise ValueError(f"num_bursts={num_bursts} exceeds num_requests={num_requests}.")
+        if not (interval >= 0 and math.isfinite(interval)):
+            raise ValueError(f"interval must be a finite number >= 0, got {interval!r}.")
+        times = [float(interval * (i * num_bursts // num_requests)) for i in range(num_requests)]
+        info = {"generator": "burst", "num_requests": num_requests, "num_bursts": num_bursts,
+                "interval": interval, "input_len": input_len, "output_len": output_len, "seed": seed, **kwargs}
+        rng = np.random.default_rng(seed)
+        return cls.build(times, input_len, output_len, rng=rng, info=info, **kwargs)
+
+    @classmethod
+    def build(
+        cls,
+        arrival_times: Sequence[float],
+        input_len: LengthSpec,
+        output_len: LengthSpec,
+        *,
+        rng: np.random.Generator,
+        priorities: Sequence[int] = (0,),
+        num_prefix_groups: int = 0,
+        prefix_len: int = 16,
+        text: bool = True,
+        params: SamplingParams | None = None,
+        id_prefix: str = "r",
+        tokenizer=None,
+        info: dict | None = None,
+    ) -> Workload:
+        """One request per arrival time (unit: steps and seconds, see the module docstring).
+
+        ``priorities``: drawn uniformly per request. ``num_prefix_groups > 0``: request ``i``
+        starts with group ``i % num_prefix_groups``'s ``prefix_len``-token prefix (every input
+        length must then exceed ``prefix_len``). ``params``: the template SamplingParams
+        (default greedy); each request gets its output length as ``max_tokens`` with
+        ``ignore_eos``. ``tokenizer``: what measures text prompts (default: the embedded
+        model's); prompts must be replayed on a model with the same tokenizer.
+        """
+        n = len(arrival_times)
+        inputs = _lengths("input_len", input_len, n, rng, low=1)
+        outputs = _lengths("output_len", output_len, n, rng, low=1)
+        if not priorities:
+            raise ValueError("priorities must name at least one priority.")
+        prios = [int(p) for p in rng.choice(list(priorities), size=n)]
+        _check_int("num_prefix_groups", num_prefix_groups, 0)
+        if num_prefix_groups:
+            _check_int("prefix_len", prefix_len, 1)
+            short = [x for x in inputs if x <= prefix_len]
+            if short:
+                raise ValueError(
+                    f"input_len: every prompt must be longer than prefix_len={prefix_len} when requests "
+                    f"share a prefix, but {len(short)} are not (shortest {min(short)})."
+                )
+        cutter = _PromptCutter(tokenizer, rng, text)
+        prefixes = [cutter.prompt(prefix_len) for _ in range(num_prefix_groups)]
+        template = params or SamplingParams(temperature=0.0)
+        width = len(str(n - 1))
+        requests = []
+        for i, t in enumerate(arrival_times):
+            prefix = prefixes[i % num_prefix_groups] if num_prefix_groups else None
+            prompt = cutter.prompt(inputs[i], prefix)
+            requests.append(
+                WorkloadRequest(
+                    request_id=f"{id_prefix}{i:0{width}d}",
+                    prompt=prompt,
+                    params=dataclasses.replace(template, max_tokens=outputs[i], ignore_eos=True),
+                    arrival_step=int(math.floor(t)),
+                    arrival_time=float(t),
+                    priority=prios[i],
+                )
+            )
+        return cls(requests, info)
+
+    # -------------------------------------------------------------- JSON
+    def to_json(self) -> dict:
+        return {"info": _jsonable(self.info), "requests": [r.to_json() for r in self.requests]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Workload:
+        return cls([WorkloadRequest.from_json(r) for r in data["requests"]], data.get("info"))
+
+    def save(self, path) -> None:
+        """Write the workload as JSON (prompts, params, arrivals, priorities, info)."""
+        pathlib.Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def load(cls, path) -> Workload:
+        return cls.from_json(json.loads(pathlib.Path(path).read_text()))
+
+    # -------------------------------------------------------------- repr
+    def _summary(self) -> str:
+        if not self.requests:
+            return "0 requests"
+        steps = [r.arrival_step for r in self.requests if r.arrival_step is not None]
+        outs = [r.params.max_tokens for r in self.requests if r.params.max_tokens is not None]
+        prios = sorted({r.priority for r in self.requests})
+        parts = [f"{len(self)} requests"]
+        if steps:
+            parts.append(f"arrival steps {min(steps)}..{max(steps)}")
+        if outs:
+            parts.append(f"max_tokens {min(outs)}..{max(outs)}")
+        if len(prios) > 1:
+            parts.append(f"priorities {prios}")
+        if "generator" in self.info:
+            parts.append(f"{self.info['generator']}(seed={self.info.get('seed')})")
+        return ", ".join(parts)
+
+    def __repr__(self) -> str:
+        return f"Workload({self._summary()})"
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            "<tr>" + "".join(
+                f"<td>{html.escape(str(c))}</td>"
+                for c in (
+                    r.request_id, r.arrival_step, "" if r.arrival_time is None else f"{r.arrival_time:.3f}",
+                    r.priority, r.params.max_tokens,
+                    r.prompt[:60] + ("..." if len(r.prompt) > 60 else "") if isinstance(r.prompt, str)
+                    else f"{len(r.prompt)} token ids",
+                )
+            ) + "</tr>"
+            for r in self.requests[:50]
+        )
+        more = f"<i>... {len(self) - 50} more</i>" if len(self) > 50 else ""
+        head = "".join(f"<th>{h}</th>" for h in ("request", "step", "time (s)", "priority", "max_tokens", "prompt"))
+        return f"<div><b>Workload</b>: {html.escape(self._summary())}<table>{head}{rows}</table>{more}</div>"
+
+
+# ------------------------------------------------------------------ prompts
+class _PromptCutter:
+    """Cuts prompts of exact token lengths out of the corpus, from ``rng``-chosen line starts."""
+
+    MAX_TRIES = 200
+
+    def __init__(self, tokenizer, rng: np.random.Generator, text: bool):
+        self.tokenizer = _tokenizer(tokenizer)
+        self.rng = rng
+        self.text = text
+        corpus, ids, offsets, line_starts = _corpus_tokens(self.tokenizer)
+        self.corpus, self.ids, self.offsets, self.line_starts = corpus, ids, offsets, line_starts
+        self.bos = _encode(self.tokenizer, "")  # what the tokenizer adds in front
+
+    def prompt(self, length: int, prefix: str | tuple[int, ...] | None = None) -> str | tuple[int, ...]:
+        """A prompt of exactly ``length`` tokens (as the engine counts them) that starts with
+        ``prefix``'s tokens."""
+        base_ids = self._encode(prefix) if prefix is not None else list(self.bos)
+        need = length - len(base_ids)
+        if need < 1:
+            raise ValueError(f"input_len {length} is too short: at least {len(base_ids) + 1} tokens are needed.")
+        if need > len(self.ids) // 2:
+            raise ValueError(f"input_len {length} exceeds what the corpus provides ({len(self.ids) // 2} tokens).")
+        starts = self.line_starts[self.line_starts < len(self.ids) - need]
+        first = int(self.rng.integers(len(starts)))
+        for k in range(self.MAX_TRIES):
+            i = int(starts[(first + k) % len(starts)])
+            if prefix is not None:  # continue the prefix on a new line: start at the newline
+                i -= 1
+                if i < 0 or self.corpus[self.offsets[i][0] : self.offsets[i][1]].strip():
+                    continue
+            piece = self.ids[i : i + need]
+            if not self.text:
+                return tuple(base_ids) + tuple(int(t) for t in piece)
+            text = (prefix or "") + self.corpus[self.offsets[i][0] : self.offsets[i + need - 1][1]]
+            if self._encode(text) == base_ids + [int(t) for t in piece]:
+                return text
+        raise ValueError(f"no text prompt of exactly {length} tokens found in {self.MAX_TRIES} tries.")
+
+    def _encode(self, prompt: str | tuple[int, ...]) -> list[int]:
+        return list(prompt) if isinstance(prompt, tuple) else _encode(self.tokenizer, prompt)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer(path: str):
+    """A tokenizers.Tokenizer from a tokenizer.json, or a transformers tokenizer otherwise."""
+    file = pathlib.Path(path) / "tokenizer.json"
+    if file.is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(file))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _tokenizer(tokenizer):
+    """The tokenizer to measure prompts with: given, loaded from a path, or the embedded
+    model's (read from its tokenizer.json: fast, and without importing torch)."""
+    if tokenizer is None:
+        tokenizer = importlib.resources.files("workbench.data") / "tiny-shakespeare"
+    if isinstance(tokenizer, (str, pathlib.Path)) or hasattr(tokenizer, "joinpath"):
+        return _load_tokenizer(str(tokenizer))
+    return tokenizer
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    """Token ids as the engine sees them (special tokens such as bos included)."""
+    if hasattr(tokenizer, "backend_tokenizer"):  # a transformers tokenizer
+        return list(tokenizer(text).input_ids)
+    return list(tokenizer.encode(text).ids)
+
+
+_CORPUS_CACHE: dict[int, tuple] = {}  # id(tokenizer) -> corpus data and the tokenizer (kept alive)
+
+
+def _corpus_tokens(tokenizer) -> tuple[str, np.ndarray, list[tuple[int, int]], np.ndarray]:
+    """The corpus text (from its first act on), its token ids and character offsets, and the
+    indices of the tokens that start a non-empty line. Cached per tokenizer."""
+    key = id(tokenizer)
+    if key not in _CORPUS_CACHE:
+        path = importlib.resources.files("workbench.data") / "shakespeare" / "corpus" / f"{CORPUS_WORK}.txt.gz"
+        with gzip.open(str(path), "rt", encoding="utf-8") as f:
+            text = f.read()
+        text = text[max(0, text.find("ACT I")) :]
+        backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+        if not hasattr(backend, "encode_batch"):
+            raise ValueError("prompts need a fast (tokenizers-backed) tokenizer to cut the corpus.")
+        enc = backend.encode(text, add_special_tokens=False)
+        offsets = list(enc.offsets)
+        starts = [
+            i for i, (a, b) in enumerate(offsets) if (a == 0 or text[a - 1] == "\n") and text[a:b].strip()
+        ]
+        _CORPUS_CACHE[key] = (text, np.array(enc.ids, dtype=np.int64), offsets, np.array(starts), tokenizer)
+    return _CORPUS_CACHE[key][:4]
+
+
+# ---------------------------------------------------------------- helpers
+def _check_int(name: str, value, low: int) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
+
+
+def _lengths(name: str, spec: LengthSpec, n: int, rng: np.random.Generator, low: int) -> list[int]:
+    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
+        _check_int(name, spec, low)
+        return [int(spec)] * n
+    if isinstance(spec, tuple) and len(spec) == 2:
+        lo, hi = spec
+        _check_int(f"{name} low", lo, low)
+        _check_int(f"{name} high", hi, lo)
+        return [int(x) for x in rng.integers(lo, hi + 1, size=n)]
+    if callable(spec):
+        spec = [int(x) for x in spec(rng, n)]
+    if isinstance(spec, Sequence) and not isinstance(spec, str):
+        if len(spec) != n:
+            raise ValueError(f"{name} lists {len(spec)} lengths for {n} requests.")
+        for x in spec:
+            _check_int(name, x, low)
+        return [int(x) for x in spec]
+    raise ValueError(
+        f"{name} must be an int, a (low, high) tuple, one length per request or fn(rng, n), got {spec!r}."
+    )
+
+
+def _params_to_json(params: SamplingParams) -> dict:
+    out = {}
+    for f in dataclasses.fields(params):
+        if not f.init:
+            continue
+        value = getattr(params, f.name)
+        out[f.name] = value.name if isinstance(value, enum.Enum) else value
+    return out
+
+
+def _params_from_json(data: dict) -> SamplingParams:
+    data = dict(data)
+    if isinstance(data.get("output_kind"), str):
+        data["output_kind"] = RequestOutputKind[data["output_kind"]]
+    return SamplingParams(**data)
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, SamplingParams):
+        return _params_to_json(value)
+    return repr(value)
