@@ -92,8 +92,10 @@ comparison.cdf_figure("e2e_steps")
 # longest, the price of any shortest-job-first rule. Per priority class:
 
 # %%
+priority_of = {request.request_id: request.priority for request in workload}
 for name, result in comparison.results.items():
-    by_priority = result.requests.groupby("priority")["ttft_steps"].mean()
+    ttft = result.requests.set_index("request_id")["ttft_steps"]
+    by_priority = ttft.groupby(ttft.index.map(priority_of)).mean()
     print(f"{name:10} mean TTFT in steps: " + ", ".join(f"priority {p}: {v:.1f}" for p, v in by_priority.items()))
 
 # %% [markdown]
