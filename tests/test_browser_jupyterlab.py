@@ -8,19 +8,14 @@ screenshots (into a temp dir; ``WORKBENCH_SCREENSHOTS=1`` writes them into docs/
 README shows them); on a failure the whole page is saved to $TMPDIR/workbench-browser-failure.png.
 """
 
-import json
 import os
 import pathlib
 import re
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import nbformat
 import pytest
+from lab_support import start_lab
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
@@ -52,12 +47,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """A JupyterLab server on 127.0.0.1 over a temp dir holding the notebook; yields its URL."""
@@ -66,42 +55,8 @@ def lab(tmp_path_factory):
     notebook.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(notebook, root / "views.ipynb")
-    settings = root / ".settings"
-    for path, value in {
-        "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
-        "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
-                                                                           "checkForUpdates": False},
-    }.items():
-        (settings / path).parent.mkdir(parents=True, exist_ok=True)
-        (settings / path).write_text(json.dumps(value))
-    port, token = _free_port(), "workbench-test"
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(root / ".config"), "JUPYTER_RUNTIME_DIR": str(root / ".rt"),
-           "JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(root / ".ws"),
-           "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
-    log = open(root / ".lab.log", "w")  # a pipe nobody reads could fill and stall the server
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
-            break
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                pytest.fail(f"JupyterLab did not start: {(root / '.lab.log').read_text()[-2000:]}")
-            time.sleep(0.5)
-    yield f"{url}/lab/tree/views.ipynb?token={token}"
-    server.terminate()
-    try:
-        server.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        server.kill()
-    log.close()
+    with start_lab(root) as (url, token):
+        yield f"{url}/lab/tree/views.ipynb?token={token}"
 
 
 def _text(locator) -> str:
