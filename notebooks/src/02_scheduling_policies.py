@@ -114,7 +114,8 @@ aligned_timelines(comparison.results)
 # runs in one widget (in JupyterLab: tabs, a metric picker and a run picker):
 
 # %%
-# NBVAL_IGNORE_OUTPUT  (the widget's static HTML also shows wall-clock seconds)
+# NBVAL_IGNORE_OUTPUT
+# (not compared by the tests: the widget's static HTML also shows wall-clock seconds)
 view = ComparisonView(comparison)
 view.show_metric("e2e_steps")
 view
