@@ -186,7 +186,7 @@ class LLMEngine:
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}.")
         policy = self.scheduler.policy
-        if priority != 0 and type(policy) in _PRIORITY_BLIND:
+        if priority != 0 and not self.uses_priority:
             raise ValueError(
                 f"priority: got {priority}, but the scheduling policy {policy.name!r} ignores "
                 "priority; create the engine with policy='priority'."
@@ -235,6 +235,17 @@ class LLMEngine:
 
     def get_num_unfinished_requests(self) -> int:
         return self.output_processor.get_num_unfinished_requests()
+
+    @property
+    def uses_priority(self) -> bool:
+        """False under the built-in policies that ignore ``Request.priority`` (fcfs, spf):
+        there a non-zero priority is refused, as vLLM refuses it without its priority policy.
+        A policy class of your own counts as using it."""
+        return type(self.scheduler.policy) not in _PRIORITY_BLIND
+
+    def get_unfinished_request_ids(self) -> list[str]:
+        """The ids (as given to ``add_request``) of every request not finished yet."""
+        return list(self.output_processor.parents)
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached block's hash (only possible while no request holds blocks)."""
