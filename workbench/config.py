@@ -12,7 +12,7 @@ class EngineConfig:
 
     ``None`` means "derive it": ``model`` -> the embedded default model in data/;
     ``device`` -> "cuda" when available else "cpu"; ``attention_backend`` -> "triton"
-    on CUDA, "torch" on CPU; ``max_model_len`` -> the model config's
+    on CUDA, "cpu" on CPU (the batched CPU path; "torch" is the plain reference); ``max_model_len`` -> the model config's
     ``max_position_embeddings``; ``num_kv_blocks`` -> from ``kv_cache_memory_bytes``
     (CPU) or ``gpu_memory_utilization`` (CUDA); ``max_num_batched_tokens`` ->
     ``max(2048, max_model_len)`` without chunked prefill, 512 with it.
@@ -34,7 +34,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     policy: Any = "fcfs"  # a name ("fcfs", "priority", "spf") or a SchedulingPolicy object
-    attention_backend: str | None = None  # "torch" or "triton"
+    attention_backend: str | None = None  # "torch", "triton" or "cpu"
     max_history: int = 10_000
     log_stats: bool = False
     log_stats_interval: float = 5.0
@@ -60,9 +60,10 @@ class EngineConfig:
             )
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}.")
-        if self.attention_backend not in (None, "torch", "triton"):
+        if self.attention_backend not in (None, "torch", "triton", "cpu"):
             raise ValueError(
-                f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}."
+                "attention_backend must be 'torch', 'triton' or 'cpu', got "
+                f"{self.attention_backend!r}."
             )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(

@@ -56,7 +56,7 @@ class LLMEngine:
         )
         max_model_len = self.model_config.max_model_len
         self.attention_backend = config.attention_backend or (
-            "triton" if self.device.type == "cuda" else "torch"
+            "triton" if self.device.type == "cuda" else "cpu"
         )
         self.max_num_batched_tokens = config.max_num_batched_tokens or (
             512 if config.enable_chunked_prefill else max(2048, max_model_len)

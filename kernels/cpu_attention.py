@@ -1,0 +1,211 @@
+"""Paged attention for CPU tensors, built for whole batches (the ``"cpu"`` backend).
+
+Contract: :func:`workbench.kernels.reference.paged_attention` (same signature and result up to
+floating-point rounding), plus an optional ``plan``.
+
+Where the reference's time goes on a CPU is moving the paged cache around (gathers, permuted
+copies for ``einsum``, masked copies), not arithmetic. This path moves each cached K/V byte
+once per layer:
+
+* **Plan once per forward.** :func:`plan_attention` turns the block tables and lengths into
+  the index tensors every layer reuses (:class:`AttentionPlan`): decode sequences (one query
+  each) are sorted by length and cut into a few groups of similar length, so padding to the
+  group's longest sequence stays small; for each group, the block ids to gather, the padded
+  token rows and the causal/window mask.
+* **Decode groups.** One ``index_select`` of whole blocks per group gathers K and V into
+  ``[seqs, len, kv_heads, head_dim]``; the padded rows of V are zeroed (a slot past a
+  sequence's length may hold anything, even NaN); per KV head, two ``bmm`` on strided views
+  (no permuted copies) give scores and outputs, all query heads of the head's group at once.
+* **Prefill chunks** (more than one query token) go through
+  ``scaled_dot_product_attention`` one sequence at a time, over the gathered context with a
+  bottom-right-aligned causal mask (plain ``is_causal`` when the chunk is the whole context).
+
+Math is fp32, as in the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+#: Decode sequences are cut into at most this many length groups.
+MAX_DECODE_GROUPS = 4
+#: A new group starts only when it saves at least this many padded tokens.
+MIN_GROUP_SAVING = 512
+
+
+@dataclass
+class DecodeGroup:
+    """Decode sequences padded to one length: their query rows, gathered blocks and masks."""
+
+    rows: torch.Tensor  # int64 [n]: query row (== token index) of each sequence
+    blocks: torch.Tensor  # int64 [n * num_blocks]: block ids to gather (padding: block 0)
+    num_blocks: int
+    seq_lens: torch.Tensor  # int64 [n]
+    pad_rows: torch.Tensor  # int64: rows of the gathered [n * num_blocks * block_size] past a length
+    masks: dict = field(default_factory=dict)  # sliding_window -> bool [n, 1, L], True = hidden
+
+
+@dataclass
+class PrefillChunk:
+    """One sequence with several new tokens: query rows [q_start, q_end), context blocks."""
+
+    q_start: int
+    q_end: int
+    seq_len: int
+    blocks: torch.Tensor  # int64 [ceil(seq_len / block_size)]
+
+
+@dataclass
+class AttentionPlan:
+    """Everything about a batch's layout that does not depend on the layer (built once)."""
+
+    block_size: int
+    decode_groups: list[DecodeGroup]
+    prefills: list[PrefillChunk]
+
+    def __repr__(self) -> str:
+        sizes = [(g.rows.numel(), g.num_blocks) for g in self.decode_groups]
+        return (f"AttentionPlan(decode_groups(seqs, blocks)={sizes}, "
+                f"prefills={[(p.q_end - p.q_start, p.seq_len) for p in self.prefills]})")
+
+
+def _cut_groups(lens_blocks: list[int], min_saving_blocks: int) -> list[int]:
+    """Cut points (exclusive ends) over sequences sorted by block count, ascending.
+
+    Greedy: start from one group; repeatedly split the group at the point that removes the
+    most padding, while a split saves at least ``min_saving_blocks`` padded blocks."""
+    cuts = [len(lens_blocks)]
+    while len(cuts) < MAX_DECODE_GROUPS:
+        best, best_at = 0, None
+        start = 0
+        for end in cuts:
+            top = lens_blocks[end - 1]
+            for i in range(start + 1, end):
+                # [start, i) padded to lens_blocks[i - 1] instead of top
+                saving = (i - start) * (top - lens_blocks[i - 1])
+                if saving > best:
+                    best, best_at = saving, i
+            start = end
+        if best_at is None or best < min_saving_blocks:
+            break
+        cuts = sorted(cuts + [best_at])
+    return cuts
+
+
+def plan_attention(block_tables: torch.Tensor, query_start_loc: torch.Tensor,
+                   seq_lens: torch.Tensor, block_size: int) -> AttentionPlan:
+    """The per-forward plan (see the module docstring); ``block_size`` is the cache's."""
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    decodes, prefills = [], []
+    for s, seq_len in enumerate(lens):
+        q_len = starts[s + 1] - starts[s]
+        if q_len == 1:
+            decodes.append(s)
+        elif q_len > 1:
+            nb = -(-seq_len // block_size)
+            prefills.append(PrefillChunk(starts[s], starts[s + 1], seq_len,
+                                         block_tables[s, :nb].long()))
+    decodes.sort(key=lambda s: lens[s])
+    nblocks = [-(-lens[s] // block_size) for s in decodes]
+    groups = []
+    begin = 0
+    for end in (_cut_groups(nblocks, -(-MIN_GROUP_SAVING // block_size)) if decodes else []):
+        members = decodes[begin:end]
+        nb = nblocks[end - 1]
+        idx = torch.tensor(members, dtype=torch.int64)
+        group_lens = torch.tensor([lens[s] for s in members], dtype=torch.int64)
+        blocks = block_tables[idx, :nb].long().clamp_min(0)
+        pos = torch.arange(nb * block_size)
+        hidden = pos[None, :] >= group_lens[:, None]  # [n, L]
+        groups.append(DecodeGroup(
+            rows=torch.tensor([starts[s] for s in members], dtype=torch.int64),
+            blocks=blocks.reshape(-1), num_blocks=nb, seq_lens=group_lens,
+            pad_rows=hidden.reshape(-1).nonzero().squeeze(1),
+            masks={None: hidden[:, None, :]}))
+        begin = end
+    return AttentionPlan(block_size, groups, prefills)
+
+
+def _decode_mask(group: DecodeGroup, block_size: int, sliding_window: int | None) -> torch.Tensor:
+    if sliding_window not in group.masks:
+        pos = torch.arange(group.num_blocks * block_size)
+        q_pos = (group.seq_lens - 1)[:, None]
+        hidden = (pos[None, :] > q_pos) | (pos[None, :] <= q_pos - sliding_window)
+        group.masks[sliding_window] = hidden[:, None, :]
+    return group.masks[sliding_window]
+
+
+def _gather(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """cache[blocks] flattened to [len(blocks) * block_size, kv_heads, head_dim], in fp32."""
+    out = cache.index_select(0, blocks)
+    return out.flatten(0, 1).float()
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    out: torch.Tensor | None = None,
+    plan: AttentionPlan | None = None,
+) -> torch.Tensor:
+    """Causal attention of packed queries over a paged cache; see the module docstring.
+
+    ``plan``: :func:`plan_attention` of these block tables and lengths, shared by the layers
+    of one forward (built here when omitted)."""
+    if softcap is not None:  # rare (Gemma-style models): the reference handles it
+        from workbench.kernels import reference
+
+        return reference.paged_attention(query, key_cache, value_cache, block_tables,
+                                         query_start_loc, seq_lens, scale,
+                                         sliding_window=sliding_window, out=out, softcap=softcap)
+    num_tokens, num_q_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    if plan is None:
+        plan = plan_attention(block_tables, query_start_loc, seq_lens, block_size)
+    if out is None:
+        out = torch.empty_like(query)
+    for g in plan.decode_groups:
+        n, length = g.rows.numel(), g.num_blocks * block_size
+        k = _gather(key_cache, g.blocks).view(n, length, num_kv_heads, head_dim)
+        v = _gather(value_cache, g.blocks)
+        v.index_fill_(0, g.pad_rows, 0.0)  # padding may hold garbage (even NaN); p = 0 there
+        v = v.view(n, length, num_kv_heads, head_dim)
+        q = query.index_select(0, g.rows).float().view(n, num_kv_heads, group, head_dim)
+        hidden = _decode_mask(g, block_size, sliding_window)
+        heads = []
+        for h in range(num_kv_heads):
+            scores = torch.bmm(q[:, h], k[:, :, h].transpose(1, 2)).mul_(scale)  # [n, group, L]
+            scores.masked_fill_(hidden, float("-inf"))
+            heads.append(torch.bmm(torch.softmax(scores, dim=-1), v[:, :, h]))  # [n, group, D]
+        result = torch.stack(heads, dim=1).view(n, num_q_heads, head_dim)
+        out.index_copy_(0, g.rows, result.to(out.dtype))
+    for p in plan.prefills:
+        q_len = p.q_end - p.q_start
+        k = _gather(key_cache, p.blocks)[:p.seq_len].transpose(0, 1)  # [kv_heads, L, D]
+        v = _gather(value_cache, p.blocks)[:p.seq_len].transpose(0, 1)
+        q = query[p.q_start:p.q_end].float().transpose(0, 1)  # [q_heads, q_len, D]
+        if q_len == p.seq_len and sliding_window is None:
+            mask, causal = None, True
+        else:
+            q_pos = torch.arange(p.seq_len - q_len, p.seq_len)[:, None]
+            k_pos = torch.arange(p.seq_len)[None, :]
+            mask = k_pos <= q_pos
+            if sliding_window is not None:
+                mask &= k_pos > q_pos - sliding_window
+            causal = False
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+                                           enable_gqa=group > 1)
+        out[p.q_start:p.q_end] = o.transpose(0, 1).to(out.dtype)
+    return out
