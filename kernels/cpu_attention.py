@@ -46,6 +46,7 @@ class DecodeGroup:
     seq_lens: torch.Tensor  # int64 [n]
     pad_rows: torch.Tensor  # int64: rows of the gathered [n * num_blocks * block_size] past a length
     masks: dict = field(default_factory=dict)  # sliding_window -> bool [n, 1, L], True = hidden
+    buffers: dict = field(default_factory=dict)  # gather buffers, reused layer after layer
 
 
 @dataclass
@@ -56,6 +57,7 @@ class PrefillChunk:
     q_end: int
     seq_len: int
     blocks: torch.Tensor  # int64 [ceil(seq_len / block_size)]
+    buffers: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -139,10 +141,19 @@ def _decode_mask(group: DecodeGroup, block_size: int, sliding_window: int | None
     return group.masks[sliding_window]
 
 
-def _gather(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """cache[blocks] flattened to [len(blocks) * block_size, kv_heads, head_dim], in fp32."""
-    out = cache.index_select(0, blocks)
-    return out.flatten(0, 1).float()
+def _gather(cache: torch.Tensor, blocks: torch.Tensor, buffers: dict, name: str) -> torch.Tensor:
+    """cache[blocks] as [len(blocks) * block_size, kv_heads, head_dim] fp32, written into a
+    buffer kept in ``buffers`` under ``name`` (reused by the next layer).
+
+    Gathering rows of the cache viewed as 2-D is several times faster than gathering 4-D."""
+    num_blocks, block_size, kv_heads, head_dim = cache.shape
+    rows = cache.view(num_blocks, block_size * kv_heads * head_dim)
+    buf = buffers.get(name)
+    if buf is None or buf.dtype != cache.dtype or buf.shape[0] != blocks.numel() \
+            or buf.shape[1] != rows.shape[1]:
+        buf = buffers[name] = rows.new_empty((blocks.numel(), rows.shape[1]))
+    torch.index_select(rows, 0, blocks, out=buf)
+    return buf.view(-1, kv_heads, head_dim).float()
 
 
 def paged_attention(
@@ -178,8 +189,8 @@ def paged_attention(
         out = torch.empty_like(query)
     for g in plan.decode_groups:
         n, length = g.rows.numel(), g.num_blocks * block_size
-        k = _gather(key_cache, g.blocks).view(n, length, num_kv_heads, head_dim)
-        v = _gather(value_cache, g.blocks)
+        k = _gather(key_cache, g.blocks, g.buffers, "k").view(n, length, num_kv_heads, head_dim)
+        v = _gather(value_cache, g.blocks, g.buffers, "v")
         v.index_fill_(0, g.pad_rows, 0.0)  # padding may hold garbage (even NaN); p = 0 there
         v = v.view(n, length, num_kv_heads, head_dim)
         q = query.index_select(0, g.rows).float().view(n, num_kv_heads, group, head_dim)
@@ -193,8 +204,8 @@ def paged_attention(
         out.index_copy_(0, g.rows, result.to(out.dtype))
     for p in plan.prefills:
         q_len = p.q_end - p.q_start
-        k = _gather(key_cache, p.blocks)[:p.seq_len].transpose(0, 1)  # [kv_heads, L, D]
-        v = _gather(value_cache, p.blocks)[:p.seq_len].transpose(0, 1)
+        k = _gather(key_cache, p.blocks, p.buffers, "k")[:p.seq_len].transpose(0, 1)  # [kv_heads, L, D]
+        v = _gather(value_cache, p.blocks, p.buffers, "v")[:p.seq_len].transpose(0, 1)
         q = query[p.q_start:p.q_end].float().transpose(0, 1)  # [q_heads, q_len, D]
         if q_len == p.seq_len and sliding_window is None:
             mask, causal = None, True
