@@ -29,7 +29,8 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int = 256 * 1024**2
     gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 64
+    max_num_kv_blocks: int = 2**18  # cap when sizing from memory: each block is a Python object
+    max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
@@ -44,7 +45,9 @@ class EngineConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}.")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}.")
-        if self.max_num_seqs < 1:
+        if self.max_num_kv_blocks < 1:
+            raise ValueError(f"max_num_kv_blocks must be >= 1, got {self.max_num_kv_blocks}.")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}.")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(
@@ -69,3 +72,18 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."
             )
+
+
+def default_max_num_seqs(device_type: str) -> int:
+    """Sequences per step when not configured: 256 on CUDA (vLLM's), 64 on CPU."""
+    return 256 if device_type == "cuda" else 64
+
+
+def default_max_num_batched_tokens(device_type: str, enable_chunked_prefill: bool,
+                                   max_model_len: int) -> int:
+    """Token budget per step when not configured. CUDA: 8192 (vLLM's for offline use with
+    chunked prefill), at least ``max_model_len`` without it. CPU: 512 with chunked prefill,
+    ``max(2048, max_model_len)`` without."""
+    if device_type == "cuda":
+        return 8192 if enable_chunked_prefill else max(8192, max_model_len)
+    return 512 if enable_chunked_prefill else max(2048, max_model_len)
