@@ -44,6 +44,8 @@ def _bench(args: argparse.Namespace) -> int:
         from workbench.core.bench_scheduler import main as run
     elif args.what == "kernels":
         from workbench.kernels.bench import main as run
+    elif args.what == "serve":
+        from workbench.bench_serve import main as run
     else:
         from workbench.bench_throughput import main as run
     return run(args.rest)
@@ -119,10 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "bench",
-        help="benchmarks that print a table: scheduler | kernels | throughput",
+        help="benchmarks that print a table: scheduler | kernels | throughput | serve",
         description="Run `workbench bench WHAT --help` for each benchmark's options.",
     )
-    bench.add_argument("what", choices=["scheduler", "kernels", "throughput"])
+    bench.add_argument("what", choices=["scheduler", "kernels", "throughput", "serve"])
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="options for that benchmark")
     bench.set_defaults(func=_bench)
     return parser
