@@ -1,10 +1,9 @@
-"""``workbench bench throughput``: the workload generator and a tiny run beside both transformers paths."""
+"""``workbench bench throughput``: the workload generator, the table, bad input. A tiny run beside both
+transformers paths is part of the selftest's CI run (tests/test_selftest.py)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-
 import pytest
 
 from workbench.bench_throughput import ThroughputResult, format_table, main
@@ -36,26 +35,6 @@ def test_table_ratios_are_ours_over_theirs():
     assert table[1].split()[:5] == ["workbench", "300.0", "3.00", "1.00", "1.00"]
     assert table[2].split()[:5] == ["hf-generate", "150.0", "1.50", "2.00", "2.00"]
     assert rows[1].to_dict()["output_tokens_per_s"] == 150.0
-
-
-@pytest.mark.slow
-def test_tiny_run_beside_both_transformers_paths(tmp_path, capsys):
-    out = tmp_path / "tput.json"
-    rc = main(["--num-prompts", "4", "--input-len-range", "4:10", "--output-len-range", "2:5",
-               "--compare", "hf", "--hf-batch-sizes", "2,4", "--threads", "1",
-               "--output-json", str(out)])
-    assert rc == 0
-    data = json.loads(out.read_text())
-    engines = [r["engine"] for r in data["results"]]
-    assert engines == ["workbench", "hf-generate", "hf-generate_batch"]
-    tokens = {r["engine"]: r["output_tokens"] for r in data["results"]}
-    expected = sum(r.output_len for r in sample_requests(4, (4, 10), (2, 5), 4096, {0, 1, 2}, 0))
-    assert set(tokens.values()) == {expected}
-    gen = data["results"][1]
-    assert gen["details"]["batch_size"] in (2, 4)
-    assert set(gen["details"]["tokens_per_s_by_batch_size"]) == {"2", "4"}
-    assert all(r["output_tokens_per_s"] > 0 for r in data["results"])
-    assert "hf-generate_batch" in capsys.readouterr().out
 
 
 def test_requests_longer_than_the_model_are_refused(capsys):

@@ -51,6 +51,12 @@ def _bench(args: argparse.Namespace) -> int:
     return run(args.rest)
 
 
+def _selftest(args: argparse.Namespace) -> int:
+    from workbench.selftest import run
+
+    return run(args)
+
+
 def _serve(args: argparse.Namespace) -> int:
     """Run the OpenAI-compatible server (uvicorn) over one engine until interrupted."""
     import asyncio
@@ -127,6 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("what", choices=["scheduler", "kernels", "throughput", "serve"])
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="options for that benchmark")
     bench.set_defaults(func=_bench)
+
+    from workbench.selftest import __doc__ as selftest_doc
+    from workbench.selftest import add_arguments as selftest_arguments
+
+    selftest = sub.add_parser(
+        "selftest", help="bounded first-run check of a (GPU) machine: kernels, parity, benchmarks",
+        description=selftest_doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    selftest_arguments(selftest)
+    selftest.set_defaults(func=_selftest)
     return parser
 
 
