@@ -17,8 +17,9 @@ once per layer:
   sequence's length may hold anything, even NaN); per KV head, two ``bmm`` on strided views
   (no permuted copies) give scores and outputs, all query heads of the head's group at once.
 * **Prefill chunks** (more than one query token) go through
-  ``scaled_dot_product_attention`` one sequence at a time, over the gathered context with a
-  bottom-right-aligned causal mask (plain ``is_causal`` when the chunk is the whole context).
+  ``scaled_dot_product_attention`` (its fused CPU kernel: 4-D inputs, K/V repeated per query
+  head) one sequence at a time, over the gathered context with a bottom-right-aligned causal
+  mask (plain ``is_causal`` when the chunk is the whole context).
 
 Math is fp32, as in the reference.
 """
@@ -206,6 +207,8 @@ def paged_attention(
         q_len = p.q_end - p.q_start
         k = _gather(key_cache, p.blocks, p.buffers, "k")[:p.seq_len].transpose(0, 1)  # [kv_heads, L, D]
         v = _gather(value_cache, p.blocks, p.buffers, "v")[:p.seq_len].transpose(0, 1)
+        if group > 1:  # one K/V head per query head: SDPA's fused CPU kernel, not its GQA path
+            k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
         q = query[p.q_start:p.q_end].float().transpose(0, 1)  # [q_heads, q_len, D]
         if q_len == p.seq_len and sliding_window is None:
             mask, causal = None, True
@@ -216,7 +219,7 @@ def paged_attention(
             if sliding_window is not None:
                 mask &= k_pos > q_pos - sliding_window
             causal = False
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
-                                           enable_gqa=group > 1)
+        o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask,
+                                           is_causal=causal, scale=scale)[0]
         out[p.q_start:p.q_end] = o.transpose(0, 1).to(out.dtype)
     return out
