@@ -13,9 +13,12 @@ once per layer:
   group's longest sequence stays small; for each group, the block ids to gather, the padded
   token rows and the causal/window mask.
 * **Decode groups.** One ``index_select`` of whole blocks per group gathers K and V into
-  ``[seqs, len, kv_heads, head_dim]``; the padded rows of V are zeroed (a slot past a
-  sequence's length may hold anything, even NaN); per KV head, two ``bmm`` on strided views
-  (no permuted copies) give scores and outputs, all query heads of the head's group at once.
+  ``[seqs, len, kv_heads, head_dim]``; the padded rows are zeroed (a slot past a sequence's
+  length may hold anything, even NaN); then one ``scaled_dot_product_attention`` (its fused
+  CPU kernel reads the strided ``[seqs, kv_heads, len, head_dim]`` view, no copy) where the
+  query heads sharing a KV head are that head's query rows: GQA without repeating K/V. Few,
+  large ops: each small op of a step is a parallel region, and on a busy machine every one
+  of them can wait for a descheduled thread.
 * **Prefill chunks** (more than one query token) go through
   ``scaled_dot_product_attention`` (its fused CPU kernel: 4-D inputs, K/V repeated per query
   head) one sequence at a time, over the gathered context with a bottom-right-aligned causal
@@ -32,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 #: Decode sequences are cut into at most this many length groups.
-MAX_DECODE_GROUPS = 4
+MAX_DECODE_GROUPS = 3
 #: A new group starts only when it saves at least this many padded tokens.
 MIN_GROUP_SAVING = 512
 
@@ -46,7 +49,7 @@ class DecodeGroup:
     num_blocks: int
     seq_lens: torch.Tensor  # int64 [n]
     pad_rows: torch.Tensor  # int64: rows of the gathered [n * num_blocks * block_size] past a length
-    masks: dict = field(default_factory=dict)  # sliding_window -> bool [n, 1, L], True = hidden
+    masks: dict = field(default_factory=dict)  # sliding_window -> bool [n, 1, 1, L], True = visible
     buffers: dict = field(default_factory=dict)  # gather buffers, reused layer after layer
 
 
@@ -128,17 +131,18 @@ def plan_attention(block_tables: torch.Tensor, query_start_loc: torch.Tensor,
             rows=torch.tensor([starts[s] for s in members], dtype=torch.int64),
             blocks=blocks.reshape(-1), num_blocks=nb, seq_lens=group_lens,
             pad_rows=hidden.reshape(-1).nonzero().squeeze(1),
-            masks={None: hidden[:, None, :]}))
+            masks={None: ~hidden[:, None, None, :]}))
         begin = end
     return AttentionPlan(block_size, groups, prefills)
 
 
 def _decode_mask(group: DecodeGroup, block_size: int, sliding_window: int | None) -> torch.Tensor:
+    """bool [n, 1, 1, L]: the cache positions each sequence's query sees (True = visible)."""
     if sliding_window not in group.masks:
         pos = torch.arange(group.num_blocks * block_size)
         q_pos = (group.seq_lens - 1)[:, None]
-        hidden = (pos[None, :] > q_pos) | (pos[None, :] <= q_pos - sliding_window)
-        group.masks[sliding_window] = hidden[:, None, :]
+        visible = (pos[None, :] <= q_pos) & (pos[None, :] > q_pos - sliding_window)
+        group.masks[sliding_window] = visible[:, None, None, :]
     return group.masks[sliding_window]
 
 
@@ -190,19 +194,17 @@ def paged_attention(
         out = torch.empty_like(query)
     for g in plan.decode_groups:
         n, length = g.rows.numel(), g.num_blocks * block_size
-        k = _gather(key_cache, g.blocks, g.buffers, "k").view(n, length, num_kv_heads, head_dim)
+        k = _gather(key_cache, g.blocks, g.buffers, "k")
         v = _gather(value_cache, g.blocks, g.buffers, "v")
-        v.index_fill_(0, g.pad_rows, 0.0)  # padding may hold garbage (even NaN); p = 0 there
-        v = v.view(n, length, num_kv_heads, head_dim)
+        k.index_fill_(0, g.pad_rows, 0.0)  # padding may hold garbage (even NaN): make it inert
+        v.index_fill_(0, g.pad_rows, 0.0)
+        k = k.view(n, length, num_kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, L, D]
+        v = v.view(n, length, num_kv_heads, head_dim).transpose(1, 2)
+        # The query heads sharing a KV head are that head's "query rows": GQA without repeats.
         q = query.index_select(0, g.rows).float().view(n, num_kv_heads, group, head_dim)
-        hidden = _decode_mask(g, block_size, sliding_window)
-        heads = []
-        for h in range(num_kv_heads):
-            scores = torch.bmm(q[:, h], k[:, :, h].transpose(1, 2)).mul_(scale)  # [n, group, L]
-            scores.masked_fill_(hidden, float("-inf"))
-            heads.append(torch.bmm(torch.softmax(scores, dim=-1), v[:, :, h]))  # [n, group, D]
-        result = torch.stack(heads, dim=1).view(n, num_q_heads, head_dim)
-        out.index_copy_(0, g.rows, result.to(out.dtype))
+        visible = _decode_mask(g, block_size, sliding_window)
+        result = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
+        out.index_copy_(0, g.rows, result.reshape(n, num_q_heads, head_dim).to(out.dtype))
     for p in plan.prefills:
         q_len = p.q_end - p.q_start
         k = _gather(key_cache, p.blocks, p.buffers, "k")[:p.seq_len].transpose(0, 1)  # [kv_heads, L, D]
