@@ -4,8 +4,8 @@ Each public function dispatches to one backend (same signature, same result up t
 
 * ``"torch"``: the plain-torch reference, :mod:`workbench.kernels.reference` (the oracle);
 * ``"triton"``: the Triton kernels (CUDA; on CPU only under ``TRITON_INTERPRET=1``);
-* ``"cpu"``: :mod:`workbench.kernels.cpu_attention` for attention, batched for CPU speed, and
-  the reference for the small per-token kernels.
+* ``"cpu"``: :mod:`workbench.kernels.cpu_attention` for attention and the KV write, batched
+  for CPU speed, and the reference for RMSNorm and RoPE.
 
 ``backend=None`` picks Triton for CUDA tensors and the reference otherwise.
 """
@@ -63,6 +63,10 @@ def paged_attention(query, key_cache, value_cache, block_tables, query_start_loc
 
 def write_kv_cache(key, value, key_cache, value_cache, slot_mapping, *, backend=None):
     """See :func:`workbench.kernels.reference.write_kv_cache`."""
+    if backend == "cpu":
+        from workbench.kernels import cpu_attention
+
+        return cpu_attention.write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
     if _use_triton(backend, key):
         from workbench.kernels import triton_cache
 

@@ -57,13 +57,14 @@ def test_many_decodes_of_spread_lengths(ctx, block_size, seed):
 
 
 def test_length_groups_cut_padding():
-    """Sequences of 1 and 20 blocks are not padded to one length: two groups, sorted."""
+    """Sequences of 1 and 20 blocks are not padded to one length: two groups, sorted, each as
+    long as its longest sequence."""
     lens = [16] * 10 + [320] * 10
     batch = build_batch([1] * 20, [n - 1 for n in lens], num_kv_heads=1, group=1, head_dim=32,
                         block_size=16, dtype=torch.float32, seed=0)
     _, _, _, block_tables, qsl, seq_lens = batch
     plan = cpu_attention.plan_attention(block_tables, qsl, seq_lens, 16)
-    assert [(g.rows.numel(), g.num_blocks) for g in plan.decode_groups] == [(10, 1), (10, 20)]
+    assert [(g.rows.numel(), g.length) for g in plan.decode_groups] == [(10, 16), (10, 320)]
     assert plan.prefills == []
     check_cpu(batch, plan=plan)
 
@@ -73,14 +74,14 @@ def test_only_small_savings_keep_one_group():
     batch = build_batch([1, 1, 1], [n - 1 for n in lens], num_kv_heads=1, group=1, head_dim=32,
                         block_size=16, dtype=torch.float32, seed=0)
     plan = cpu_attention.plan_attention(*batch[3:], 16)
-    assert [(g.rows.numel(), g.num_blocks) for g in plan.decode_groups] == [(3, 20)]
+    assert [(g.rows.numel(), g.length) for g in plan.decode_groups] == [(3, 320)]
 
 
 def test_plan_repr_is_plain():
     batch = build_batch([1, 5], [20, 0], num_kv_heads=1, group=2, head_dim=32, block_size=16,
                         dtype=torch.float32, seed=0)
     plan = cpu_attention.plan_attention(*batch[3:], 16)
-    assert repr(plan) == "AttentionPlan(decode_groups(seqs, blocks)=[(1, 2)], prefills=[(5, 5)])"
+    assert repr(plan) == "AttentionPlan(decode_groups(seqs, length)=[(1, 21)], prefills=[(5, 5)])"
 
 
 def test_unknown_backend_is_named():
@@ -88,3 +89,19 @@ def test_unknown_backend_is_named():
                         dtype=torch.float32, seed=0)
     with pytest.raises(ValueError, match="backend must be one of"):
         kernels.paged_attention(*batch, 1.0, backend="fast")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("skip_one", [False, True])
+def test_write_kv_cache_matches_reference(dtype, skip_one):
+    gen = torch.Generator().manual_seed(1)
+    key = torch.randn(9, 2, 8, generator=gen)
+    value = torch.randn(9, 2, 8, generator=gen)
+    slots = torch.randperm(40, generator=gen)[:9]
+    if skip_one:
+        slots[4] = -1
+    caches = [torch.full((5, 8, 2, 8), float("nan"), dtype=dtype) for _ in range(4)]
+    kernels.write_kv_cache(key, value, caches[0], caches[1], slots, backend="cpu")
+    reference.write_kv_cache(key, value, caches[2], caches[3], slots)
+    torch.testing.assert_close(caches[0], caches[2], atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(caches[1], caches[3], atol=0, rtol=0, equal_nan=True)
