@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from workbench.config import EngineConfig
+from workbench.config import EngineConfig, default_max_num_batched_tokens, default_max_num_seqs
 from workbench.core.kv_cache import KVCacheManager
 from workbench.core.policy import FCFSPolicy, SchedulingPolicy, ShortestPromptFirstPolicy
 from workbench.core.scheduler import Scheduler
@@ -73,10 +73,10 @@ class LLMEngine:
         )
         max_model_len = self.model_config.max_model_len
         self.attention_backend = config.attention_backend or (
-            "triton" if self.device.type == "cuda" else "torch"
+            "triton" if self.device.type == "cuda" else "cpu"
         )
-        self.max_num_batched_tokens = config.max_num_batched_tokens or (
-            512 if config.enable_chunked_prefill else max(2048, max_model_len)
+        self.max_num_batched_tokens = config.max_num_batched_tokens or default_max_num_batched_tokens(
+            self.device.type, config.enable_chunked_prefill, max_model_len
         )
         self.runner = ModelRunner(
             self.model_config,
@@ -91,14 +91,18 @@ class LLMEngine:
             kv_cache_memory_bytes=config.kv_cache_memory_bytes,
             gpu_memory_utilization=config.gpu_memory_utilization,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_kv_blocks=config.max_num_kv_blocks,
         )
         self.runner.allocate_kv_cache(num_blocks)
+        max_num_seqs = config.max_num_seqs or default_max_num_seqs(self.device.type)
+        if self.device.type == "cuda":  # compile every kernel variant before the first request
+            self.runner.warm_up(max_num_seqs, self.max_num_batched_tokens)
         self.kv_cache = KVCacheManager(
             num_blocks, config.block_size, config.enable_prefix_caching, record_events=True
         )
         self.scheduler = Scheduler(
             self.kv_cache,
-            max_num_seqs=config.max_num_seqs,
+            max_num_seqs=max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=max_model_len,
             enable_chunked_prefill=config.enable_chunked_prefill,
