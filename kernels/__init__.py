@@ -1,8 +1,13 @@
 """Attention and layer kernels (installed as ``workbench.kernels``).
 
-Each public function dispatches to the Triton implementation or to the plain-torch reference
-in :mod:`workbench.kernels.reference` (same signature). ``backend=None`` picks Triton for CUDA
-tensors and the reference otherwise; ``backend="triton"`` on CPU needs ``TRITON_INTERPRET=1``.
+Each public function dispatches to one backend (same signature, same result up to rounding):
+
+* ``"torch"``: the plain-torch reference, :mod:`workbench.kernels.reference` (the oracle);
+* ``"triton"``: the Triton kernels (CUDA; on CPU only under ``TRITON_INTERPRET=1``);
+* ``"cpu"``: :mod:`workbench.kernels.cpu_attention` for attention and the KV write, batched
+  for CPU speed, and the reference for RMSNorm and RoPE.
+
+``backend=None`` picks Triton for CUDA tensors and the reference otherwise.
 """
 
 from __future__ import annotations
@@ -11,9 +16,10 @@ import torch
 
 from workbench.kernels import reference
 
-__all__ = ["paged_attention", "write_kv_cache", "rms_norm", "rotary_embedding", "reference"]
+__all__ = ["paged_attention", "plan_attention", "write_kv_cache", "rms_norm", "rotary_embedding",
+           "reference", "BACKENDS"]
 
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "triton", "cpu")
 
 
 def _use_triton(backend: str | None, tensor: torch.Tensor) -> bool:
@@ -24,9 +30,26 @@ def _use_triton(backend: str | None, tensor: torch.Tensor) -> bool:
     return backend == "triton"
 
 
+def plan_attention(block_tables, query_start_loc, seq_lens, block_size, *, backend=None):
+    """The layout work of :func:`paged_attention` that every layer of one forward shares: an
+    opaque plan to pass as ``plan=`` (``None`` for backends that need none)."""
+    if backend != "cpu":
+        return None
+    from workbench.kernels import cpu_attention
+
+    return cpu_attention.plan_attention(block_tables, query_start_loc, seq_lens, block_size)
+
+
 def paged_attention(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
-                    scale, *, sliding_window=None, softcap=None, out=None, backend=None):
-    """See :func:`workbench.kernels.reference.paged_attention` for the contract."""
+                    scale, *, sliding_window=None, softcap=None, out=None, backend=None, plan=None):
+    """See :func:`workbench.kernels.reference.paged_attention` for the contract; ``plan``
+    comes from :func:`plan_attention` on the same inputs (optional)."""
+    if backend == "cpu":
+        from workbench.kernels import cpu_attention
+
+        return cpu_attention.paged_attention(
+            query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
+            sliding_window=sliding_window, softcap=softcap, out=out, plan=plan)
     if _use_triton(backend, query):
         from workbench.kernels import triton_attention
 
@@ -40,6 +63,10 @@ def paged_attention(query, key_cache, value_cache, block_tables, query_start_loc
 
 def write_kv_cache(key, value, key_cache, value_cache, slot_mapping, *, backend=None):
     """See :func:`workbench.kernels.reference.write_kv_cache`."""
+    if backend == "cpu":
+        from workbench.kernels import cpu_attention
+
+        return cpu_attention.write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
     if _use_triton(backend, key):
         from workbench.kernels import triton_cache
 

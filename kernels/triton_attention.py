@@ -47,7 +47,7 @@ __all__ = ["paged_attention", "paged_attention_split_kv", "choose_num_splits", "
 SPLIT_MIN_CONTEXT = 2048
 #: Each split should cover at least this many KV positions.
 SPLIT_MIN_TOKENS = 512
-#: Upper bound on the number of splits (bounds the partial-result buffers).
+#: Upper bound on the number of splits (bounds the partial-result buffers); a power of two.
 MAX_SPLITS = 32
 #: SM count assumed when no CUDA device is present (tests under the interpreter): an H100/H200.
 DEFAULT_NUM_SMS = 132
@@ -139,7 +139,9 @@ def _attend_tile(
     return m_new, l_i, acc
 
 
-@triton.jit
+# Arguments that change from step to step are not specialised on (Triton would otherwise compile
+# a variant for a value of 1 or a multiple of 16 in the middle of a run).
+@triton.jit(do_not_specialize=["num_seqs", "num_splits", "sliding_window"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
@@ -247,7 +249,7 @@ def _paged_attention_kernel(
                  o.to(out_ptr.dtype.element_ty), mask=store_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _reduce_splits_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, num_splits,
     stride_pt, stride_ph, stride_ps,
@@ -422,6 +424,6 @@ def paged_attention_split_kv(
         _reduce_splits_kernel[(num_tokens, num_q_heads)](
             part_out, part_lse, out, num_splits, *part_strides, *out.stride(),
             HEAD_DIM=head_dim, HEAD_PAD=head_pad,
-            SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+            SPLITS_PAD=MAX_SPLITS, num_warps=4,  # one variant for every num_splits
         )
     return out

@@ -1,6 +1,6 @@
 """End to end: the engine with ``attention_backend="triton"`` (every kernel of the forward through
-the Triton interpreter) generates the same greedy tokens as ``attention_backend="torch"`` on the
-embedded model, fp32 on CPU, over a batch that mixes chunked prefill, prefix-cache hits and
+the Triton interpreter) or ``"cpu"`` generates the same greedy tokens as
+``attention_backend="torch"`` (the reference) on the embedded model, fp32 on CPU, over a batch that mixes chunked prefill, prefix-cache hits and
 decode."""
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ def generate(model_path, backend):
 
 
 @pytest.mark.slow
-def test_triton_engine_matches_torch_engine_greedy():
+@pytest.mark.parametrize("backend", ["triton", "cpu"])
+def test_engine_matches_torch_engine_greedy(backend):
     path = default_model_path()
     expected, _ = generate(path, "torch")
-    got, history = generate(path, "triton")
+    got, history = generate(path, backend)
     assert got == expected
     assert all(len(t) == 6 for t in got.values())
     assert history["prefix_hit_tokens"].sum() >= 8, "no prefix-cache hit happened"

@@ -62,10 +62,13 @@ def test_line_and_cell_generate_print_the_prompt_and_continuation(shell, capsys)
 
 def test_add_step_run_show(shell, capsys):
     engine = shell.user_ns["eng"]
-    shell.run_line_magic("llm", "add JULIET: --id q1 --max-tokens 5 --temperature 0.7 --priority 2")
+    with pytest.raises(UsageError, match="priority: got 2, but the scheduling policy 'fcfs'"):
+        shell.run_line_magic("llm", "add JULIET: --id q1 --priority 2")  # as vLLM: fcfs has no priorities
+    assert not engine.has_unfinished_requests()
+    shell.run_line_magic("llm", "add JULIET: --id q1 --max-tokens 5 --temperature 0.7")
     shell.run_line_magic("llm", "add ROMEO: --max-tokens 3")
     request = engine.scheduler.requests["q1"]
-    assert (request.sampling_params.max_tokens, request.sampling_params.temperature, request.priority) == (5, 0.7, 2)
+    assert (request.sampling_params.max_tokens, request.sampling_params.temperature) == (5, 0.7)
     made_up = [rid for rid in engine.scheduler.requests if rid != "q1"]
     assert len(made_up) == 1
     record = shell.run_line_magic("llm", "step")

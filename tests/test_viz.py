@@ -151,9 +151,12 @@ def test_dashboard_buttons_drive_the_engine_and_report_errors():
     assert dashboard.player.buttons == []  # one set of drive buttons: the dashboard's
     dashboard.prompt.value, dashboard.request_id.value = "ROMEO:", "mine"
     dashboard.max_tokens.value, dashboard.temperature.value, dashboard.priority.value = 5, 0.5, 3
+    buttons["Add request"].click()  # fcfs refuses priorities (vLLM's rule): an error in the panel
+    assert "priority: got 3" in dashboard.status.value and not engine.has_unfinished_requests()
+    dashboard.priority.value = 0
     buttons["Add request"].click()
     request = engine.scheduler.requests["mine"]
-    assert (request.sampling_params.max_tokens, request.sampling_params.temperature, request.priority) == (5, 0.5, 3)
+    assert (request.sampling_params.max_tokens, request.sampling_params.temperature) == (5, 0.5)
     dashboard.prompt.value = "word " * 300  # more blocks than the pool has
     buttons["Add request"].click()
     assert "num_blocks=12" in dashboard.status.value and "mine" in engine.scheduler.requests

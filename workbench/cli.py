@@ -48,9 +48,17 @@ def _bench(args: argparse.Namespace) -> int:
         from workbench.core.bench_scheduler import main as run
     elif args.what == "kernels":
         from workbench.kernels.bench import main as run
+    elif args.what == "serve":
+        from workbench.bench_serve import main as run
     else:
         from workbench.bench_throughput import main as run
     return run(args.rest)
+
+
+def _selftest(args: argparse.Namespace) -> int:
+    from workbench.selftest import run
+
+    return run(args)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -105,12 +113,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "bench",
-        help="benchmarks that print a table: scheduler | kernels | throughput",
+        help="benchmarks that print a table: scheduler | kernels | throughput | serve",
         description="Run `workbench bench WHAT --help` for each benchmark's options.",
     )
-    bench.add_argument("what", choices=["scheduler", "kernels", "throughput"])
+    bench.add_argument("what", choices=["scheduler", "kernels", "throughput", "serve"])
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="options for that benchmark")
     bench.set_defaults(func=_bench)
+
+    from workbench.selftest import __doc__ as selftest_doc
+    from workbench.selftest import add_arguments as selftest_arguments
+
+    selftest = sub.add_parser(
+        "selftest", help="bounded first-run check of a (GPU) machine: kernels, parity, benchmarks",
+        description=selftest_doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    selftest_arguments(selftest)
+    selftest.set_defaults(func=_selftest)
     return parser
 
 

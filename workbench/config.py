@@ -41,17 +41,21 @@ class EngineConfig:
     kv_cache_memory_bytes: int = option(256 * 1024**2, "CPU: bytes for the KV cache")
     gpu_memory_utilization: float = option(
         0.9, "CUDA: fraction of GPU memory for weights, activations and KV cache")
-    max_num_seqs: int = option(64, "most requests in one step")
+    max_num_kv_blocks: int = option(
+        2**18, "cap on KV-cache blocks sized from memory (each block is a Python object)")
+    max_num_seqs: int | None = option(
+        None, "most requests in one step (default: 256 on CUDA as vLLM, 64 on CPU)")
     max_num_batched_tokens: int | None = option(
-        None, "token budget of one step (default: 512 with chunked prefill, else "
-        "max(2048, max_model_len))")
+        None, "token budget of one step (default on CPU: 512 with chunked prefill, else "
+        "max(2048, max_model_len); on CUDA: 8192, at least max_model_len without chunking)")
     enable_prefix_caching: bool = option(True, "reuse cached KV blocks of shared prefixes")
     enable_chunked_prefill: bool = option(True, "split long prompts over several steps")
     policy: Any = option("fcfs", "scheduling policy: a name or a SchedulingPolicy object",
                          choices=["fcfs", "priority", "spf"])
     attention_backend: str | None = option(
-        None, "'torch' or 'triton' (default: triton on CUDA, torch on CPU)",
-        choices=["torch", "triton"])
+        None, "'triton', 'cpu' (the batched CPU path) or 'torch' (the plain reference); "
+        "default: triton on CUDA, cpu on CPU",
+        choices=["torch", "triton", "cpu"])
     max_logprobs: int = option(20, "largest logprobs / prompt_logprobs a request may ask for")
     max_history: int = option(10_000, "StepRecords kept in engine.history")
     log_stats: bool = option(False, "log vLLM's periodic stats line")
@@ -62,7 +66,9 @@ class EngineConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}.")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}.")
-        if self.max_num_seqs < 1:
+        if self.max_num_kv_blocks < 1:
+            raise ValueError(f"max_num_kv_blocks must be >= 1, got {self.max_num_kv_blocks}.")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}.")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(
@@ -78,9 +84,10 @@ class EngineConfig:
             )
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}.")
-        if self.attention_backend not in (None, "torch", "triton"):
+        if self.attention_backend not in (None, "torch", "triton", "cpu"):
             raise ValueError(
-                f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}."
+                "attention_backend must be 'torch', 'triton' or 'cpu', got "
+                f"{self.attention_backend!r}."
             )
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}.")
@@ -91,3 +98,18 @@ class EngineConfig:
 
     def _repr_html_(self) -> str:
         return html_table(type(self).__name__, {f.name: getattr(self, f.name) for f in fields(self)})
+
+
+def default_max_num_seqs(device_type: str) -> int:
+    """Sequences per step when not configured: 256 on CUDA (vLLM's), 64 on CPU."""
+    return 256 if device_type == "cuda" else 64
+
+
+def default_max_num_batched_tokens(device_type: str, enable_chunked_prefill: bool,
+                                   max_model_len: int) -> int:
+    """Token budget per step when not configured. CUDA: 8192 (vLLM's for offline use with
+    chunked prefill), at least ``max_model_len`` without it. CPU: 512 with chunked prefill,
+    ``max(2048, max_model_len)`` without."""
+    if device_type == "cuda":
+        return 8192 if enable_chunked_prefill else max(8192, max_model_len)
+    return 512 if enable_chunked_prefill else max(2048, max_model_len)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from workbench.config import EngineConfig
+from workbench.config import EngineConfig, default_max_num_batched_tokens, default_max_num_seqs
 from workbench.core.kv_cache import KVCacheManager
 from workbench.core.policy import FCFSPolicy, SchedulingPolicy, ShortestPromptFirstPolicy
 from workbench.core.scheduler import Scheduler
@@ -73,10 +73,10 @@ class LLMEngine:
         )
         max_model_len = self.model_config.max_model_len
         self.attention_backend = config.attention_backend or (
-            "triton" if self.device.type == "cuda" else "torch"
+            "triton" if self.device.type == "cuda" else "cpu"
         )
-        self.max_num_batched_tokens = config.max_num_batched_tokens or (
-            512 if config.enable_chunked_prefill else max(2048, max_model_len)
+        self.max_num_batched_tokens = config.max_num_batched_tokens or default_max_num_batched_tokens(
+            self.device.type, config.enable_chunked_prefill, max_model_len
         )
         self.runner = ModelRunner(
             self.model_config,
@@ -91,14 +91,18 @@ class LLMEngine:
             kv_cache_memory_bytes=config.kv_cache_memory_bytes,
             gpu_memory_utilization=config.gpu_memory_utilization,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_kv_blocks=config.max_num_kv_blocks,
         )
         self.runner.allocate_kv_cache(num_blocks)
+        max_num_seqs = config.max_num_seqs or default_max_num_seqs(self.device.type)
+        if self.device.type == "cuda":  # compile every kernel variant before the first request
+            self.runner.warm_up(max_num_seqs, self.max_num_batched_tokens)
         self.kv_cache = KVCacheManager(
             num_blocks, config.block_size, config.enable_prefix_caching, record_events=True
         )
         self.scheduler = Scheduler(
             self.kv_cache,
-            max_num_seqs=config.max_num_seqs,
+            max_num_seqs=max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=max_model_len,
             enable_chunked_prefill=config.enable_chunked_prefill,
@@ -186,7 +190,7 @@ class LLMEngine:
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}.")
         policy = self.scheduler.policy
-        if priority != 0 and type(policy) in _PRIORITY_BLIND:
+        if priority != 0 and not self.uses_priority:
             raise ValueError(
                 f"priority: got {priority}, but the scheduling policy {policy.name!r} ignores "
                 "priority; create the engine with policy='priority'."
@@ -235,6 +239,17 @@ class LLMEngine:
 
     def get_num_unfinished_requests(self) -> int:
         return self.output_processor.get_num_unfinished_requests()
+
+    @property
+    def uses_priority(self) -> bool:
+        """False under the built-in policies that ignore ``Request.priority`` (fcfs, spf):
+        there a non-zero priority is refused, as vLLM refuses it without its priority policy.
+        A policy class of your own counts as using it."""
+        return type(self.scheduler.policy) not in _PRIORITY_BLIND
+
+    def get_unfinished_request_ids(self) -> list[str]:
+        """The ids (as given to ``add_request``) of every request not finished yet."""
+        return list(self.output_processor.parents)
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached block's hash (only possible while no request holds blocks)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
+from collections.abc import Collection
 
 from workbench.config import EngineConfig
 
@@ -31,21 +32,30 @@ class EngineArgs(EngineConfig):
     """The engine's options (see EngineConfig for each one's meaning and default)."""
 
     @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        """Add one ``--flag-name`` per option (booleans also get ``--no-flag-name``)."""
+    def add_cli_args(parser: argparse.ArgumentParser, *, exclude: Collection[str] = (),
+                     keep_defaults: bool = True) -> argparse.ArgumentParser:
+        """Add one ``--flag-name`` per option (booleans also get ``--no-flag-name``).
+
+        ``exclude`` leaves options out (a caller that takes the model as a positional);
+        ``keep_defaults=False`` parses an absent flag as None, so only the flags given
+        override another base config (``%llm load`` over the teaching engine).
+        """
         group = parser.add_argument_group("engine options")
         hints = typing.get_type_hints(EngineConfig)
         for f in dataclasses.fields(EngineConfig):
+            if f.name in exclude:
+                continue
             flag = "--" + f.name.replace("_", "-")
             meta = dict(f.metadata)
             help_text = meta.pop("help", "")
-            if f.default is not None:
+            default = f.default if keep_defaults else None
+            if default is not None:
                 help_text += " (default: %(default)s)"
             if hints[f.name] is bool:
                 group.add_argument(flag, action=argparse.BooleanOptionalAction,
-                                   default=f.default, help=help_text)
+                                   default=default, help=help_text)
             else:
-                group.add_argument(flag, type=_flag_type(hints[f.name]), default=f.default,
+                group.add_argument(flag, type=_flag_type(hints[f.name]), default=default,
                                    help=help_text, **meta)
         return parser
 

@@ -19,13 +19,13 @@ import dataclasses
 import itertools
 import threading
 import time
-import typing
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from workbench.config import EngineConfig
+from workbench.engine_args import EngineArgs
 from workbench.sampling_params import SamplingParams
 
 DRIVING_COMMANDS = ("load", "generate", "chat", "add", "step", "run", "replay")
@@ -40,25 +40,6 @@ class _Parser(argparse.ArgumentParser):
 
     def exit(self, status: int = 0, message: str | None = None):
         raise UsageError(message or self.format_usage().strip())
-
-
-def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    """One ``--field-name`` option per EngineConfig field (``model`` is positional).
-
-    When ``EngineArgs.add_cli_args`` exists this function becomes that one call."""
-    hints = typing.get_type_hints(EngineConfig)
-    for field in dataclasses.fields(EngineConfig):
-        if field.name == "model":
-            continue
-        flag = "--" + field.name.replace("_", "-")
-        hint = str(hints[field.name])
-        if hints[field.name] is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-        elif field.name == "policy":
-            parser.add_argument(flag, choices=["fcfs", "priority", "spf"], default=None)
-        else:
-            kind = int if "int" in hint else float if "float" in hint else str
-            parser.add_argument(flag, type=kind, default=None, metavar=field.name.upper())
 
 
 def _sampling_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -78,7 +59,7 @@ def build_parser() -> _Parser:
     load.add_argument("--as", dest="name", default="engine", help="variable to bind the engine to (default: engine)")
     load.add_argument("--no-teaching", action="store_true",
                       help="start from EngineConfig() defaults instead of the small teaching engine")
-    add_engine_options(load)
+    EngineArgs.add_cli_args(load, exclude=("model",), keep_defaults=False)
     gen = sub.add_parser("generate", add_help=False, help="generate a continuation and print it")
     gen.add_argument("prompt", nargs="+")
     _sampling_options(gen, 64)
@@ -251,9 +232,7 @@ class WorkbenchMagics(Magics):
         if options.what == "scheduler":
             display(engine.scheduler)
             return engine.kv_cache
-        line = engine.log_stats(force=True)
-        if line:
-            print(line)
+        display(engine.scheduler_stats)
         return engine.history.to_dataframe()
 
     def _cmd_player(self, options):
@@ -298,9 +277,8 @@ class WorkbenchMagics(Magics):
         return ComparisonView(compare_runs(workload, configs))
 
     def _cmd_serve(self, options):
-        import uvicorn
-
         from workbench.serving import AsyncLLM, build_app
+        from workbench.serving.api_server import make_server
 
         if self.server is not None:
             raise UsageError(f"already serving at {self.server[3]}; `%llm stop` first")
@@ -308,7 +286,7 @@ class WorkbenchMagics(Magics):
         async_llm = AsyncLLM(llm.engine)
         name = llm.engine.model_config.path.name
         app = build_app(async_llm, model_name=name, api_key=options.api_key)
-        server = uvicorn.Server(uvicorn.Config(app, host=options.host, port=options.port, log_level="warning"))
+        server = make_server(app, async_llm, host=options.host, port=options.port, log_level="warning")
         thread = threading.Thread(target=server.run, name="workbench-http", daemon=True)
         thread.start()
         deadline = time.monotonic() + 30
@@ -317,7 +295,6 @@ class WorkbenchMagics(Magics):
         if not server.started:
             server.should_exit = True
             _shutdown(async_llm)
-            llm.engine.stream_outputs = False
             raise UsageError(f"the server did not start on {options.host}:{options.port}")
         url = f"http://{options.host}:{options.port}/v1"
         self.server = (server, thread, async_llm, url)
@@ -331,7 +308,6 @@ class WorkbenchMagics(Magics):
         server.should_exit = True
         thread.join(timeout=30)
         _shutdown(async_llm)
-        async_llm.engine.stream_outputs = False
         self.server = None
         print(f"Stopped serving at {url}.")
 

@@ -160,7 +160,8 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
                         request.request_id,
                         request.prompt if isinstance(request.prompt, str) else list(request.prompt),
                         request.params,
-                        priority=request.priority,
+                        # A policy that ignores priorities (fcfs, spf) runs the same workload.
+                        priority=request.priority if engine.uses_priority else 0,
                         arrival_time=t0 + request.arrival_time if clock == "wall" else None,
                     )
                 except ValueError as e:

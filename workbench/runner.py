@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 
+import numpy as np
 import torch
 
 from workbench.core.scheduler_output import SchedulerOutput
@@ -50,13 +51,19 @@ class BatchInputs:
         return int(self.input_ids.numel())
 
     def to(self, device) -> BatchInputs:
-        """The same batch with every tensor on ``device`` (itself when already there)."""
-        if self.input_ids.device == torch.device(device):
+        """The same batch with every tensor on ``device`` (itself when already there).
+
+        To CUDA, each tensor goes through pinned host memory with a non-blocking copy, so the
+        host does not wait for the transfer (this batch's own tensors stay as they are: the
+        step's record keeps them)."""
+        device = torch.device(device)
+        if self.input_ids.device == device:
             return self
+        pin = device.type == "cuda"
         moved = {
-            f.name: getattr(self, f.name).to(device, non_blocking=True)
+            f.name: (t.pin_memory() if pin else t).to(device, non_blocking=True)
             for f in fields(self)
-            if isinstance(getattr(self, f.name), torch.Tensor)
+            if isinstance(t := getattr(self, f.name), torch.Tensor)
         }
         return replace(self, **moved)
 
@@ -89,23 +96,30 @@ class BatchInputs:
         )
 
 
-def build_batch_inputs(scheduler_output: SchedulerOutput, block_size: int) -> BatchInputs:
-    """Pack the scheduled chunks into flat CPU tensors: plain Python lists, one tensor each."""
+def build_batch_inputs(
+    scheduler_output: SchedulerOutput, block_size: int, table_width: int | None = None
+) -> BatchInputs:
+    """Pack the scheduled chunks into flat CPU tensors: plain Python lists, one tensor each.
+
+    ``block_tables`` has ``table_width`` columns (padding -1) when given, so that its shape
+    does not change from step to step (compiled kernels see one stride); else as many as the
+    longest table of the step.
+    """
     scheduled = scheduler_output.scheduled
-    width = max(len(s.block_ids) for s in scheduled)
+    width = table_width or max(len(s.block_ids) for s in scheduled)
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
-    tables: list[list[int]] = []
+    tables = np.full((len(scheduled), width), -1, dtype=np.int32)
     query_start_loc = [0]
     logits_indices: list[int] = []
-    for s in scheduled:
+    for i, s in enumerate(scheduled):
         blocks = s.block_ids
         input_ids.extend(s.token_ids)
         span = range(s.num_computed_tokens, s.seq_len)
         positions.extend(span)
         slots.extend(blocks[p // block_size] * block_size + p % block_size for p in span)
-        tables.append(list(blocks) + [-1] * (width - len(blocks)))
+        tables[i, :len(blocks)] = blocks
         query_start_loc.append(query_start_loc[-1] + s.num_new_tokens)
         if s.samples:
             logits_indices.append(query_start_loc[-1] - 1)
@@ -119,7 +133,7 @@ def build_batch_inputs(scheduler_output: SchedulerOutput, block_size: int) -> Ba
         input_ids=tensor(input_ids, torch.int64),
         positions=tensor(positions, torch.int64),
         slot_mapping=tensor(slots, torch.int64),
-        block_tables=tensor(tables, torch.int32),
+        block_tables=torch.from_numpy(tables),
         query_start_loc=tensor(query_start_loc, torch.int32),
         seq_lens=tensor([s.seq_len for s in scheduled], torch.int32),
         logits_indices=tensor(logits_indices, torch.int64),
@@ -180,6 +194,15 @@ class ModelRunner:
         self.sampler = Sampler(seed=seed)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
+        #: Compiled (Triton) kernels get block tables of one fixed width, the model length in
+        #: blocks, so that no step brings a new shape to compile for.
+        self.table_width = (
+            -(-model_config.max_model_len // block_size) if attention_backend == "triton" else None
+        )
+        #: On CUDA the host does not wait for the device except for the sampled tokens; so the
+        #: "forward" timing is launch time and the wait shows in "sample". True: synchronise
+        #: around the forward so that each timing is the device's (one more sync per step).
+        self.sync_timings = False
 
     def determine_num_blocks(
         self,
@@ -188,12 +211,15 @@ class ModelRunner:
         kv_cache_memory_bytes: int,
         gpu_memory_utilization: float,
         max_num_batched_tokens: int,
+        max_num_kv_blocks: int = 2**18,
     ) -> int:
-        """How many KV blocks to allocate: explicit, or from a memory budget.
+        """How many KV blocks to allocate: explicit, or from a memory budget (at most
+        ``max_num_kv_blocks``: every block is also a Python object in the block pool).
 
         CPU: ``kv_cache_memory_bytes`` // bytes per block. CUDA: after a profiling forward
         pass of ``max_num_batched_tokens`` tokens, the part of
-        ``gpu_memory_utilization * total`` that weights and activations leave free.
+        ``gpu_memory_utilization * total`` that weights and activations leave free, and no
+        more than the device has free now (other processes may hold memory).
         """
         per_block = self.model_config.kv_cache_bytes_per_block(self.block_size)
         if num_kv_blocks is not None:
@@ -203,11 +229,14 @@ class ModelRunner:
             source = f"kv_cache_memory_bytes={kv_cache_memory_bytes}"
         else:
             peak = self._profile_peak_memory(max_num_batched_tokens)
-            total = torch.cuda.get_device_properties(self.device).total_memory
-            budget = int(total * gpu_memory_utilization) - peak
+            free, total = torch.cuda.mem_get_info(self.device)
+            in_use = torch.cuda.memory_allocated(self.device)
+            budget = min(int(total * gpu_memory_utilization) - peak,
+                         free + torch.cuda.memory_reserved(self.device) - in_use
+                         - int(total * (1 - gpu_memory_utilization)))
             source = (
                 f"gpu_memory_utilization={gpu_memory_utilization} of {total / 2**30:.1f} GiB, "
-                f"peak after profiling {peak / 2**30:.2f} GiB"
+                f"peak after profiling {peak / 2**30:.2f} GiB, free {free / 2**30:.1f} GiB"
             )
         num_blocks = budget // per_block
         if num_blocks < 1:
@@ -215,6 +244,9 @@ class ModelRunner:
                 f"No memory left for the KV cache ({source}; one block needs {per_block} bytes). "
                 "Raise the budget or pass num_kv_blocks."
             )
+        if num_blocks > max_num_kv_blocks:
+            source += f"; capped by max_num_kv_blocks={max_num_kv_blocks} from {num_blocks}"
+            num_blocks = max_num_kv_blocks
         logger.info("KV cache: %d blocks of %d tokens (%s)", num_blocks, self.block_size, source)
         return num_blocks
 
@@ -227,7 +259,7 @@ class ModelRunner:
         torch.cuda.reset_peak_memory_stats(self.device)
         attn = AttentionMetadata(
             slot_mapping=torch.arange(num_tokens, device=self.device),
-            block_tables=torch.arange(blocks, dtype=torch.int32, device=self.device)[None],
+            block_tables=self._pad_table(torch.arange(blocks, dtype=torch.int32, device=self.device)[None]),
             query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32, device=self.device),
             seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=self.device),
             backend=self.attention_backend,
@@ -247,6 +279,47 @@ class ModelRunner:
             self.model_config, num_blocks, self.block_size, self.device
         )
 
+    def _pad_table(self, table: torch.Tensor) -> torch.Tensor:
+        """``table`` widened with -1 columns to ``table_width`` (unchanged without one)."""
+        if self.table_width is None or table.shape[1] >= self.table_width:
+            return table
+        return torch.nn.functional.pad(table, (0, self.table_width - table.shape[1]), value=-1)
+
+    @torch.inference_mode()
+    def warm_up(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        """Run the shapes of batch a serving run meets (decode of one and of many sequences, a
+        short and a long prefill, a mixed batch) once, so that compiled kernels are compiled
+        before the first request and never in the middle of a run. Writes no KV slot (slot -1);
+        reads block 0 only. Call it before any request holds blocks."""
+        max_len = self.model_config.max_model_len
+        n_decode = max(1, min(max_num_seqs, max_num_batched_tokens))
+        long_prefill = min(max_num_batched_tokens, max_len, 256)
+        shapes = [  # (query lengths, context lengths)
+            ([1], [min(max_len - 1, 4096)]),  # one long decode: split-KV on a GPU
+            ([1] * n_decode, [1] * n_decode),
+            ([min(16, max_len)], [0]),
+            ([long_prefill], [0]),
+            ([min(8, max_len - 1), 1], [1, 1]),
+        ]
+        for q_lens, ctx_lens in shapes:
+            seq_lens = [q + c for q, c in zip(q_lens, ctx_lens)]
+            num_tokens = sum(q_lens)
+            table = torch.zeros((len(q_lens), -(-max(seq_lens) // self.block_size)), dtype=torch.int32)
+            qsl = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+            attn = AttentionMetadata(
+                slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=self.device),
+                block_tables=self._pad_table(table).to(self.device),
+                query_start_loc=qsl.to(self.device),
+                seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=self.device),
+                backend=self.attention_backend,
+            )
+            positions = torch.cat([torch.arange(c, c + q) for q, c in zip(q_lens, ctx_lens)])
+            ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
+            hidden = self.model(ids, positions.to(self.device), self.kv_caches, attn)
+            self.model.compute_logits(hidden[qsl[1:].long().to(self.device) - 1])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     @torch.inference_mode()
     def execute(
         self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request]
@@ -260,9 +333,13 @@ class ModelRunner:
             self.sampler.remove(request_id)
         if not scheduler_output.scheduled:
             return RunnerOutput()
-        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        sync = (
+            torch.cuda.synchronize
+            if self.device.type == "cuda" and self.sync_timings
+            else (lambda: None)
+        )
         t0 = time.perf_counter()
-        batch = build_batch_inputs(scheduler_output, self.block_size)  # kept on the record
+        batch = build_batch_inputs(scheduler_output, self.block_size, self.table_width)  # kept on the record
         inputs = batch.to(self.device)
         attn = AttentionMetadata(
             slot_mapping=inputs.slot_mapping,

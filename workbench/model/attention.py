@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -14,7 +15,9 @@ class AttentionMetadata:
     Sequence ``s`` owns tokens ``query_start_loc[s]:query_start_loc[s+1]`` of the packed batch;
     after this forward its cache holds ``seq_lens[s]`` tokens (the new ones last), in the blocks
     ``block_tables[s]``. Token ``t``'s K/V go to ``slot_mapping[t] = block * block_size + offset``
-    (-1: not written). ``backend`` ("torch" or "triton") selects every kernel of the forward.
+    (-1: not written). ``backend`` ("torch", "triton" or "cpu") selects every kernel of the
+    forward; ``plan`` is the backend's per-forward layout (``kernels.plan_attention``), which
+    the model fills in once and every layer reuses.
     """
 
     slot_mapping: torch.Tensor  # int64 [num_tokens]
@@ -22,6 +25,7 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
     seq_lens: torch.Tensor  # int32 [num_seqs]
     backend: str = "torch"
+    plan: Any = None
 
     @property
     def num_seqs(self) -> int:

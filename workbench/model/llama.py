@@ -14,6 +14,7 @@ each sequence starts and which cache slots its tokens use. All kernels come from
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 import torch
@@ -106,7 +107,7 @@ class LlamaAttention(nn.Module):
         kernels.write_kv_cache(k, v, key_cache, value_cache, attn.slot_mapping, backend=attn.backend)
         out = kernels.paged_attention(
             q, key_cache, value_cache, attn.block_tables, attn.query_start_loc, attn.seq_lens,
-            self.scale, sliding_window=self.sliding_window, backend=attn.backend,
+            self.scale, sliding_window=self.sliding_window, backend=attn.backend, plan=attn.plan,
         )
         return self.o_proj(out.view(num_tokens, self.q_size))
 
@@ -195,6 +196,10 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions: [num_tokens] -> final hidden states [num_tokens, hidden_size]."""
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"kv_caches has {len(kv_caches)} layers, the model has {len(self.layers)}.")
+        if attn.plan is None:
+            attn = dataclasses.replace(attn, plan=kernels.plan_attention(
+                attn.block_tables, attn.query_start_loc, attn.seq_lens, kv_caches[0][0].shape[1],
+                backend=attn.backend))
         x = F.embedding(input_ids, self.embed_tokens)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):

@@ -111,7 +111,7 @@ class EngineDashboard(widgets.VBox):
     def reset(self) -> None:
         """Abort every request, forget the recorded steps and the prefix cache (the model and
         its KV pool stay allocated)."""
-        self.engine.abort_request(list(self.engine._children), report=False)
+        self.engine.abort_request(self.engine.get_unfinished_request_ids(), report=False)
         self.engine.history.clear()
         self.engine.reset_prefix_cache()
         self.outputs.clear()
@@ -170,7 +170,7 @@ class EngineDashboard(widgets.VBox):
     def _new_id(self) -> str:
         while True:
             rid = f"ui-{next(self._ids)}"
-            if rid not in self.engine._children:
+            if rid not in self.engine.get_unfinished_request_ids():
                 return rid
 
     def _on_add(self) -> None:

@@ -1,0 +1,246 @@
+"""Paged attention for CPU tensors, built for whole batches (the ``"cpu"`` backend).
+
+Contract: :func:`workbench.kernels.reference.paged_attention` (same signature and result up to
+floating-point rounding), plus an optional ``plan``.
+
+Where the reference's time goes on a CPU is moving the paged cache around (gathers, permuted
+copies for ``einsum``, masked copies), not arithmetic. This path moves each cached K/V byte
+once per layer:
+
+* **Plan once per forward.** :func:`plan_attention` turns the block tables and lengths into
+  the index tensors every layer reuses (:class:`AttentionPlan`): decode sequences (one query
+  each) are sorted by length and cut into a few groups of similar length, so padding to the
+  group's longest sequence stays small; for each group, the cache slot of every position and
+  the causal/window mask. A padding position reads the sequence's own last slot (written by
+  this forward, so never garbage: a slot past a length may hold anything, even NaN) and is
+  masked out.
+* **Decode groups.** One ``index_select`` of cache rows per group gathers K and V into
+  ``[seqs, len, kv_heads, head_dim]``; then one ``scaled_dot_product_attention`` (its fused
+  CPU kernel reads the strided ``[seqs, kv_heads, len, head_dim]`` view, no copy) where the
+  query heads sharing a KV head are that head's query rows: GQA without repeating K/V. Few,
+  large ops: each op of a step is a parallel region, and on a busy machine every one of them
+  can wait for a descheduled thread.
+* **Prefill chunks** (more than one query token) go through
+  ``scaled_dot_product_attention`` (its fused CPU kernel: 4-D inputs, K/V repeated per query
+  head) one sequence at a time, over the gathered context with a bottom-right-aligned causal
+  mask (plain ``is_causal`` when the chunk is the whole context).
+
+Math is fp32, as in the reference. :func:`write_kv_cache` is the reference's scatter in two
+``index_copy_`` calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+#: Decode sequences are cut into at most this many length groups.
+MAX_DECODE_GROUPS = 3
+#: A new group starts only when it saves at least this many padded tokens.
+MIN_GROUP_SAVING = 512
+
+
+@dataclass
+class DecodeGroup:
+    """Decode sequences padded to one length: their query rows, cache slots and masks."""
+
+    rows: torch.Tensor  # int64 [n]: query row (== token index) of each sequence
+    slots: torch.Tensor  # int64 [n * length]: cache slot of each position (padding: the last one)
+    length: int  # positions per sequence after padding: the group's longest sequence
+    seq_lens: torch.Tensor  # int64 [n]
+    masks: dict = field(default_factory=dict)  # sliding_window -> bool [n, 1, 1, L], True = visible
+    buffers: dict = field(default_factory=dict)  # gather buffers, reused layer after layer
+
+
+@dataclass
+class PrefillChunk:
+    """One sequence with several new tokens: query rows [q_start, q_end), its cache slots."""
+
+    q_start: int
+    q_end: int
+    seq_len: int
+    slots: torch.Tensor  # int64 [seq_len]: cache slot of each position
+    buffers: dict = field(default_factory=dict)
+
+
+@dataclass
+class AttentionPlan:
+    """Everything about a batch's layout that does not depend on the layer (built once)."""
+
+    block_size: int
+    decode_groups: list[DecodeGroup]
+    prefills: list[PrefillChunk]
+
+    def __repr__(self) -> str:
+        sizes = [(g.rows.numel(), g.length) for g in self.decode_groups]
+        return (f"AttentionPlan(decode_groups(seqs, length)={sizes}, "
+                f"prefills={[(p.q_end - p.q_start, p.seq_len) for p in self.prefills]})")
+
+
+def _cut_groups(lens_blocks: list[int], min_saving_blocks: int) -> list[int]:
+    """Cut points (exclusive ends) over sequences sorted by block count, ascending.
+
+    Greedy: start from one group; repeatedly split the group at the point that removes the
+    most padding, while a split saves at least ``min_saving_blocks`` padded blocks."""
+    cuts = [len(lens_blocks)]
+    while len(cuts) < MAX_DECODE_GROUPS:
+        best, best_at = 0, None
+        start = 0
+        for end in cuts:
+            top = lens_blocks[end - 1]
+            for i in range(start + 1, end):
+                # [start, i) padded to lens_blocks[i - 1] instead of top
+                saving = (i - start) * (top - lens_blocks[i - 1])
+                if saving > best:
+                    best, best_at = saving, i
+            start = end
+        if best_at is None or best < min_saving_blocks:
+            break
+        cuts = sorted(cuts + [best_at])
+    return cuts
+
+
+def plan_attention(block_tables: torch.Tensor, query_start_loc: torch.Tensor,
+                   seq_lens: torch.Tensor, block_size: int) -> AttentionPlan:
+    """The per-forward plan (see the module docstring); ``block_size`` is the cache's."""
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    decodes, prefills = [], []
+    for s, seq_len in enumerate(lens):
+        q_len = starts[s + 1] - starts[s]
+        if q_len == 1:
+            decodes.append(s)
+        elif q_len > 1:
+            slots = _slots(block_tables[s:s + 1], torch.arange(seq_len)[None], block_size)
+            prefills.append(PrefillChunk(starts[s], starts[s + 1], seq_len, slots.view(-1)))
+    decodes.sort(key=lambda s: lens[s])
+    nblocks = [-(-lens[s] // block_size) for s in decodes]
+    groups = []
+    begin = 0
+    for end in (_cut_groups(nblocks, -(-MIN_GROUP_SAVING // block_size)) if decodes else []):
+        members = decodes[begin:end]
+        length = lens[members[-1]]
+        idx = torch.tensor(members, dtype=torch.int64)
+        group_lens = torch.tensor([lens[s] for s in members], dtype=torch.int64)
+        # positions past a length read the sequence's last slot (written by this very forward,
+        # so never garbage) and are masked out
+        pos = torch.minimum(torch.arange(length)[None, :], (group_lens - 1)[:, None])
+        visible = torch.arange(length)[None, :] < group_lens[:, None]
+        groups.append(DecodeGroup(
+            rows=torch.tensor([starts[s] for s in members], dtype=torch.int64),
+            slots=_slots(block_tables[idx], pos, block_size).view(-1), length=length,
+            seq_lens=group_lens, masks={None: visible[:, None, None, :]}))
+        begin = end
+    return AttentionPlan(block_size, groups, prefills)
+
+
+def _slots(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Cache slot of each position: ``tables[i, p // block_size] * block_size + p % block_size``."""
+    blocks = tables.long().gather(1, positions // block_size)
+    return blocks * block_size + positions % block_size
+
+
+def _decode_mask(group: DecodeGroup, block_size: int, sliding_window: int | None) -> torch.Tensor:
+    """bool [n, 1, 1, L]: the cache positions each sequence's query sees (True = visible)."""
+    if sliding_window not in group.masks:
+        pos = torch.arange(group.length)
+        q_pos = (group.seq_lens - 1)[:, None]
+        visible = (pos[None, :] <= q_pos) & (pos[None, :] > q_pos - sliding_window)
+        group.masks[sliding_window] = visible[:, None, None, :]
+    return group.masks[sliding_window]
+
+
+def _gather(cache: torch.Tensor, slots: torch.Tensor, buffers: dict, name: str) -> torch.Tensor:
+    """The cache rows at ``slots`` as [len(slots), kv_heads, head_dim] fp32, written into a
+    buffer kept in ``buffers`` under ``name`` (reused by the next layer).
+
+    Gathering rows of the cache viewed as 2-D [slots, kv_heads * head_dim] is several times
+    faster than gathering from the 4-D view."""
+    num_blocks, block_size, kv_heads, head_dim = cache.shape
+    rows = cache.view(num_blocks * block_size, kv_heads * head_dim)
+    buf = buffers.get(name)
+    if buf is None or buf.dtype != cache.dtype or buf.shape != (slots.numel(), rows.shape[1]):
+        buf = buffers[name] = rows.new_empty((slots.numel(), rows.shape[1]))
+    torch.index_select(rows, 0, slots, out=buf)
+    return buf.view(-1, kv_heads, head_dim).float()
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    out: torch.Tensor | None = None,
+    plan: AttentionPlan | None = None,
+) -> torch.Tensor:
+    """Causal attention of packed queries over a paged cache; see the module docstring.
+
+    ``plan``: :func:`plan_attention` of these block tables and lengths, shared by the layers
+    of one forward (built here when omitted)."""
+    if softcap is not None:  # rare (Gemma-style models): the reference handles it
+        from workbench.kernels import reference
+
+        return reference.paged_attention(query, key_cache, value_cache, block_tables,
+                                         query_start_loc, seq_lens, scale,
+                                         sliding_window=sliding_window, out=out, softcap=softcap)
+    num_tokens, num_q_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    if plan is None:
+        plan = plan_attention(block_tables, query_start_loc, seq_lens, block_size)
+    if out is None:
+        out = torch.empty_like(query)
+    for g in plan.decode_groups:
+        n = g.rows.numel()
+        k = _gather(key_cache, g.slots, g.buffers, "k").view(n, g.length, num_kv_heads, head_dim)
+        v = _gather(value_cache, g.slots, g.buffers, "v").view(n, g.length, num_kv_heads, head_dim)
+        # The query heads sharing a KV head are that head's "query rows": GQA without repeats;
+        # SDPA reads the strided [n, kv_heads, length, head_dim] views as they are.
+        q = query.index_select(0, g.rows).float().view(n, num_kv_heads, group, head_dim)
+        visible = _decode_mask(g, block_size, sliding_window)
+        result = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
+                                                attn_mask=visible, scale=scale)
+        out.index_copy_(0, g.rows, result.reshape(n, num_q_heads, head_dim).to(out.dtype))
+    for p in plan.prefills:
+        q_len = p.q_end - p.q_start
+        k = _gather(key_cache, p.slots, p.buffers, "k").transpose(0, 1)  # [kv_heads, L, D]
+        v = _gather(value_cache, p.slots, p.buffers, "v").transpose(0, 1)
+        if group > 1:  # one K/V head per query head: SDPA's fused CPU kernel, not its GQA path
+            k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+        q = query[p.q_start:p.q_end].float().transpose(0, 1)  # [q_heads, q_len, D]
+        if q_len == p.seq_len and sliding_window is None:
+            mask, causal = None, True
+        else:
+            q_pos = torch.arange(p.seq_len - q_len, p.seq_len)[:, None]
+            k_pos = torch.arange(p.seq_len)[None, :]
+            mask = k_pos <= q_pos
+            if sliding_window is not None:
+                mask &= k_pos > q_pos - sliding_window
+            causal = False
+        o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask,
+                                           is_causal=causal, scale=scale)[0]
+        out[p.q_start:p.q_end] = o.transpose(0, 1).to(out.dtype)
+    return out
+
+
+def write_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                   value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """:func:`workbench.kernels.reference.write_kv_cache` as two ``index_copy_`` when no slot
+    is -1 (every engine step); the reference otherwise."""
+    if key.shape[0] == 0 or bool((slot_mapping < 0).any()):
+        from workbench.kernels import reference
+
+        return reference.write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
+    num_blocks, block_size, kv_heads, head_dim = key_cache.shape
+    slots = slot_mapping.long()
+    for src, cache in ((key, key_cache), (value, value_cache)):
+        cache.view(num_blocks * block_size, kv_heads * head_dim).index_copy_(
+            0, slots, src.reshape(-1, kv_heads * head_dim).to(cache.dtype))
