@@ -13,9 +13,8 @@
 
 # %%
 %matplotlib inline
-import dataclasses
 
-from workbench import Comparison, ComparisonView, Workload, compare_runs, run_workload, teaching_config
+from workbench import ComparisonView, Workload, compare_runs, teaching_config
 from workbench.core.policy import SchedulingPolicy
 from workbench.viz.comparison import aligned_timelines
 
@@ -47,10 +46,9 @@ for request in workload:
 # is exact in this workload (every request ignores EOS); in real traffic it is an upper
 # bound, and a policy like this one needs an estimate.
 #
-# `compare_runs` runs one workload under several configurations, each on a fresh engine. As
-# in vLLM, an engine refuses a request priority unless its policy is `"priority"`, so FCFS
-# and least work first run the same requests with the priorities cleared, and the priority
-# run (`run_workload`) joins them in one `Comparison`.
+# `compare_runs` runs one workload under several configurations, each on a fresh engine. (As
+# in vLLM, an engine refuses a request priority under a built-in policy that ignores it, so
+# the FCFS run gets the same requests with their priorities cleared.)
 
 # %%
 class LeastWorkFirst(SchedulingPolicy):
@@ -61,14 +59,11 @@ class LeastWorkFirst(SchedulingPolicy):
         return (work, request.arrival_time)
 
 
-without_priorities = Workload([dataclasses.replace(r, priority=0) for r in workload])
-runs = compare_runs(without_priorities, {"fcfs": {"policy": "fcfs"}, "least-work": {"policy": LeastWorkFirst()}},
-                    base=teaching_config())
-comparison = Comparison(workload, {
-    "fcfs": runs.results["fcfs"],
-    "priority": run_workload(workload, teaching_config(policy="priority")),
-    "least-work": runs.results["least-work"],
-})
+comparison = compare_runs(
+    workload,
+    {"fcfs": {"policy": "fcfs"}, "priority": {"policy": "priority"}, "least-work": {"policy": LeastWorkFirst()}},
+    base=teaching_config(),
+)
 columns = ["num_steps", "ttft_steps_p50", "ttft_steps_p90", "e2e_steps_p50", "e2e_steps_p90",
            "num_preemptions", "num_recomputed_tokens"]
 comparison.table[columns]
