@@ -256,6 +256,9 @@ def test_comparison_view_shows_each_run_side_by_side():
     assert view.metric == "e2e_steps"
     view.run_picker.value = "spf"
     player = view.player_box.children[0]
+    assert ComparisonView(comparison, metric="tpot_steps").metric_picker.value == "tpot_steps"
+    view.show_metric("ttft_s")
+    assert (view.metric, view.metric_picker.value) == ("ttft_s", "ttft_s")
     assert player.source.run is comparison.results["spf"] and player.step == comparison.results["spf"].history[-1].step
     assert plt.get_fignums() == []
 

@@ -91,6 +91,7 @@ class ComparisonView(widgets.VBox):
         for i, title in enumerate(("Table and CDF", "Timelines", "Step player")):
             tabs.set_title(i, title)
         super().__init__([tabs])
+        self.metric = metric
         self.refresh()
 
     def refresh(self) -> None:
@@ -100,10 +101,14 @@ class ComparisonView(widgets.VBox):
                             "p50 · p90 · p99 over the requests</small>"
                             "<style>.wb-compare td, .wb-compare th {white-space: nowrap}</style>" + self.table_html)
         self.timelines.value = figure_png(aligned_timelines(self.comparison.results))
-        self.show_metric(self.metric)
+        self.show_metric(self.metric_picker.value)
         self.show_run(self.run_picker.value)
 
     def show_metric(self, metric: str) -> None:
+        """Draw the CDF of ``metric`` (a key of METRIC_LABELS); the picker follows."""
+        if self.metric_picker.value != metric:
+            self.metric_picker.value = metric  # its observer comes back here and draws
+            return
         self.metric = metric
         self.cdf.value = figure_png(self.comparison.cdf_figure(metric=metric))
 
