@@ -273,8 +273,8 @@ class LLMEngine:
         timings = {"schedule": t1 - t0}
         try:
             result = self.runner.execute(so, self.scheduler.requests)
-        except BaseException:
-            self._record_failed_step(so, timings)
+        except BaseException:  # the batch as a whole failed: record the step, nothing sampled
+            self._append_record(so, timings)
             raise
         timings.update(result.timings)
         t2 = time.perf_counter()
@@ -300,24 +300,10 @@ class LLMEngine:
         finished = [r.request_id for r in updated if r.is_finished]
         finished += [rid for rid in (*failed, *step_out.stop_ids, *step_out.error_ids)
                      if rid not in finished]
-        record = StepRecord(
-            step=so.step,
-            scheduler_output=so,
-            batch=result.batch,
-            sampled_token_ids=result.sampled_token_ids,
+        record = self._append_record(
+            so, timings, batch=result.batch, sampled_token_ids=result.sampled_token_ids,
             finished_request_ids=tuple(dict.fromkeys(finished)),
-            num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
-            num_free_blocks=self.kv_cache.num_free_blocks,
-            kv_usage=self.kv_cache.usage,
-            num_blocks_freed=self.kv_cache.num_blocks_freed - self._freed_mark,
-            timings=timings,
-            kv_events=self.kv_cache.take_events(),
-            request_events=self.scheduler.take_events(),
         )
-        self._freed_mark = self.kv_cache.num_blocks_freed
-        self.history.append(record)
-        self.request_tracker.consume(record.request_events)
         self.scheduler_stats = self._make_scheduler_stats(so)
         for stat_logger in self.stat_loggers.values():
             stat_logger.record(self.scheduler_stats, iteration)
@@ -331,15 +317,17 @@ class LLMEngine:
                 logger.exception("on_step hook %r failed at step %d", hook, record.step)
         return outputs
 
-    def _record_failed_step(self, so: SchedulerOutput, timings: dict[str, float]) -> None:
-        """Keep the history consecutive (and its block events complete) when the batch as a
-        whole failed: the step is recorded with nothing sampled before the error propagates."""
-        self.history.append(StepRecord(
+    def _append_record(self, so: SchedulerOutput, timings: dict[str, float], *, batch=None,
+                       sampled_token_ids: dict[str, int] | None = None,
+                       finished_request_ids: tuple[str, ...] = ()) -> StepRecord:
+        """Record step ``so`` with the state after it, draining the block and request events
+        gathered since the previous record (so the history replays without gaps)."""
+        record = StepRecord(
             step=so.step,
             scheduler_output=so,
-            batch=None,
-            sampled_token_ids={},
-            finished_request_ids=(),
+            batch=batch,
+            sampled_token_ids=sampled_token_ids or {},
+            finished_request_ids=finished_request_ids,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             num_free_blocks=self.kv_cache.num_free_blocks,
@@ -348,8 +336,11 @@ class LLMEngine:
             timings=timings,
             kv_events=self.kv_cache.take_events(),
             request_events=self.scheduler.take_events(),
-        ))
+        )
         self._freed_mark = self.kv_cache.num_blocks_freed
+        self.history.append(record)
+        self.request_tracker.consume(record.request_events)
+        return record
 
     # ------------------------------------------------------------ research layer
     def requests_dataframe(self):
