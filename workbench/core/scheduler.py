@@ -39,7 +39,7 @@ import html
 import itertools
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from workbench.core.kv_cache import KVCacheManager
 from workbench.core.policy import SchedulingPolicy, get_policy
@@ -127,6 +127,7 @@ class Scheduler:
         enable_chunked_prefill: bool = True,
         policy: str | SchedulingPolicy = "fcfs",
         record_events: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ):
         for name, value in (
             ("max_num_seqs", max_num_seqs),
@@ -149,6 +150,10 @@ class Scheduler:
         self.step_count = 0  # schedule() calls so far; the next output's step index
         self._finished_ids: list[str] = []  # since the last schedule()
         self._events: list[RequestEvent] | None = [] if record_events else None
+        #: Source of every timestamp the scheduler writes (requests' scheduled / first-token /
+        #: finished times, events): ``time.monotonic`` for a real engine, a simulated clock
+        #: for a simulated one.
+        self.clock = clock
 
     def take_events(self) -> tuple[RequestEvent, ...]:
         """The request events since the previous call, oldest first (empty unless recording)."""
@@ -294,7 +299,7 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit
             if request.first_scheduled_time is None:
-                request.first_scheduled_time = time.monotonic()
+                request.first_scheduled_time = self.clock()
                 request.num_cached_tokens = num_hit
             self.running.append(request)
             admitted.append((request, num_new, num_hit))
@@ -319,7 +324,7 @@ class Scheduler:
             extra={"num_running": len(self.running), "num_waiting": len(self.waiting)},
         )
         if self._events is not None:
-            now = time.monotonic()
+            now = self.clock()
             self._events.extend(
                 RequestScheduled(c.request_id, output.step, now, c.num_computed_tokens, c.num_new_tokens,
                                  c.is_prefill, c.samples)
@@ -364,7 +369,7 @@ class Scheduler:
                 ) from None
             request.output_token_ids.append(token)
             if request.first_token_time is None:
-                request.first_token_time = time.monotonic()
+                request.first_token_time = self.clock()
                 if self._events is not None:
                     self._events.append(
                         RequestFirstToken(request.request_id, scheduler_output.step, request.first_token_time)
@@ -394,7 +399,7 @@ class Scheduler:
         )
 
     def _log_admission(self, request: Request, resumed: bool, num_hit: int, hit_blocks) -> None:
-        rid, now = request.request_id, time.monotonic()
+        rid, now = request.request_id, self.clock()
         if resumed:
             self._events.append(RequestResumed(rid, self.step_count, now, num_hit))
         if num_hit:
@@ -406,7 +411,7 @@ class Scheduler:
         if self._events is not None:
             self._events.append(
                 RequestPreempted(
-                    request.request_id, self.step_count, time.monotonic(),
+                    request.request_id, self.step_count, self.clock(),
                     self.kv_cache.block_ids(request.request_id), request.num_computed_tokens,
                 )
             )
@@ -433,7 +438,7 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus, step: int) -> None:
         """Mark finished (at ``step``), forget, free blocks. The caller removes it from its queue."""
         request.status = status
-        request.finished_time = time.monotonic()
+        request.finished_time = self.clock()
         if self._events is not None:
             self._events.append(
                 RequestFinished(request.request_id, step, request.finished_time, status.finish_reason,
