@@ -4,8 +4,8 @@ Each public function dispatches to one backend (same signature, same result up t
 
 * ``"torch"``: the plain-torch reference, :mod:`workbench.kernels.reference` (the oracle);
 * ``"triton"``: the Triton kernels (CUDA; on CPU only under ``TRITON_INTERPRET=1``);
-* ``"cpu"``: :mod:`workbench.kernels.cpu_attention` for attention and the KV write, batched
-  for CPU speed, and the reference for RMSNorm and RoPE.
+* ``"cpu"``: :mod:`workbench.kernels.cpu_attention` for attention, the KV write and RoPE,
+  batched for CPU speed, and the reference for RMSNorm.
 
 ``backend=None`` picks Triton for CUDA tensors and the reference otherwise.
 """
@@ -83,8 +83,13 @@ def rms_norm(x, weight, eps, residual=None, *, backend=None):
     return reference.rms_norm(x, weight, eps, residual)
 
 
-def rotary_embedding(positions, query, key, cos_sin_cache, *, backend=None):
-    """See :func:`workbench.kernels.reference.rotary_embedding`."""
+def rotary_embedding(positions, query, key, cos_sin_cache, *, backend=None, plan=None):
+    """See :func:`workbench.kernels.reference.rotary_embedding`; ``plan`` as for
+    :func:`paged_attention` (the cpu backend keeps the forward's cos/sin rows in it)."""
+    if backend == "cpu":
+        from workbench.kernels import cpu_attention
+
+        return cpu_attention.rotary_embedding(positions, query, key, cos_sin_cache, plan=plan)
     if _use_triton(backend, query):
         from workbench.kernels import triton_rope
 

@@ -26,7 +26,8 @@ once per layer:
   mask (plain ``is_causal`` when the chunk is the whole context).
 
 Math is fp32, as in the reference. :func:`write_kv_cache` is the reference's scatter in two
-``index_copy_`` calls.
+``index_copy_`` calls. :func:`rotary_embedding` is the reference's RoPE with the cos/sin rows
+of the forward's positions gathered once, into the plan, for every layer.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ class AttentionPlan:
     block_size: int
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillChunk]
+    #: (cos_sin_cache, positions) -> (cos, signed sin) [num_tokens, 1, head_dim] (see
+    #: :func:`rotary_embedding`); filled by the first layer, reused by the others.
+    rotary: dict = field(default_factory=dict)
 
     def __repr__(self) -> str:
         sizes = [(g.rows.numel(), g.length) for g in self.decode_groups]
@@ -244,3 +248,28 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tens
     for src, cache in ((key, key_cache), (value, value_cache)):
         cache.view(num_blocks * block_size, kv_heads * head_dim).index_copy_(
             0, slots, src.reshape(-1, kv_heads * head_dim).to(cache.dtype))
+
+
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                     cos_sin_cache: torch.Tensor, *, plan: AttentionPlan | None = None) -> None:
+    """:func:`workbench.kernels.reference.rotary_embedding` (in place, bit for bit) in four
+    ops per tensor: ``t * [cos, cos] + [x2, x1] * [-sin, sin]``. The tables for ``positions``
+    are gathered once per plan (one forward). fp32 only; other dtypes take the reference
+    (it rounds once, after fp32 math)."""
+    if query.dtype != torch.float32 or key.dtype != torch.float32:
+        from workbench.kernels import reference
+
+        return reference.rotary_embedding(positions, query, key, cos_sin_cache)
+    tables = plan.rotary if plan is not None else {}
+    cache_key = (cos_sin_cache.data_ptr(), positions.data_ptr(), positions.shape[0])
+    if cache_key not in tables:
+        half = cos_sin_cache.shape[-1] // 2
+        rows = cos_sin_cache[positions.long()].float()
+        cos, sin = rows[:, :half], rows[:, half:]
+        tables[cache_key] = (torch.cat((cos, cos), -1)[:, None], torch.cat((-sin, sin), -1)[:, None])
+    cos2, sin2 = tables[cache_key]
+    half = query.shape[-1] // 2
+    for t in (query, key):
+        swapped = torch.cat((t[..., half:], t[..., :half]), -1)
+        swapped.mul_(sin2)
+        t.mul_(cos2).add_(swapped)

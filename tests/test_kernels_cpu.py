@@ -105,3 +105,29 @@ def test_write_kv_cache_matches_reference(dtype, skip_one):
     reference.write_kv_cache(key, value, caches[2], caches[3], slots)
     torch.testing.assert_close(caches[0], caches[2], atol=0, rtol=0, equal_nan=True)
     torch.testing.assert_close(caches[1], caches[3], atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_embedding_equals_reference_on_fused_qkv_views(dtype):
+    """Bit for bit (fp32) on strided views of one fused QKV output, as the model calls it; the
+    plan's tables, built by the first call, serve a second layer's call unchanged."""
+    from workbench.model.rotary import build_cos_sin_cache
+
+    gen = torch.Generator().manual_seed(2)
+    heads, kv_heads, dim, tokens = 6, 3, 32, 11
+    cos_sin = build_cos_sin_cache(dim, 64, 10000.0)
+    positions = torch.randint(0, 64, (tokens,), generator=gen)
+    plan = cpu_attention.plan_attention(torch.zeros((1, 1), dtype=torch.int32),
+                                        torch.tensor([0, tokens], dtype=torch.int32),
+                                        torch.tensor([tokens], dtype=torch.int32), 16)
+    for _layer in range(2):
+        qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen).to(dtype)
+        q_ref = qkv[:, :heads * dim].reshape(tokens, heads, dim).clone()
+        k_ref = qkv[:, heads * dim:(heads + kv_heads) * dim].reshape(tokens, kv_heads, dim).clone()
+        reference.rotary_embedding(positions, q_ref, k_ref, cos_sin)
+        q, k, _ = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+        q, k = q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim)
+        kernels.rotary_embedding(positions, q, k, cos_sin, backend="cpu", plan=plan)
+        torch.testing.assert_close(q, q_ref, atol=0, rtol=0)
+        torch.testing.assert_close(k, k_ref, atol=0, rtol=0)
+    assert len(plan.rotary) == (1 if dtype == torch.float32 else 0)

@@ -320,3 +320,16 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="output_token_ids contains token id 9.*vocab size 5"):
         Sampler()(torch.zeros(1, 5), [req("a", output=[9], presence_penalty=1.0)])
     assert Sampler()(torch.zeros(0, 5), []) == SamplerOutput(token_ids=[], logprobs=[])
+
+
+def test_all_greedy_batch_takes_the_argmax_like_the_full_path():
+    """The all-plain-greedy shortcut gives the tokens the full path gives: a batch with one
+    row that needs the full path (logprobs) samples every other row the same."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 50, generator=gen)
+    plain = [req(f"r{i}", temperature=0) for i in range(5)]
+    fast = Sampler()(logits, plain)
+    mixed = plain[:4] + [req("r4", temperature=0, logprobs=1)]
+    full = Sampler()(logits, mixed)
+    assert fast.token_ids == full.token_ids == logits.argmax(dim=-1).tolist()
+    assert fast.logprobs == [None] * 5 and full.logprobs[4] is not None

@@ -29,7 +29,9 @@ Order of operations per row (vLLM v1's order, its default ``logprobs_mode="raw_l
    generator, seeded from ``Sampler(seed=...)``, so a whole run with the same schedule repeats.
 
 Everything is vectorised over rows and vocabulary with torch; the only Python loops are over
-requests (to gather their parameters and token ids).
+requests (to gather their parameters and token ids). A batch whose every row is plain greedy
+(no logits work, neutral penalties, min_tokens reached, no logprobs) is one ``argmax``: the
+same tokens as the steps above, without their copies.
 """
 
 from __future__ import annotations
@@ -247,6 +249,15 @@ def _has_request_logits_work(sp) -> bool:
                 or sp.bad_words_token_ids or sp.logit_bias)
 
 
+def _is_plain_greedy(request: Request) -> bool:
+    """True when this row's token is the argmax of its raw logits and nothing else is asked:
+    greedy, no per-request logits work, neutral penalties, min_tokens reached, no logprobs."""
+    sp = request.sampling_params
+    return (sp.greedy and sp.logprobs is None and not _has_request_logits_work(sp)
+            and sp.repetition_penalty == 1.0 and sp.frequency_penalty == 0.0
+            and sp.presence_penalty == 0.0 and request.num_output_tokens >= sp.min_tokens)
+
+
 class Sampler:
     """Samples one token per row; holds the per-request generators of seeded requests.
 
@@ -325,6 +336,8 @@ class Sampler:
         num_rows, vocab_size = logits.shape
         if num_rows == 0:
             return SamplerOutput(token_ids=[], logprobs=[])
+        if all(_is_plain_greedy(r) for r in requests):  # the common batch: one argmax
+            return SamplerOutput(token_ids=logits.argmax(dim=-1).tolist(), logprobs=[None] * num_rows)
         device = logits.device
         x = logits.to(torch.float32, copy=True)
         failed: dict[str, str] = {}

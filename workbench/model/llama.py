@@ -93,23 +93,25 @@ class LlamaAttention(nn.Module):
         attn: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
+        # q, k, v are strided views of the fused projection's output (every kernel takes views)
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(num_tokens, self.num_heads, self.head_dim).contiguous()
-        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim).contiguous()
-        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim).contiguous()
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q = kernels.rms_norm(q.view(-1, self.head_dim), self.q_norm.weight, self.eps,
+            q = kernels.rms_norm(q.reshape(-1, self.head_dim), self.q_norm.weight, self.eps,
                                  backend=attn.backend).view_as(q)
-            k = kernels.rms_norm(k.view(-1, self.head_dim), self.k_norm.weight, self.eps,
+            k = kernels.rms_norm(k.reshape(-1, self.head_dim), self.k_norm.weight, self.eps,
                                  backend=attn.backend).view_as(k)
-        kernels.rotary_embedding(positions, q, k, cos_sin_cache, backend=attn.backend)
+        kernels.rotary_embedding(positions, q, k, cos_sin_cache, backend=attn.backend,
+                                 plan=attn.plan)
         key_cache, value_cache = kv_cache
         kernels.write_kv_cache(k, v, key_cache, value_cache, attn.slot_mapping, backend=attn.backend)
         out = kernels.paged_attention(
             q, key_cache, value_cache, attn.block_tables, attn.query_start_loc, attn.seq_lens,
             self.scale, sliding_window=self.sliding_window, backend=attn.backend, plan=attn.plan,
         )
-        return self.o_proj(out.view(num_tokens, self.q_size))
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
 
     def extra_repr(self) -> str:
         return (f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
