@@ -51,7 +51,7 @@ class DecodeGroup:
     slots: torch.Tensor  # int64 [n * length]: cache slot of each position (padding: the last one)
     length: int  # positions per sequence after padding: the group's longest sequence
     seq_lens: torch.Tensor  # int64 [n]
-    masks: dict = field(default_factory=dict)  # sliding_window -> bool [n, 1, 1, L], True = visible
+    masks: dict = field(default_factory=dict)  # sliding_window -> additive fp32 [n, 1, 1, L]
     buffers: dict = field(default_factory=dict)  # gather buffers, reused layer after layer
 
 
@@ -64,6 +64,7 @@ class PrefillChunk:
     seq_len: int
     slots: torch.Tensor  # int64 [seq_len]: cache slot of each position
     buffers: dict = field(default_factory=dict)
+    masks: dict = field(default_factory=dict)  # sliding_window -> additive fp32 [q_len, seq_len]
 
 
 @dataclass
@@ -135,7 +136,7 @@ def plan_attention(block_tables: torch.Tensor, query_start_loc: torch.Tensor,
         groups.append(DecodeGroup(
             rows=torch.tensor([starts[s] for s in members], dtype=torch.int64),
             slots=_slots(block_tables[idx], pos, block_size).view(-1), length=length,
-            seq_lens=group_lens, masks={None: visible[:, None, None, :]}))
+            seq_lens=group_lens, masks={None: _additive(visible[:, None, None, :])}))
         begin = end
     return AttentionPlan(block_size, groups, prefills)
 
@@ -146,14 +147,34 @@ def _slots(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> to
     return blocks * block_size + positions % block_size
 
 
-def _decode_mask(group: DecodeGroup, block_size: int, sliding_window: int | None) -> torch.Tensor:
-    """bool [n, 1, 1, L]: the cache positions each sequence's query sees (True = visible)."""
+def _additive(visible: torch.Tensor) -> torch.Tensor:
+    """A bool mask (True = visible) as SDPA's additive fp32 form (0 / -inf): what SDPA would
+    convert a bool mask to on every call, converted once per plan."""
+    return torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
+
+
+def _decode_mask(group: DecodeGroup, sliding_window: int | None) -> torch.Tensor:
+    """Additive [n, 1, 1, L]: the cache positions each sequence's query sees (0 = visible)."""
     if sliding_window not in group.masks:
         pos = torch.arange(group.length)
         q_pos = (group.seq_lens - 1)[:, None]
         visible = (pos[None, :] <= q_pos) & (pos[None, :] > q_pos - sliding_window)
-        group.masks[sliding_window] = visible[:, None, None, :]
+        group.masks[sliding_window] = _additive(visible[:, None, None, :])
     return group.masks[sliding_window]
+
+
+def _prefill_mask(chunk: PrefillChunk, sliding_window: int | None) -> torch.Tensor:
+    """Additive [q_len, seq_len]: causal, aligned bottom-right (the chunk's queries are the
+    sequence's last positions), within the window if any."""
+    if sliding_window not in chunk.masks:
+        q_len = chunk.q_end - chunk.q_start
+        q_pos = torch.arange(chunk.seq_len - q_len, chunk.seq_len)[:, None]
+        k_pos = torch.arange(chunk.seq_len)[None, :]
+        visible = k_pos <= q_pos
+        if sliding_window is not None:
+            visible &= k_pos > q_pos - sliding_window
+        chunk.masks[sliding_window] = _additive(visible)
+    return chunk.masks[sliding_window]
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor, buffers: dict, name: str) -> torch.Tensor:
@@ -209,9 +230,9 @@ def paged_attention(
         # The query heads sharing a KV head are that head's "query rows": GQA without repeats;
         # SDPA reads the strided [n, kv_heads, length, head_dim] views as they are.
         q = query.index_select(0, g.rows).float().view(n, num_kv_heads, group, head_dim)
-        visible = _decode_mask(g, block_size, sliding_window)
         result = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
-                                                attn_mask=visible, scale=scale)
+                                                attn_mask=_decode_mask(g, sliding_window),
+                                                scale=scale)
         out.index_copy_(0, g.rows, result.reshape(n, num_q_heads, head_dim).to(out.dtype))
     for p in plan.prefills:
         q_len = p.q_end - p.q_start
@@ -223,12 +244,7 @@ def paged_attention(
         if q_len == p.seq_len and sliding_window is None:
             mask, causal = None, True
         else:
-            q_pos = torch.arange(p.seq_len - q_len, p.seq_len)[:, None]
-            k_pos = torch.arange(p.seq_len)[None, :]
-            mask = k_pos <= q_pos
-            if sliding_window is not None:
-                mask &= k_pos > q_pos - sliding_window
-            causal = False
+            mask, causal = _prefill_mask(p, sliding_window), False
         o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask,
                                            is_causal=causal, scale=scale)[0]
         out[p.q_start:p.q_end] = o.transpose(0, 1).to(out.dtype)
