@@ -140,6 +140,8 @@ class BlockPool:
     Counters ``num_allocated`` (blocks handed out by :meth:`get_new_blocks`),
     ``num_evicted`` (cached blocks whose hash was dropped to serve them) and ``num_freed``
     (blocks whose ref_count fell to 0) only grow; readers report differences.
+    ``cache_version`` grows whenever the prefix cache's content (``cached``) changes, so a
+    lookup can be reused while it stays the same.
     """
 
     def __init__(self, num_blocks: int, record_events: bool = False):
@@ -151,6 +153,7 @@ class BlockPool:
         self.num_allocated = 0
         self.num_evicted = 0
         self.num_freed = 0
+        self.cache_version = 0
         self._events: list[KVEvent] | None = [] if record_events else None
 
     @property
@@ -189,6 +192,7 @@ class BlockPool:
                 del self.cached[block.block_hash]
                 block.block_hash = None
                 self.num_evicted += 1
+                self.cache_version += 1
             block.token_ids = ()
             block.ref_count = 1
             block._owners[owner] = None
@@ -237,6 +241,7 @@ class BlockPool:
             return False
         block.block_hash = block_hash
         self.cached[block_hash] = block
+        self.cache_version += 1
         return True
 
     def cache_full_blocks(
@@ -292,6 +297,7 @@ class BlockPool:
             block.block_hash = None
             block.token_ids = ()
         self.cached.clear()
+        self.cache_version += 1
         if self._events is not None:
             self._events.append(AllBlocksCleared())
         return True
