@@ -17,6 +17,7 @@ events on a snapshot of the pool rebuilds it exactly.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Sequence
 
 from workbench.core.kv_events import (
@@ -278,7 +279,7 @@ class BlockPool:
                 block_ids=tuple(blocks[i].block_id for i in run),
                 block_hashes=tuple(block_hashes[i] for i in run),
                 parent_block_hash=block_hashes[first - 1] if first else parent_hash,
-                token_ids=tuple(t for i in run for t in token_ids[i]),
+                token_ids=tuple(itertools.chain.from_iterable(token_ids[i] for i in run)),
                 block_size=block_size,
             )
         )

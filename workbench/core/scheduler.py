@@ -378,7 +378,7 @@ class Scheduler:
                 any_finished = True
             got_token.append(request)
         if any_finished:
-            self.running = [r for r in self.running if not r.is_finished]
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return got_token
 
     # -------------------------------------------------------------- helpers
