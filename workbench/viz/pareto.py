@@ -86,10 +86,13 @@ def pareto_figure(
     ax.scatter(valid[x], valid[y], color="#9e9e9e", s=22, label=f"configs ({len(valid)})", zorder=2)
     ax.plot(front[x], front[y], color="#d32f2f", marker="o", markersize=6, linewidth=1.2,
             label=f"Pareto front ({len(front)})", zorder=3)
+    x_mid = sum(ax.get_xlim()) / 2
     for _, row in front.iterrows():
         text = ", ".join(f"{c}={_label(row[c])}" for c in label_columns)
-        if text:
-            ax.annotate(text, (row[x], row[y]), xytext=(4, 4), textcoords="offset points", fontsize=7)
+        if text:  # labels of the right half extend to the left, to stay inside the axes
+            right = row[x] > x_mid
+            ax.annotate(text, (row[x], row[y]), xytext=(-4 if right else 4, 4), textcoords="offset points",
+                        ha="right" if right else "left", fontsize=7)
     ax.set_xlabel(f"{x} ({x_better} is better)")
     ax.set_ylabel(f"{y} ({y_better} is better)")
     ax.grid(alpha=0.3)
