@@ -10,7 +10,11 @@ Each configuration runs in a worker of a ``concurrent.futures`` executor (a proc
 default; a Dask ``client.get_executor()`` or a Ray executor works unchanged). A task carries
 the workload and one resolved config -- the default pool hands each worker the workload once,
 when it starts, and its tasks carry only the config -- and sends back only the run's summary
-row, never its history. Rows come back in grid order whatever the completion order; a configuration that
+row, never its history. The default pool starts its workers from a fresh interpreter
+("forkserver", or "spawn" where there is none), never by forking the caller: a forked child
+of a process whose torch already ran OpenMP threads hangs in its first parallel op. So a
+``run`` callable must be importable from a module (not defined in a notebook cell), as with
+any such pool. Rows come back in grid order whatever the completion order; a configuration that
 raises gets its error (``"TypeName: message"``) in the ``error`` column and NaN metrics, and
 the others go on.
 """
@@ -21,6 +25,7 @@ import concurrent.futures
 import dataclasses
 import itertools
 import math
+import multiprocessing
 import os
 from collections.abc import Callable, Mapping, Sequence
 
@@ -78,8 +83,9 @@ def sweep(
     ``run``: ``"sim"`` (:func:`workbench.sim.simulate`), ``"real"``
     (:func:`workbench.compare.run_workload`) or a picklable ``callable(workload, config) ->
     RunResult``. ``executor``: any ``concurrent.futures.Executor``; by default a
-    ``ProcessPoolExecutor`` of ``max_workers`` (default ``os.cpu_count()``) processes,
-    created and shut down here. ``progress``: a tqdm bar over finished configurations.
+    ``ProcessPoolExecutor`` of ``max_workers`` (default ``os.cpu_count()``) fresh processes
+    (see the module docstring), created and shut down here. ``progress``: a tqdm bar over
+    finished configurations.
     """
     import pandas as pd
     from tqdm.auto import tqdm
@@ -101,7 +107,8 @@ def sweep(
     if own_executor:
         workers = min(len(configs), max_workers or os.cpu_count() or 1)
         executor = concurrent.futures.ProcessPoolExecutor(
-            max_workers=workers, initializer=_install_workload, initargs=(workload,)
+            max_workers=workers, mp_context=_fresh_interpreter_context(),
+            initializer=_install_workload, initargs=(workload,),
         )
     summaries: list[dict | None] = [None] * len(configs)
     errors: list[str | None] = [None] * len(configs)
@@ -174,6 +181,11 @@ def _resolve_runner(run: str | Runner) -> Runner:
     if callable(run):
         return run
     raise ValueError(f"run must be one of {RUNS} or a callable(workload, config) -> RunResult, got {run!r}.")
+
+
+def _fresh_interpreter_context() -> multiprocessing.context.BaseContext:
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
 def _describe(error: BaseException) -> str:
