@@ -6,6 +6,7 @@ import concurrent.futures
 import math
 import time
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -24,6 +25,14 @@ def test_dict_grid_is_the_cartesian_product_last_key_fastest():
     ]
 
 
+def test_grid_values_may_be_ranges_and_numpy_arrays_of_python_numbers():
+    configs = expand_grid({"max_num_seqs": range(1, 3), "num_kv_blocks": np.array([8, 16])})
+    assert configs == [{"max_num_seqs": 1, "num_kv_blocks": 8}, {"max_num_seqs": 1, "num_kv_blocks": 16},
+                       {"max_num_seqs": 2, "num_kv_blocks": 8}, {"max_num_seqs": 2, "num_kv_blocks": 16}]
+    assert all(type(c["num_kv_blocks"]) is int for c in configs)
+    assert type(expand_grid([{"block_size": np.int64(8)}])[0]["block_size"]) is int
+
+
 def test_list_grid_keeps_its_order():
     grid = [{"block_size": 8}, {"policy": "priority", "max_num_seqs": 2}, {}]
     assert expand_grid(grid) == grid
@@ -36,6 +45,7 @@ def test_list_grid_keeps_its_order():
         ([{"policy": "spf"}, {"max_seqs": 2}], r"unknown EngineConfig field\(s\) \['max_seqs'\]"),
         ({"policy": "fcfs"}, r"grid\['policy'\] must be a non-empty list"),
         ({"policy": []}, r"grid\['policy'\] must be a non-empty list"),
+        ({"num_kv_blocks": 8}, r"grid\['num_kv_blocks'\] must be a non-empty list"),
         ([], "grid is empty"),
         ([{"policy": "spf"}, "fcfs"], r"grid\[1\] must be a dict"),
         ("policy", "grid must be a dict of lists or a list of dicts"),

@@ -27,7 +27,9 @@ import itertools
 import math
 import multiprocessing
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
 
 from workbench.compare import resolve_config
 from workbench.config import EngineConfig
@@ -42,19 +44,26 @@ Runner = Callable[[Workload, EngineConfig], object]  # -> RunResult
 def expand_grid(grid: Mapping[str, Sequence] | Sequence[Mapping[str, object]]) -> list[dict]:
     """The configurations of ``grid``, in a stable order (see the module docstring).
 
-    Raises ValueError for an empty grid, a dict entry that is not a non-empty list of values,
-    or keys that are not EngineConfig fields (all of them named)."""
+    A dict's values may be any non-empty iterable (a list, a range, a numpy array); numpy
+    scalars become Python numbers. Raises ValueError for an empty grid, a dict entry that is
+    not a non-empty collection of values, or keys that are not EngineConfig fields (all of
+    them named)."""
     if isinstance(grid, Mapping):
+        axes = []
         for key, values in grid.items():
-            if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+            if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
                 raise ValueError(f"grid[{key!r}] must be a non-empty list of values, got {values!r}.")
-        configs = [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
+            values = [_python_scalar(v) for v in values]
+            if not values:
+                raise ValueError(f"grid[{key!r}] must be a non-empty list of values, got [].")
+            axes.append(values)
+        configs = [dict(zip(grid, combo)) for combo in itertools.product(*axes)]
     elif isinstance(grid, Sequence) and not isinstance(grid, (str, bytes)):
         configs = []
         for i, config in enumerate(grid):
             if not isinstance(config, Mapping):
                 raise ValueError(f"grid[{i}] must be a dict of EngineConfig overrides, got {type(config).__name__}.")
-            configs.append(dict(config))
+            configs.append({key: _python_scalar(v) for key, v in config.items()})
     else:
         raise ValueError(f"grid must be a dict of lists or a list of dicts, got {type(grid).__name__}.")
     if not configs:
@@ -186,6 +195,11 @@ def _resolve_runner(run: str | Runner) -> Runner:
 def _fresh_interpreter_context() -> multiprocessing.context.BaseContext:
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def _python_scalar(value):
+    """A numpy scalar as the Python number it holds (EngineConfig wants ints, not int64)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _describe(error: BaseException) -> str:
