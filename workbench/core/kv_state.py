@@ -145,7 +145,9 @@ class KVReplay:
 
     Blocks stay immutable :class:`BlockState` objects: an event replaces the ones it touches,
     so frozen states share every block that did not change. The free queue is an
-    insertion-ordered dict (removal from anywhere and appending are O(1)).
+    insertion-ordered dict (removal from anywhere and appending are O(1)). ``BlockWritten``
+    (one per decoding request per step, each overwriting its tail block's tokens) only notes
+    the tokens; the block is rebuilt when another event reads it or at :meth:`freeze`.
     """
 
     def __init__(self, state: KVState):
@@ -153,6 +155,7 @@ class KVReplay:
         self.blocks = list(state.blocks)
         self.free = dict.fromkeys(state.free_queue)
         self.tables = {rid: list(ids) for rid, ids in state.tables.items()}
+        self._written: dict[int, tuple[int, ...]] = {}  # block id -> tokens not yet in its BlockState
 
     def run(self, events: Iterable[KVEvent]) -> KVReplay:
         handlers = self._HANDLERS
@@ -168,9 +171,17 @@ class KVReplay:
 
     # One handler per event type (a dict lookup, not a chain of pattern tests: a history that
     # keeps a bounded number of steps replays every dropped step's events).
+    def _block(self, b: int) -> BlockState:
+        """Block ``b`` as it is now (its noted tokens applied)."""
+        block = self.blocks[b]
+        tokens = self._written.pop(b, None)
+        if tokens is not None:
+            block = self.blocks[b] = BlockState(b, block.ref_count, block.block_hash, tokens, block.owners)
+        return block
+
     def _allocated(self, event: BlockAllocated) -> None:
         b, rid = event.block_id, event.request_id
-        block = self.blocks[b]
+        block = self._block(b)
         if block.ref_count == 0:
             del self.free[b]
         if not event.prefix_hit and block.block_hash is not None:
@@ -183,7 +194,7 @@ class KVReplay:
 
     def _freed(self, event: BlockFreed) -> None:
         b, rid = event.block_id, event.request_id
-        block = self.blocks[b]
+        block = self._block(b)
         if rid not in block.owners:
             raise ValueError(f"{rid!r} does not own block {b}")
         ref = block.ref_count - 1
@@ -201,16 +212,17 @@ class KVReplay:
     def _stored(self, event: BlockStored) -> None:
         size, tokens = event.block_size, event.token_ids
         for i, (b, h) in enumerate(zip(event.block_ids, event.block_hashes, strict=True)):
-            block = self.blocks[b]
+            block = self._block(b)
             self.blocks[b] = BlockState(b, block.ref_count, h, tuple(tokens[i * size : (i + 1) * size]), block.owners)
 
     def _written(self, event: BlockWritten) -> None:
         b = event.block_id
-        block = self.blocks[b]
-        self.blocks[b] = BlockState(b, block.ref_count, block.block_hash, tuple(event.token_ids), block.owners)
+        if not 0 <= b < len(self.blocks):
+            raise IndexError(f"the pool has no block {b}")
+        self._written[b] = tuple(event.token_ids)
 
     def _uncache(self, b: int) -> None:
-        block = self.blocks[b]
+        block = self._block(b)
         self.blocks[b] = BlockState(b, block.ref_count, None, (), block.owners)
 
     def _removed(self, event: BlockRemoved) -> None:
@@ -233,6 +245,8 @@ class KVReplay:
 
     def freeze(self) -> KVState:
         """The state so far (O(num_blocks) pointer copies; unchanged blocks are shared)."""
+        for b in list(self._written):
+            self._block(b)
         return KVState(
             self.block_size,
             tuple(self.blocks),
