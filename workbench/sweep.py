@@ -41,7 +41,7 @@ RUNS = ("sim", "real")
 Runner = Callable[[Workload, EngineConfig], object]  # -> RunResult
 
 
-def expand_grid(grid: Mapping[str, Sequence] | Sequence[Mapping[str, object]]) -> list[dict]:
+def expand_grid(grid: Mapping[str, Iterable] | Sequence[Mapping[str, object]]) -> list[dict]:
     """The configurations of ``grid``, in a stable order (see the module docstring).
 
     A dict's values may be any non-empty iterable (a list, a range, a numpy array); numpy
@@ -77,7 +77,7 @@ def expand_grid(grid: Mapping[str, Sequence] | Sequence[Mapping[str, object]]) -
 
 def sweep(
     workload: Workload,
-    grid: Mapping[str, Sequence] | Sequence[Mapping[str, object]],
+    grid: Mapping[str, Iterable] | Sequence[Mapping[str, object]],
     *,
     run: str | Runner = "sim",
     base: EngineConfig | None = None,
