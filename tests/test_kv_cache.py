@@ -166,6 +166,24 @@ def test_cached_free_blocks_are_evicted_lazily_front_first():
     assert kv.get_computed_blocks(req("d", [1, 2, 3]))[1] == 0
 
 
+def test_repeated_lookup_of_a_waiting_request_follows_the_cache():
+    # A request that waits is looked up every step; the answer must track caching and eviction.
+    kv = KVCacheManager(num_blocks=4, block_size=2)
+    w = req("w", [1, 2, 3, 4, 5, 6])
+    assert kv.get_computed_blocks(w) == ([], 0)
+    a = req("a", [1, 2, 3])  # caches block 0 = [1, 2]
+    run_prefill(kv, a)
+    assert kv.get_computed_blocks(w) == ([kv.blocks[0]], 2)
+    hits, _ = kv.get_computed_blocks(w)
+    hits.append(None)  # the caller's list is its own
+    assert kv.get_computed_blocks(w) == ([kv.blocks[0]], 2)
+    kv.free(a)  # queue: 2, 3, then a's blocks tail first: 1, 0 (block 0 stays cached)
+    b = req("b", [7, 8, 9, 9, 9, 9, 9, 9])  # takes all 4 blocks: evicts block 0
+    kv.allocate_slots(b, 8)
+    assert kv.pool.num_evicted == 1
+    assert kv.get_computed_blocks(w) == ([], 0)
+
+
 def test_hit_on_free_cached_block_takes_it_out_of_the_queue():
     kv = KVCacheManager(num_blocks=4, block_size=2)
     run_prefill(kv, a := req("a", [1, 2, 3]))

@@ -20,7 +20,7 @@ class RequestStatus(enum.Enum):
 
     @property
     def is_finished(self) -> bool:
-        return self in _FINISHED
+        return self in _FINISHED  # a tuple: identity tests, not the enum's Python-level __hash__
 
     @property
     def finish_reason(self) -> str | None:
@@ -28,12 +28,12 @@ class RequestStatus(enum.Enum):
         return _FINISH_REASON.get(self)
 
 
-_FINISHED = {
+_FINISHED = (
     RequestStatus.FINISHED_STOPPED,
     RequestStatus.FINISHED_LENGTH_CAPPED,
     RequestStatus.FINISHED_ABORTED,
     RequestStatus.FINISHED_ERROR,
-}
+)
 _FINISH_REASON = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",

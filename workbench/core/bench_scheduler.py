@@ -8,8 +8,8 @@ setting: with ``events on`` the KV cache and scheduler log their block and reque
 each step drains them, as the engine does; ``--events both`` (default) measures the two side
 by side::
 
-    workbench bench scheduler                      # N = 256
-    workbench bench scheduler --num-running 64 256 1024 --steps 300 --events on
+    workbench bench scheduler                      # N = 256 and 1024
+    workbench bench scheduler --num-running 64 256 --steps 300 --events on
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Per-step cost of Scheduler.schedule() + update_from_output() with N running "
         "decode requests and a fake runner (no model).",
     )
-    parser.add_argument("--num-running", type=int, nargs="+", default=[256], metavar="N",
-                        help="running decode requests per step (default: 256)")
+    parser.add_argument("--num-running", type=int, nargs="+", default=[256, 1024], metavar="N",
+                        help="running decode requests per step (default: 256 1024)")
     parser.add_argument("--steps", type=int, default=200, help="timed decode steps (default: 200)")
     parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per request")
     parser.add_argument("--block-size", type=int, default=16)

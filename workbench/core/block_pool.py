@@ -17,6 +17,7 @@ events on a snapshot of the pool rebuilds it exactly.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Sequence
 
 from workbench.core.kv_events import (
@@ -140,6 +141,8 @@ class BlockPool:
     Counters ``num_allocated`` (blocks handed out by :meth:`get_new_blocks`),
     ``num_evicted`` (cached blocks whose hash was dropped to serve them) and ``num_freed``
     (blocks whose ref_count fell to 0) only grow; readers report differences.
+    ``cache_version`` grows whenever the prefix cache's content (``cached``) changes, so a
+    lookup can be reused while it stays the same.
     """
 
     def __init__(self, num_blocks: int, record_events: bool = False):
@@ -151,6 +154,7 @@ class BlockPool:
         self.num_allocated = 0
         self.num_evicted = 0
         self.num_freed = 0
+        self.cache_version = 0
         self._events: list[KVEvent] | None = [] if record_events else None
 
     @property
@@ -189,6 +193,7 @@ class BlockPool:
                 del self.cached[block.block_hash]
                 block.block_hash = None
                 self.num_evicted += 1
+                self.cache_version += 1
             block.token_ids = ()
             block.ref_count = 1
             block._owners[owner] = None
@@ -237,6 +242,7 @@ class BlockPool:
             return False
         block.block_hash = block_hash
         self.cached[block_hash] = block
+        self.cache_version += 1
         return True
 
     def cache_full_blocks(
@@ -273,7 +279,7 @@ class BlockPool:
                 block_ids=tuple(blocks[i].block_id for i in run),
                 block_hashes=tuple(block_hashes[i] for i in run),
                 parent_block_hash=block_hashes[first - 1] if first else parent_hash,
-                token_ids=tuple(t for i in run for t in token_ids[i]),
+                token_ids=tuple(itertools.chain.from_iterable(token_ids[i] for i in run)),
                 block_size=block_size,
             )
         )
@@ -292,6 +298,7 @@ class BlockPool:
             block.block_hash = None
             block.token_ids = ()
         self.cached.clear()
+        self.cache_version += 1
         if self._events is not None:
             self._events.append(AllBlocksCleared())
         return True

@@ -76,8 +76,13 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, record_events=record_events)
         self.prefix_cache_stats = PrefixCacheStats()
         self._tables: dict[str, list[KVCacheBlock]] = {}
-        self._table_ids: dict[str, list[int]] = {}  # the same tables as block ids
+        # The same tables as block ids, rebuilt only when a table grows (every scheduled
+        # chunk carries its request's table; most decode steps do not grow it).
+        self._table_ids: dict[str, tuple[int, ...]] = {}
         self._num_filled: dict[str, int] = {}  # leading full blocks whose tokens are recorded
+        # The last prefix lookup (request, pool.cache_version, num_tokens, hits): a waiting
+        # request that does not fit is looked up again every step until the cache changes.
+        self._last_lookup: tuple[Request, int, int, list[KVCacheBlock]] | None = None
 
     # ----------------------------------------------------------------- views
     @property
@@ -113,8 +118,8 @@ class KVCacheManager:
         return list(self._table_ids.get(request_id, ()))
 
     def block_ids(self, request_id: str) -> tuple[int, ...]:
-        """``block_table`` as a tuple (what a ScheduledRequest carries)."""
-        return tuple(self._table_ids.get(request_id, ()))
+        """``block_table`` as a tuple (what a ScheduledRequest carries); O(1)."""
+        return self._table_ids.get(request_id, ())
 
     def take_events(self) -> tuple[KVEvent, ...]:
         """The pool's block events since the previous call (empty unless ``record_events``)."""
@@ -134,11 +139,12 @@ class KVCacheManager:
 
         O(new full blocks); a no-op when prefix caching is off.
         """
-        if not self.enable_prefix_caching:
-            return
         bs = self.block_size
         hashes = request.block_hashes
-        for i in range(len(hashes), request.num_tokens // bs):
+        num_full = request.num_tokens // bs
+        if not self.enable_prefix_caching or len(hashes) >= num_full:
+            return
+        for i in range(len(hashes), num_full):
             parent = hashes[i - 1] if i else None
             hashes.append(hash_block_tokens(parent, request.token_ids_slice(i * bs, (i + 1) * bs)))
 
@@ -147,19 +153,25 @@ class KVCacheManager:
         number of tokens they hold. Capped at ``(num_tokens - 1) // block_size`` blocks so at
         least the last known token is computed (and sampled from). A request that asks for
         prompt logprobs gets no hit: its whole prompt must be computed (as vLLM). Changes no
-        state."""
+        state. Asked again for the same request while the cache's content is unchanged (a
+        waiting request that does not fit yet), it answers in O(hits) from the last lookup."""
         if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
-        self.update_block_hashes(request)
         bs = self.block_size
-        max_blocks = min((request.num_tokens - 1) // bs, len(request.block_hashes))
+        num_tokens = request.num_tokens
+        last = self._last_lookup
+        if last is not None and last[0] is request and last[1] == self.pool.cache_version and last[2] == num_tokens:
+            return list(last[3]), len(last[3]) * bs
+        self.update_block_hashes(request)
+        max_blocks = min((num_tokens - 1) // bs, len(request.block_hashes))
         hits: list[KVCacheBlock] = []
         for i in range(max_blocks):
             block = self.pool.get_cached_block(request.block_hashes[i])
             if block is None or block.token_ids != tuple(request.token_ids_slice(i * bs, (i + 1) * bs)):
                 break
             hits.append(block)
-        return hits, len(hits) * bs
+        self._last_lookup = (request, self.pool.cache_version, num_tokens, hits)
+        return list(hits), len(hits) * bs
 
     def reset_prefix_cache(self) -> bool:
         """Forget all cached blocks and the stats. False (nothing done) while blocks are in use."""
@@ -186,7 +198,7 @@ class KVCacheManager:
         rid = request.request_id
         table = self._tables.get(rid)
         total = request.num_computed_tokens + num_new_tokens
-        if not new_computed_blocks and table is not None and len(table) * self.block_size >= total:
+        if table is not None and not new_computed_blocks and len(table) * self.block_size >= total:
             return []  # fast path: a decode step inside the tail block
         hits = list(new_computed_blocks or ())
         if hits and table is not None:
@@ -199,31 +211,31 @@ class KVCacheManager:
             return None
         if table is None:
             table = self._tables[rid] = []
-            self._table_ids[rid] = []
+            self._table_ids[rid] = ()
             self._num_filled[rid] = len(hits)
             if self.enable_prefix_caching:
                 stats = self.prefix_cache_stats
                 stats.requests += 1
                 stats.queries += request.num_tokens
                 stats.hits += len(hits) * self.block_size
-        ids = self._table_ids[rid]
         if hits:
             self.pool.touch(hits, rid)
             table.extend(hits)
-            ids.extend(b.block_id for b in hits)
         new_blocks = self.pool.get_new_blocks(num_new_blocks, rid) if num_new_blocks else []
         table.extend(new_blocks)
-        ids.extend(b.block_id for b in new_blocks)
+        if hits or new_blocks:
+            self._table_ids[rid] = tuple(b.block_id for b in table)
         return new_blocks
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Record the tokens now held by the request's blocks after a step computed them; with
         prefix caching on, newly full blocks enter the cache. O(tokens of the tail block +
         newly full blocks)."""
-        table = self._tables[request.request_id]
+        rid = request.request_id
+        table = self._tables[rid]
         bs = self.block_size
         num_full = num_computed_tokens // bs
-        filled = self._num_filled[request.request_id]
+        filled = self._num_filled[rid]
         if num_full > filled:
             self.update_block_hashes(request)
             tokens = [tuple(request.token_ids_slice(i * bs, (i + 1) * bs)) for i in range(filled, num_full)]
@@ -236,7 +248,7 @@ class KVCacheManager:
             else:
                 for block, block_tokens in zip(table[filled:num_full], tokens):
                     self.pool.write_tokens(block, block_tokens)
-            self._num_filled[request.request_id] = num_full
+            self._num_filled[rid] = num_full
         if num_computed_tokens > num_full * bs:
             tail = tuple(request.token_ids_slice(num_full * bs, num_computed_tokens))
             self.pool.write_tokens(table[num_full], tail)
@@ -273,7 +285,7 @@ class KVCacheManager:
                 f"{tokens} tokens need {cdiv(tokens, self.block_size)} (block_size={self.block_size})"
             )
             assert len(set(ids)) == len(ids), f"request {rid!r}: block table {ids} repeats a block"
-            assert self._table_ids[rid] == ids, f"request {rid!r}: id list {self._table_ids[rid]} != {ids}"
+            assert list(self._table_ids[rid]) == ids, f"request {rid!r}: id list {self._table_ids[rid]} != {ids}"
             for i, b in enumerate(table):
                 assert rid in b._owners, f"request {rid!r} holds block {b.block_id} without owning it"
                 if b.block_hash is not None and i < len(req.block_hashes):

@@ -145,7 +145,9 @@ class KVReplay:
 
     Blocks stay immutable :class:`BlockState` objects: an event replaces the ones it touches,
     so frozen states share every block that did not change. The free queue is an
-    insertion-ordered dict (removal from anywhere and appending are O(1)).
+    insertion-ordered dict (removal from anywhere and appending are O(1)). ``BlockWritten``
+    (one per decoding request per step, each overwriting its tail block's tokens) only notes
+    the tokens; the block is rebuilt when another event reads it or at :meth:`freeze`.
     """
 
     def __init__(self, state: KVState):
@@ -153,74 +155,98 @@ class KVReplay:
         self.blocks = list(state.blocks)
         self.free = dict.fromkeys(state.free_queue)
         self.tables = {rid: list(ids) for rid, ids in state.tables.items()}
+        self._written: dict[int, tuple[int, ...]] = {}  # block id -> tokens not yet in its BlockState
 
     def run(self, events: Iterable[KVEvent]) -> KVReplay:
+        handlers = self._HANDLERS
         for event in events:
             try:
-                self._apply(event)
+                handler = handlers.get(type(event))
+                if handler is None:
+                    raise ValueError("unknown event type")
+                handler(self, event)
             except (IndexError, KeyError, ValueError) as e:
                 raise ValueError(f"block event {event!r} does not fit the pool state: {e!r}") from None
         return self
 
-    def _set(self, b: int, **changes) -> None:
-        old = self.blocks[b]
-        self.blocks[b] = BlockState(
-            b,
-            changes.get("ref_count", old.ref_count),
-            changes.get("block_hash", old.block_hash),
-            changes.get("token_ids", old.token_ids),
-            changes.get("owners", old.owners),
-        )
+    # One handler per event type (a dict lookup, not a chain of pattern tests: a history that
+    # keeps a bounded number of steps replays every dropped step's events).
+    def _block(self, b: int) -> BlockState:
+        """Block ``b`` as it is now (its noted tokens applied)."""
+        block = self.blocks[b]
+        tokens = self._written.pop(b, None)
+        if tokens is not None:
+            block = self.blocks[b] = BlockState(b, block.ref_count, block.block_hash, tokens, block.owners)
+        return block
 
-    def _apply(self, event: KVEvent) -> None:
-        match event:
-            case BlockAllocated(b, rid, prefix_hit):
-                block = self.blocks[b]
-                if block.ref_count == 0:
-                    del self.free[b]
-                if not prefix_hit and block.block_hash is not None:
-                    raise ValueError(f"block {b} is allocated while still cached")
-                self._set(
-                    b,
-                    ref_count=block.ref_count + 1,
-                    owners=block.owners + (rid,),
-                    token_ids=block.token_ids if prefix_hit else (),
-                )
-                self.tables.setdefault(rid, []).append(b)
-            case BlockFreed(b, rid):
-                block = self.blocks[b]
-                if rid not in block.owners:
-                    raise ValueError(f"{rid!r} does not own block {b}")
-                ref = block.ref_count - 1
-                self._set(
-                    b,
-                    ref_count=ref,
-                    owners=tuple(o for o in block.owners if o != rid),
-                    token_ids=() if ref == 0 and block.block_hash is None else block.token_ids,
-                )
-                table = self.tables[rid]
-                table.remove(b)
-                if not table:
-                    del self.tables[rid]
-                if ref == 0:
-                    self.free[b] = None
-            case BlockStored(block_ids, block_hashes, _, token_ids, block_size):
-                for i, (b, h) in enumerate(zip(block_ids, block_hashes, strict=True)):
-                    self._set(b, block_hash=h, token_ids=tuple(token_ids[i * block_size : (i + 1) * block_size]))
-            case BlockWritten(b, token_ids):
-                self._set(b, token_ids=tuple(token_ids))
-            case BlockRemoved(_, block_ids):
-                for b in block_ids:
-                    self._set(b, block_hash=None, token_ids=())
-            case AllBlocksCleared():
-                for block in self.blocks:
-                    if block.block_hash is not None:
-                        self._set(block.block_id, block_hash=None, token_ids=())
-            case _:
-                raise ValueError("unknown event type")
+    def _allocated(self, event: BlockAllocated) -> None:
+        b, rid = event.block_id, event.request_id
+        block = self._block(b)
+        if block.ref_count == 0:
+            del self.free[b]
+        if not event.prefix_hit and block.block_hash is not None:
+            raise ValueError(f"block {b} is allocated while still cached")
+        self.blocks[b] = BlockState(
+            b, block.ref_count + 1, block.block_hash, block.token_ids if event.prefix_hit else (),
+            block.owners + (rid,),
+        )
+        self.tables.setdefault(rid, []).append(b)
+
+    def _freed(self, event: BlockFreed) -> None:
+        b, rid = event.block_id, event.request_id
+        block = self._block(b)
+        if rid not in block.owners:
+            raise ValueError(f"{rid!r} does not own block {b}")
+        ref = block.ref_count - 1
+        self.blocks[b] = BlockState(
+            b, ref, block.block_hash, () if ref == 0 and block.block_hash is None else block.token_ids,
+            tuple(o for o in block.owners if o != rid),
+        )
+        table = self.tables[rid]
+        table.remove(b)
+        if not table:
+            del self.tables[rid]
+        if ref == 0:
+            self.free[b] = None
+
+    def _stored(self, event: BlockStored) -> None:
+        size, tokens = event.block_size, event.token_ids
+        for i, (b, h) in enumerate(zip(event.block_ids, event.block_hashes, strict=True)):
+            block = self._block(b)
+            self.blocks[b] = BlockState(b, block.ref_count, h, tuple(tokens[i * size : (i + 1) * size]), block.owners)
+
+    def _written(self, event: BlockWritten) -> None:
+        b = event.block_id
+        if not 0 <= b < len(self.blocks):
+            raise IndexError(f"the pool has no block {b}")
+        self._written[b] = tuple(event.token_ids)
+
+    def _uncache(self, b: int) -> None:
+        block = self._block(b)
+        self.blocks[b] = BlockState(b, block.ref_count, None, (), block.owners)
+
+    def _removed(self, event: BlockRemoved) -> None:
+        for b in event.block_ids:
+            self._uncache(b)
+
+    def _cleared(self, event: AllBlocksCleared) -> None:
+        for block in self.blocks:
+            if block.block_hash is not None:
+                self._uncache(block.block_id)
+
+    _HANDLERS = {
+        BlockAllocated: _allocated,
+        BlockFreed: _freed,
+        BlockStored: _stored,
+        BlockWritten: _written,
+        BlockRemoved: _removed,
+        AllBlocksCleared: _cleared,
+    }
 
     def freeze(self) -> KVState:
         """The state so far (O(num_blocks) pointer copies; unchanged blocks are shared)."""
+        for b in list(self._written):
+            self._block(b)
         return KVState(
             self.block_size,
             tuple(self.blocks),

@@ -250,26 +250,26 @@ class Scheduler:
         pool = kv.pool
         allocated0, evicted0 = pool.num_allocated, pool.num_evicted
         budget = self.max_num_batched_tokens
-        running_chunks: dict[str, int] = {}  # request id -> new tokens, running order
+        running = self.running
+        running_chunks: dict[Request, int] = {}  # request -> new tokens, running order
         preempted: list[str] = []
 
         i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
+        while i < len(running) and budget > 0:
+            request = running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             while kv.allocate_slots(request, num_new) is None:
-                victim = self.policy.pick_victim(self.running)
-                vi = self.running.index(victim)
-                del self.running[vi]
-                if victim.request_id in running_chunks:
-                    budget += running_chunks.pop(victim.request_id)
+                victim = self.policy.pick_victim(running)
+                del running[running.index(victim)]
+                if victim in running_chunks:
+                    budget += running_chunks.pop(victim)
                     i -= 1
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is request:
                     break
             else:
-                running_chunks[request.request_id] = num_new
+                running_chunks[request] = num_new
                 budget -= num_new
                 i += 1
                 continue
@@ -278,7 +278,7 @@ class Scheduler:
         admitted: list[tuple[Request, int, int]] = []  # (request, new tokens, prefix-hit tokens)
         new_ids: list[str] = []
         resumed_ids: list[str] = []
-        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while not preempted and self.waiting and budget > 0 and len(running) < self.max_num_seqs:
             request = self.waiting.peek()
             hit_blocks, num_hit = kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_hit
@@ -301,13 +301,12 @@ class Scheduler:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = self.clock()
                 request.num_cached_tokens = num_hit
-            self.running.append(request)
+            running.append(request)
             admitted.append((request, num_new, num_hit))
             budget -= num_new
 
-        scheduled = [
-            self._chunk(self.requests[rid], n, 0) for rid, n in running_chunks.items()
-        ] + [self._chunk(r, n, hit) for r, n, hit in admitted]
+        scheduled = [self._chunk(r, n, 0) for r, n in running_chunks.items()]
+        scheduled += [self._chunk(r, n, hit) for r, n, hit in admitted]
         output = SchedulerOutput(
             step=self.step_count,
             scheduled=tuple(scheduled),
@@ -321,15 +320,15 @@ class Scheduler:
             num_prefix_cache_hit_tokens=sum(hit for _, _, hit in admitted),
             num_free_blocks=kv.num_free_blocks,
             kv_usage=kv.usage,
-            extra={"num_running": len(self.running), "num_waiting": len(self.waiting)},
+            extra={"num_running": len(running), "num_waiting": len(self.waiting)},
         )
         if self._events is not None:
-            now = self.clock()
-            self._events.extend(
-                RequestScheduled(c.request_id, output.step, now, c.num_computed_tokens, c.num_new_tokens,
+            now, step = self.clock(), output.step
+            self._events.extend([
+                RequestScheduled(c.request_id, step, now, c.num_computed_tokens, c.num_new_tokens,
                                  c.is_prefill, c.samples)
                 for c in scheduled
-            )
+            ])
         self._finished_ids = []
         self.step_count += 1
         return output
@@ -346,18 +345,16 @@ class Scheduler:
         Returns the requests that got a token, in batch order.
         """
         kv = self.kv_cache
+        requests = self.requests
         got_token: list[Request] = []
         any_finished = False
         for chunk in scheduler_output.scheduled:
-            request = self.requests.get(chunk.request_id)
-            if (
-                request is None
-                or request.status is not RequestStatus.RUNNING
-                or request.num_computed_tokens != chunk.num_computed_tokens
-            ):
+            request = requests.get(chunk.request_id)
+            start = chunk.num_computed_tokens
+            if request is None or request.status is not RequestStatus.RUNNING or request.num_computed_tokens != start:
                 continue
-            request.num_computed_tokens = chunk.num_computed_tokens + chunk.num_new_tokens
-            kv.cache_blocks(request, request.num_computed_tokens)
+            request.num_computed_tokens = num_computed = start + chunk.num_new_tokens
+            kv.cache_blocks(request, num_computed)
             if not chunk.samples:
                 continue
             try:
@@ -381,20 +378,22 @@ class Scheduler:
                 any_finished = True
             got_token.append(request)
         if any_finished:
-            self.running = [r for r in self.running if not r.is_finished]
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return got_token
 
     # -------------------------------------------------------------- helpers
     def _chunk(self, request: Request, num_new: int, num_hit: int) -> ScheduledRequest:
         start = request.num_computed_tokens
+        end = start + num_new
+        num_prompt = len(request.prompt_token_ids)
         return ScheduledRequest(
             request_id=request.request_id,
             num_computed_tokens=start,
             num_new_tokens=num_new,
-            token_ids=tuple(request.token_ids_slice(start, start + num_new)),
+            token_ids=tuple(request.token_ids_slice(start, end)),
             block_ids=self.kv_cache.block_ids(request.request_id),
-            is_prefill=num_new > 1 or start < request.num_prompt_tokens,
-            samples=start + num_new == request.num_tokens,
+            is_prefill=num_new > 1 or start < num_prompt,
+            samples=end == num_prompt + len(request.output_token_ids),
             num_cached_tokens=num_hit,
         )
 
@@ -423,15 +422,16 @@ class Scheduler:
 
     def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
         params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens:
+        num_output = len(request.output_token_ids)
+        if num_output >= params.min_tokens:
             if not params.ignore_eos and request.eos_token_id is not None and token == request.eos_token_id:
                 return RequestStatus.FINISHED_STOPPED
             if token in params.stop_token_ids:
                 request.stop_reason = token
                 return RequestStatus.FINISHED_STOPPED
-        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
+        if params.max_tokens is not None and num_output >= params.max_tokens:
             return RequestStatus.FINISHED_LENGTH_CAPPED
-        if request.num_tokens >= self.max_model_len:
+        if len(request.prompt_token_ids) + num_output >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
