@@ -8,12 +8,13 @@ So a request's logits and logprobs are bitwise equal alone and in any batch.
 
 How each kind of operation gets there (by construction, not by a library's luck):
 
-* **Matmuls** (``aten.mm`` / ``aten.addmm``, i.e. every ``F.linear``): the rows are cut into
-  tiles of exactly :data:`MATMUL_TILE_ROWS` rows (the last one zero-padded), and each tile is
-  one ``[T, K] x [K, N]`` call of the same shape and strides. A GEMM's summation order for an
-  output element depends on the call's shapes, strides and thread count, never on the values
-  of other rows; so every row is reduced the same way. (Without this, a BLAS picks a GEMV for
-  one row and other blockings for 2, 4, ... rows: the logits move by ~1e-5.)
+* **Matmuls** (``aten.linear`` / ``mm`` / ``addmm``, i.e. every ``F.linear``): every row is
+  its own one-row product, and rows go :data:`MATMUL_TILE_ROWS` at a time through batched calls
+  of one fixed shape. A GEMM's summation order for an output element depends on the call's
+  shapes, strides and thread count and on the element's place in the tile, never on other
+  rows' values; here all of these are the same for every row. (Without this, a BLAS picks a
+  GEMV for one row and other blockings for 2, 4, ... rows: the logits move by ~1e-5; and some
+  BLAS kernels, e.g. OpenBLAS's Haswell SGEMM, sum rows 6-11 of each 12 in another order.)
 * **Sums over a row** (RMSNorm's mean of squares, softmax denominators): :func:`tree_sum`, a
   fixed binary tree of elementwise adds over the dimension zero-padded to a power of two.
   Elementwise adds are exact IEEE operations, the tree is fixed by position, and trailing
@@ -25,13 +26,15 @@ How each kind of operation gets there (by construction, not by a library's luck)
   tail; MKL's VML when built with MKL).
 * **Softmax / log-softmax** (``aten._softmax`` / ``aten._log_softmax``): max (exact in any
   order), ``exp``, :func:`tree_sum`.
-* **Attention** (:func:`paged_attention`, for the ``"cpu"`` and ``"torch"`` backends): each
-  (sequence, KV head) pair's query rows are cut into tiles of :data:`ATTN_QUERY_ROWS` rows;
-  keys into tiles of :data:`ATTN_KEY_TILE` positions aligned to absolute position 0. Scores and
-  probability-times-value products are batched matmuls of one fixed shape
-  (:data:`BMM_BATCH` tiles per call); the softmax denominator and the sum over key tiles are
-  :func:`tree_sum` over absolute positions, so a key tile a row cannot see adds an exact zero.
-  A query row's output depends only on its own query and the keys it sees.
+* **Attention** (:func:`paged_attention`, for the ``"cpu"`` and ``"torch"`` backends): query
+  tiles hold the positions ``[j * t, (j + 1) * t)`` (``t = ATTN_QUERY_TOKENS``) of one sequence
+  for the query heads of one KV head, so a query row always sits at the same place of its tile
+  (fixed by its absolute position), however its prompt was chunked; keys are cut into tiles of
+  :data:`ATTN_KEY_TILE` positions from position 0. Scores and probability-times-value products
+  are batched matmuls of one fixed shape (:data:`BMM_BATCH` tiles per call); the softmax
+  denominator and the sum over key tiles are :func:`tree_sum` over absolute positions, so a key
+  tile a row cannot see adds an exact zero. A query row's output depends only on its own query
+  and the keys it sees.
 
 The Triton path has its own fixed-configuration variant
 (``triton_attention.paged_attention(..., batch_invariant=True)``); its RMSNorm and RoPE are one
@@ -56,8 +59,9 @@ __all__ = ["batch_invariant_mode", "enabled", "matmul", "tree_sum", "silu", "sof
 
 #: Rows of every matmul call in the mode (inputs are cut and zero-padded to this).
 MATMUL_TILE_ROWS = 16
-#: Query rows (tokens x query heads of one KV head) per attention tile.
-ATTN_QUERY_ROWS = 8
+#: Query positions per attention tile (its rows: these tokens x the query heads of one KV head);
+#: tiles start at multiples of it.
+ATTN_QUERY_TOKENS = 4
 #: Key positions per attention tile; tiles start at multiples of it.
 ATTN_KEY_TILE = 64
 #: Attention tiles per batched-matmul call (the last call is padded with zero tiles).
@@ -72,18 +76,21 @@ def enabled() -> bool:
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` for a 2-D ``a`` [M, K], computed as ``ceil(M / T)`` calls of one shape
-    ``[T, K] x [K, N]`` (``T = MATMUL_TILE_ROWS``): row ``i``'s result is the same for any M."""
+    """``a @ b`` for a 2-D ``a`` [M, K]: every row is its own one-row product ``[1, K] x [K, N]``,
+    and the rows go ``T = MATMUL_TILE_ROWS`` at a time (zero-padded) through one batched call
+    of a fixed shape ``[T, 1, K] x [T, K, N]`` (``b`` broadcast, not copied). Row ``i``'s result
+    is the same for any M and any companions."""
     rows, k = a.shape
     n = b.shape[1]
     t = MATMUL_TILE_ROWS
     tiles = -(-rows // t)
-    src = a.new_zeros((tiles * t, k))
-    src[:rows] = a
-    out = a.new_empty((tiles * t, n))
+    src = a.new_zeros((tiles * t, 1, k))
+    src[:rows, 0] = a
+    out = a.new_empty((tiles * t, 1, n))
+    weight = b.expand(t, k, n)
     for i in range(tiles):
-        torch.mm(src[i * t:(i + 1) * t], b, out=out[i * t:(i + 1) * t])
-    return out[:rows]
+        torch.bmm(src[i * t:(i + 1) * t], weight, out=out[i * t:(i + 1) * t])
+    return out[:rows, 0]
 
 
 def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
@@ -103,8 +110,9 @@ def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Ten
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
-    """``x * sigmoid(x)`` as ``x / (1 + exp(-x))``: the same value for an element wherever it sits."""
-    return x / (1 + torch.exp(-x))
+    """``x * sigmoid(x)`` as ``x / (1 + exp(-x))`` (0 at -inf): the same value for an element
+    wherever it sits."""
+    return torch.where(x == float("-inf"), 0.0, x / (1 + torch.exp(-x)))
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -179,36 +187,38 @@ def paged_attention(query, key_cache, value_cache, block_tables, query_start_loc
     if num_tokens == 0:
         return out
     device = query.device
-    tq, tk = ATTN_QUERY_ROWS, ATTN_KEY_TILE
+    tt, tk = ATTN_QUERY_TOKENS, ATTN_KEY_TILE
+    tq = tt * group  # rows per query tile
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
-    # Query tiles: rows (token, head in group) of one (sequence, KV head); padding rows: -1.
-    tile_seq, tile_head, tile_tokens, tile_heads = [], [], [], []
+    # Query tiles: positions [j * tt, (j + 1) * tt) of one sequence, for one KV head; the token
+    # at position p sits in slot p % tt whatever else is scheduled (empty slots: token -1).
+    tile_seq, tile_tokens = [], []
     for s, seq_len in enumerate(lens):
         q_len = starts[s + 1] - starts[s]
-        tokens = torch.arange(starts[s], starts[s + 1]).repeat_interleave(group)
-        heads_in_group = torch.arange(group).repeat(q_len)
-        n_tiles = -(-(q_len * group) // tq)
-        pad = n_tiles * tq - q_len * group
-        tokens = torch.cat([tokens, tokens.new_full((pad,), -1)]).view(n_tiles, tq)
-        heads_in_group = torch.cat([heads_in_group, heads_in_group.new_zeros(pad)]).view(n_tiles, tq)
-        for h in range(num_kv_heads):
-            tile_seq += [s] * n_tiles
-            tile_head += [h] * n_tiles
-            tile_tokens.append(tokens)
-            tile_heads.append(heads_in_group + h * group)
+        if q_len == 0:
+            continue
+        first = seq_len - q_len
+        span = torch.arange(first // tt * tt, -(-seq_len // tt) * tt)
+        tokens = torch.where((span >= first) & (span < seq_len), span - first + starts[s], -1)
+        tile_tokens.append(tokens.view(-1, tt))
+        tile_seq += [s] * (len(span) // tt)
     if not tile_seq:
         return out
-    tokens = torch.cat(tile_tokens).to(device)  # [n, tq]
-    heads = torch.cat(tile_heads).to(device)
+    n_pos_tiles = len(tile_seq)
+    # one tile per (position tile, KV head): rows are (slot, head in group), slot-major
+    tokens = torch.cat(tile_tokens).repeat_interleave(group, dim=1).repeat(num_kv_heads, 1)
+    kv_head = torch.arange(num_kv_heads).repeat_interleave(n_pos_tiles)
+    heads = kv_head[:, None] * group + torch.arange(group).repeat(tt)[None, :]
+    tokens, heads, kv_head = tokens.to(device), heads.to(device), kv_head.to(device)
+    tile_seq = tile_seq * num_kv_heads
     valid = tokens >= 0
     seq = torch.tensor(tile_seq, device=device)
-    kv_head = torch.tensor(tile_head, device=device)
     qsl = query_start_loc.to(device).long()
     sl = seq_lens.to(device).long()
     q_len = qsl[seq + 1] - qsl[seq]
     q_pos = torch.where(valid, sl[seq, None] - q_len[:, None] + (tokens - qsl[seq, None]), -1)
-    q = query[tokens.clamp_min(0), heads].float() * valid[..., None]  # [n, tq, D]
+    q = torch.where(valid[..., None], query[tokens.clamp_min(0), heads].float(), 0.0)  # [n, tq, D]
     # Key tiles each query tile needs: 0 .. its last visible position.
     num_key_tiles = q_pos.amax(1) // tk + 1  # [n]
     width = int(num_key_tiles.max())
@@ -220,8 +230,9 @@ def paged_attention(query, key_cache, value_cache, block_tables, query_start_loc
     blocks = block_tables.to(device).long()[seq[pair_tile, None], pos // block_size]
     slots = blocks.clamp_min(0) * block_size + pos % block_size
     heads_p = kv_head[pair_tile, None]
-    k = key_cache.view(-1, num_kv_heads, head_dim)[slots, heads_p].float() * in_seq[..., None]
-    v = value_cache.view(-1, num_kv_heads, head_dim)[slots, heads_p].float() * in_seq[..., None]
+    # a slot past a sequence's length may hold anything, even NaN: zeros there
+    k = torch.where(in_seq[..., None], key_cache.view(-1, num_kv_heads, head_dim)[slots, heads_p].float(), 0.0)
+    v = torch.where(in_seq[..., None], value_cache.view(-1, num_kv_heads, head_dim)[slots, heads_p].float(), 0.0)
     scores = _bmm(q[pair_tile], k.transpose(1, 2).contiguous()) * scale  # [P, tq, tk]
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
