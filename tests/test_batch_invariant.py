@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from test_kernels import build_batch
 
 from workbench import EngineConfig, LLMEngine, SamplingParams
+from workbench.bench_throughput import ThroughputResult, build_parser, format_table
 from workbench.engine_args import EngineArgs
 from workbench.kernels import batch_invariant as bi
 from workbench.kernels import reference, triton_attention
@@ -215,3 +216,12 @@ def test_the_option_is_a_cli_flag_and_shows_in_the_repr():
     assert EngineArgs.from_cli_args(args).create_engine_config().batch_invariant is True
     engine = LLMEngine(EngineConfig(batch_invariant=True, num_kv_blocks=8))
     assert "batch_invariant=True" in repr(engine) and "batch-invariant" in engine._repr_html_()
+
+
+def test_bench_throughput_flag_adds_a_row_for_the_mode():
+    assert build_parser().parse_args(["--batch-invariant"]).batch_invariant
+    assert not build_parser().parse_args([]).batch_invariant
+    rows = [ThroughputResult("workbench", 300, 1.0, 3),
+            ThroughputResult("workbench-batch-invariant", 300, 3.0, 3)]
+    assert format_table(rows).splitlines()[2].split()[:5] == [
+        "workbench-batch-invariant", "100.0", "1.00", "3.00", "3.00"]
