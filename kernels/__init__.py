@@ -36,6 +36,8 @@ def _use_triton(backend: str | None, tensor: torch.Tensor) -> bool:
 def plan_attention(block_tables, query_start_loc, seq_lens, block_size, *, backend=None):
     """The layout work of :func:`paged_attention` that every layer of one forward shares: an
     opaque plan to pass as ``plan=`` (``None`` for backends that need none)."""
+    if batch_invariant.enabled():
+        return None if backend == "triton" else batch_invariant.AttentionPlan()
     if backend != "cpu":
         return None
     from workbench.kernels import cpu_attention
@@ -51,7 +53,7 @@ def paged_attention(query, key_cache, value_cache, block_tables, query_start_loc
     if invariant and not _use_triton(backend, query):
         return batch_invariant.paged_attention(
             query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
-            sliding_window=sliding_window, softcap=softcap, out=out)
+            sliding_window=sliding_window, softcap=softcap, out=out, plan=plan)
     if backend == "cpu":
         from workbench.kernels import cpu_attention
 

@@ -46,16 +46,16 @@ calls; ``workbench bench throughput --batch-invariant`` measures it.
 
 from __future__ import annotations
 
+import functools
 import threading
 from contextlib import contextmanager
-
-import functools
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 __all__ = ["batch_invariant_mode", "enabled", "matmul", "tree_sum", "silu", "softmax",
-           "log_softmax", "rms_norm", "paged_attention", "MATMUL_TILE_ROWS"]
+           "log_softmax", "rms_norm", "paged_attention", "AttentionPlan", "MATMUL_TILE_ROWS"]
 
 #: Rows of every matmul call in the mode (inputs are cut and zero-padded to this).
 MATMUL_TILE_ROWS = 16
@@ -174,21 +174,37 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out[:p]
 
 
-@_unintercepted
-def paged_attention(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
-                    scale, *, sliding_window=None, softcap=None, out=None):
-    """Batch-invariant paged attention (contract: :func:`workbench.kernels.reference.
-    paged_attention`; layout: the module docstring). Math in fp32."""
-    num_tokens, num_q_heads, head_dim = query.shape
-    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
-    group = num_q_heads // num_kv_heads
-    if out is None:
-        out = torch.empty_like(query)
-    if num_tokens == 0:
-        return out
-    device = query.device
+@dataclass
+class AttentionPlan:
+    """The attention tiles of one batch, which every layer of a forward shares (built by the
+    first layer that needs them, per (KV heads, group, sliding window))."""
+
+    layouts: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"batch_invariant.AttentionPlan(layouts={len(self.layouts)})"
+
+
+@dataclass
+class _Layout:
+    """Query tiles ``[n, tq]`` (token and query head of each row; token -1: empty slot), their
+    (query tile, key tile) pairs ``[P]``, each pair's cache slots ``[P, tk]`` and visibility."""
+
+    tokens: torch.Tensor
+    heads: torch.Tensor
+    valid: torch.Tensor
+    pair_tile: torch.Tensor
+    pair_key: torch.Tensor
+    slots: torch.Tensor
+    in_seq: torch.Tensor
+    pair_kv_head: torch.Tensor
+    visible: torch.Tensor
+    width: int
+
+
+def _layout(block_tables, query_start_loc, seq_lens, block_size, num_kv_heads, group,
+            sliding_window, device) -> _Layout | None:
     tt, tk = ATTN_QUERY_TOKENS, ATTN_KEY_TILE
-    tq = tt * group  # rows per query tile
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     # Query tiles: positions [j * tt, (j + 1) * tt) of one sequence, for one KV head; the token
@@ -204,21 +220,19 @@ def paged_attention(query, key_cache, value_cache, block_tables, query_start_loc
         tile_tokens.append(tokens.view(-1, tt))
         tile_seq += [s] * (len(span) // tt)
     if not tile_seq:
-        return out
+        return None
     n_pos_tiles = len(tile_seq)
     # one tile per (position tile, KV head): rows are (slot, head in group), slot-major
     tokens = torch.cat(tile_tokens).repeat_interleave(group, dim=1).repeat(num_kv_heads, 1)
     kv_head = torch.arange(num_kv_heads).repeat_interleave(n_pos_tiles)
     heads = kv_head[:, None] * group + torch.arange(group).repeat(tt)[None, :]
     tokens, heads, kv_head = tokens.to(device), heads.to(device), kv_head.to(device)
-    tile_seq = tile_seq * num_kv_heads
     valid = tokens >= 0
-    seq = torch.tensor(tile_seq, device=device)
+    seq = torch.tensor(tile_seq * num_kv_heads, device=device)
     qsl = query_start_loc.to(device).long()
     sl = seq_lens.to(device).long()
     q_len = qsl[seq + 1] - qsl[seq]
     q_pos = torch.where(valid, sl[seq, None] - q_len[:, None] + (tokens - qsl[seq, None]), -1)
-    q = torch.where(valid[..., None], query[tokens.clamp_min(0), heads].float(), 0.0)  # [n, tq, D]
     # Key tiles each query tile needs: 0 .. its last visible position.
     num_key_tiles = q_pos.amax(1) // tk + 1  # [n]
     width = int(num_key_tiles.max())
@@ -228,33 +242,62 @@ def paged_attention(query, key_cache, value_cache, block_tables, query_start_loc
     in_seq = key_pos < sl[seq[pair_tile], None]
     pos = torch.where(in_seq, key_pos, 0)
     blocks = block_tables.to(device).long()[seq[pair_tile, None], pos // block_size]
-    slots = blocks.clamp_min(0) * block_size + pos % block_size
-    heads_p = kv_head[pair_tile, None]
-    # a slot past a sequence's length may hold anything, even NaN: zeros there
-    k = torch.where(in_seq[..., None], key_cache.view(-1, num_kv_heads, head_dim)[slots, heads_p].float(), 0.0)
-    v = torch.where(in_seq[..., None], value_cache.view(-1, num_kv_heads, head_dim)[slots, heads_p].float(), 0.0)
-    scores = _bmm(q[pair_tile], k.transpose(1, 2).contiguous()) * scale  # [P, tq, tk]
-    if softcap is not None:
-        scores = softcap * torch.tanh(scores / softcap)
     rows_pos = q_pos[pair_tile][:, :, None]
     visible = key_pos[:, None, :] <= rows_pos
     if sliding_window is not None:
         visible &= key_pos[:, None, :] > rows_pos - sliding_window
-    scores = scores.masked_fill(~visible, float("-inf"))
+    return _Layout(tokens, heads, valid, pair_tile, pair_key,
+                   blocks.clamp_min(0) * block_size + pos % block_size, in_seq,
+                   kv_head[pair_tile, None], visible, width)
+
+
+@_unintercepted
+def paged_attention(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
+                    scale, *, sliding_window=None, softcap=None, out=None, plan=None):
+    """Batch-invariant paged attention (contract: :func:`workbench.kernels.reference.
+    paged_attention`; layout: the module docstring). Math in fp32. ``plan``: an
+    :class:`AttentionPlan` shared by the layers of one forward (optional)."""
+    num_tokens, num_q_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(query)
+    if num_tokens == 0:
+        return out
+    plan = plan if isinstance(plan, AttentionPlan) else AttentionPlan()
+    key = (num_kv_heads, group, sliding_window)
+    if key not in plan.layouts:
+        plan.layouts[key] = _layout(block_tables, query_start_loc, seq_lens, block_size,
+                                    num_kv_heads, group, sliding_window, query.device)
+    lay = plan.layouts[key]
+    if lay is None:
+        return out
+    n, tq = lay.tokens.shape
+    tk = ATTN_KEY_TILE
+    q = torch.where(lay.valid[..., None], query[lay.tokens.clamp_min(0), lay.heads].float(), 0.0)
+    # a slot past a sequence's length may hold anything, even NaN: zeros there
+    mask = lay.in_seq[..., None]
+    k = torch.where(mask, key_cache.view(-1, num_kv_heads, head_dim)[lay.slots, lay.pair_kv_head]
+                    .float(), 0.0)
+    v = torch.where(mask, value_cache.view(-1, num_kv_heads, head_dim)[lay.slots, lay.pair_kv_head]
+                    .float(), 0.0)
+    scores = _bmm(q[lay.pair_tile], k.transpose(1, 2).contiguous()) * scale  # [P, tq, tk]
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~lay.visible, float("-inf"))
     # Lay the pairs out by absolute key position: [n, tq, width * tk], -inf where unseen.
-    dense = scores.new_full((len(tile_seq), width, tq, tk), float("-inf"))
-    dense[pair_tile, pair_key] = scores
-    dense = dense.permute(0, 2, 1, 3).reshape(len(tile_seq), tq, width * tk)
-    m = _safe_max(dense, -1)
-    probs = torch.exp(dense - m)
+    dense = scores.new_full((n, lay.width, tq, tk), float("-inf"))
+    dense[lay.pair_tile, lay.pair_key] = scores
+    dense = dense.permute(0, 2, 1, 3).reshape(n, tq, lay.width * tk)
+    probs = torch.exp(dense - _safe_max(dense, -1))
     denom = tree_sum(probs, -1, keepdim=True)
-    p_pairs = probs.view(len(tile_seq), tq, width, tk)[pair_tile, :, pair_key]  # [P, tq, tk]
-    partial = _bmm(p_pairs, v.contiguous())  # [P, tq, D]
-    by_key = partial.new_zeros((len(tile_seq), width, tq, head_dim))
-    by_key[pair_tile, pair_key] = partial
+    p_pairs = probs.view(n, tq, lay.width, tk)[lay.pair_tile, :, lay.pair_key]  # [P, tq, tk]
+    partial = _bmm(p_pairs, v)  # [P, tq, D]
+    by_key = partial.new_zeros((n, lay.width, tq, head_dim))
+    by_key[lay.pair_tile, lay.pair_key] = partial
     acc = tree_sum(by_key, 1)  # over key tiles, in absolute order
     result = acc / torch.where(denom == 0, torch.ones_like(denom), denom)
-    out[tokens[valid], heads[valid]] = result[valid].to(out.dtype)
+    out[lay.tokens[lay.valid], lay.heads[lay.valid]] = result[lay.valid].to(out.dtype)
     return out
 
 
