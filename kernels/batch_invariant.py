@@ -6,13 +6,14 @@ and their order, are fixed by that row alone: not by how many rows share the cal
 sequences they belong to, how the prompt was chunked or whether its prefix came from the cache.
 So a request's logits and logprobs are bitwise equal alone and in any batch.
 
-How each kind of operation gets there (by construction, not by a library's luck):
+How each kind of operation gets there (by construction, not by a library's luck; the one thing
+assumed of a BLAS is that a call's summation order is fixed by its shapes, strides, thread count
+and the element's place in the output, and that the entries of a batched call are computed
+alike; ``test_matmul_rows_do_not_depend_on_their_companions`` checks it on the machine):
 
 * **Matmuls** (``aten.linear`` / ``mm`` / ``addmm``, i.e. every ``F.linear``): every row is
   its own one-row product, and rows go :data:`MATMUL_TILE_ROWS` at a time through batched calls
-  of one fixed shape. A GEMM's summation order for an output element depends on the call's
-  shapes, strides and thread count and on the element's place in the tile, never on other
-  rows' values; here all of these are the same for every row. (Without this, a BLAS picks a
+  of one fixed shape, so all of the above are the same for every row. (Without this, a BLAS picks a
   GEMV for one row and other blockings for 2, 4, ... rows: the logits move by ~1e-5; and some
   BLAS kernels, e.g. OpenBLAS's Haswell SGEMM, sum rows 6-11 of each 12 in another order.)
 * **Sums over a row** (RMSNorm's mean of squares, softmax denominators): :func:`tree_sum`, a
@@ -24,8 +25,8 @@ How each kind of operation gets there (by construction, not by a library's luck)
   the result depended on the element's position in the batch; ``exp``/``log``/``sqrt`` go
   through ATen's vector maths for every element (``vec::map`` loads a partial vector for the
   tail; MKL's VML when built with MKL).
-* **Softmax / log-softmax** (``aten._softmax`` / ``aten._log_softmax``): max (exact in any
-  order), ``exp``, :func:`tree_sum`.
+* **Softmax / log-softmax** (``aten.softmax`` / ``log_softmax``, as the sampler and prompt
+  logprobs call them): max (exact in any order), ``exp``, :func:`tree_sum`.
 * **Attention** (:func:`paged_attention`, for the ``"cpu"`` and ``"torch"`` backends): query
   tiles hold the positions ``[j * t, (j + 1) * t)`` (``t = ATTN_QUERY_TOKENS``) of one sequence
   for the query heads of one KV head, so a query row always sits at the same place of its tile
@@ -34,11 +35,12 @@ How each kind of operation gets there (by construction, not by a library's luck)
   are batched matmuls of one fixed shape (:data:`BMM_BATCH` tiles per call); the softmax
   denominator and the sum over key tiles are :func:`tree_sum` over absolute positions, so a key
   tile a row cannot see adds an exact zero. A query row's output depends only on its own query
-  and the keys it sees.
+  and the keys it sees. The tile layout is planned once per forward (:class:`AttentionPlan`).
 
 The Triton path has its own fixed-configuration variant
 (``triton_attention.paged_attention(..., batch_invariant=True)``); its RMSNorm and RoPE are one
-program per row already. Matmuls on CUDA go through the same fixed-shape tiles.
+program per row already. Matmuls on CUDA go through the same fixed-shape batched calls (correct,
+not tuned: a long prefill makes many small cuBLAS calls).
 
 Cost: padding (a one-row decode pays for a :data:`MATMUL_TILE_ROWS`-row tile) and more, smaller
 calls; ``workbench bench throughput --batch-invariant`` measures it.
