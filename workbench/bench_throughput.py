@@ -2,8 +2,8 @@
 
 ``workbench bench throughput [--num-prompts 96 --input-len-range 32:192 --output-len-range
 32:128 --compare hf --batch-invariant --output-json PATH]``. Every request generates exactly its
-output length, greedily. Each system runs in its own (spawned) process, one after the other, so memory and
-threads do not interfere. Peers (``--compare hf``):
+output length, greedily. Each system runs in its own (spawned) process, one after the other, so
+memory and threads do not interfere. Peers (``--compare hf``):
 
 * ``hf-generate``: transformers ``generate`` on left-padded static batches, in request order;
   a batch runs until its longest request is done (``min_new_tokens == max_new_tokens``), but
