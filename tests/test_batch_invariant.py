@@ -223,3 +223,11 @@ def test_bench_throughput_flag_adds_a_row_for_the_mode():
             ThroughputResult("workbench-batch-invariant", 300, 3.0, 3)]
     assert format_table(rows).splitlines()[2].split()[:5] == [
         "workbench-batch-invariant", "100.0", "1.00", "3.00", "3.00"]
+
+
+@pytest.mark.slow
+def test_triton_engine_logprobs_are_bitwise_equal_alone_and_batched():
+    """The Triton path end to end (every kernel of the forward through the interpreter, fp32)."""
+    alone = _run("triton", order=[2], prefix_caching=False)
+    together = _run("triton", order=[4, 2, 5], budget=9)
+    assert together[2] == alone[2]
