@@ -144,8 +144,10 @@ def test_attention_rows_are_the_same_alone_batched_and_chunked(impl, sliding_win
 # ----------------------------------------------------------------------------- the engine
 
 def _run(backend, *, batch_invariant=True, order, policy="fcfs", budget=512, max_num_seqs=8,
-         warm=(), prefix_caching=True, seed=0):
-    """Each prompt's (tokens, sampled-token logprobs, prompt logprobs), run together."""
+         warm=(), prefix_caching=True, seed=0, prompt_logprobs=2):
+    """Each prompt's (tokens, sampled-token logprobs, prompt logprobs), run together after
+    the ``warm`` prompts; and the prefix-cache hits (tokens) of the prompts' run (a request
+    that asks for prompt logprobs computes its whole prompt, as in vLLM)."""
     engine = LLMEngine(EngineConfig(
         attention_backend=backend, batch_invariant=batch_invariant, block_size=4,
         num_kv_blocks=160, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
@@ -154,9 +156,10 @@ def _run(backend, *, batch_invariant=True, order, policy="fcfs", budget=512, max
         engine.add_request(f"warm{i}", prompt, SamplingParams(max_tokens=1))
     while engine.has_unfinished_requests():
         engine.step()
+    warm_steps = len(engine.history)
     rng = random.Random(seed)
     for i in order:
-        params = SamplingParams(max_tokens=5, logprobs=2, prompt_logprobs=2,
+        params = SamplingParams(max_tokens=5, logprobs=2, prompt_logprobs=prompt_logprobs,
                                 **({"temperature": 0.0} if i % 2 else {"temperature": 0.9, "seed": i}))
         engine.add_request(f"r{i}", PROMPTS[i], params,
                            priority=rng.randint(0, 3) if policy == "priority" else 0)
@@ -166,14 +169,17 @@ def _run(backend, *, batch_invariant=True, order, policy="fcfs", budget=512, max
             if out.finished:
                 c = out.outputs[0]
                 done[int(out.request_id[1:])] = (c.token_ids, c.logprobs, out.prompt_logprobs)
-    return done
+    hits = sum(r.scheduler_output.num_prefix_cache_hit_tokens
+               for r in list(engine.history)[warm_steps:])
+    return done, hits
 
 
 @pytest.fixture(scope="module", params=["cpu", "torch"])
 def alone(request):
     """Each prompt run on its own (no companions, no cache hits), in batch-invariant mode."""
     backend = request.param
-    return backend, {i: _run(backend, order=[i], prefix_caching=False)[i] for i in range(len(PROMPTS))}
+    return backend, {i: _run(backend, order=[i], prefix_caching=False)[0][i]
+                     for i in range(len(PROMPTS))}
 
 
 @pytest.mark.parametrize("policy, seed", [("fcfs", 1), ("spf", 2), ("priority", 3)])
@@ -181,7 +187,7 @@ def test_logprobs_are_bitwise_equal_in_random_batches(alone, policy, seed):
     backend, expected = alone
     rng = random.Random(seed)
     order = rng.sample(range(len(PROMPTS)), rng.randint(4, len(PROMPTS)))
-    got = _run(backend, order=order, policy=policy, max_num_seqs=rng.randint(2, 6), seed=seed)
+    got, _ = _run(backend, order=order, policy=policy, max_num_seqs=rng.randint(2, 6), seed=seed)
     for i in order:
         assert got[i] == expected[i], (policy, seed, i)
 
@@ -189,12 +195,14 @@ def test_logprobs_are_bitwise_equal_in_random_batches(alone, policy, seed):
 def test_logprobs_are_bitwise_equal_with_chunked_prefill_and_prefix_hits(alone):
     backend, expected = alone
     order = list(range(len(PROMPTS)))
-    chunked = _run(backend, order=order, budget=7)
-    cached = _run(backend, order=[1, 0, 4], warm=[PREFIX + "It is", PROMPTS[4]])
+    chunked, _ = _run(backend, order=order, budget=7)
+    cached, hits = _run(backend, order=[1, 0, 4], warm=[PREFIX + "It is", PROMPTS[4]],
+                        prompt_logprobs=None)
+    assert hits >= 3 * 8  # each of the three found at least its first two 4-token blocks
     for i in order:
         assert chunked[i] == expected[i], ("chunked", i)
-    for i in (1, 0, 4):
-        assert cached[i] == expected[i], ("prefix hit", i)
+    for i in (1, 0, 4):  # tokens and sampled-token logprobs (no prompt logprobs there)
+        assert cached[i][:2] == expected[i][:2], ("prefix hit", i)
 
 
 def test_without_the_mode_logprobs_depend_on_the_batch():
@@ -202,8 +210,8 @@ def test_without_the_mode_logprobs_depend_on_the_batch():
     depend on the batch would make this skip (not the case with MKL on x86)."""
     order = list(range(len(PROMPTS)))
     plain = dict(batch_invariant=False, prefix_caching=False)
-    alone = {i: _run("cpu", order=[i], **plain)[i] for i in order}
-    together = _run("cpu", order=order, budget=9, **plain)
+    alone = {i: _run("cpu", order=[i], **plain)[0][i] for i in order}
+    together, _ = _run("cpu", order=order, budget=9, **plain)
     if all(together[i] == alone[i] for i in order):
         pytest.skip("this machine's kernels happened to be batch-invariant for these prompts")
 
@@ -228,6 +236,6 @@ def test_bench_throughput_flag_adds_a_row_for_the_mode():
 @pytest.mark.slow
 def test_triton_engine_logprobs_are_bitwise_equal_alone_and_batched():
     """The Triton path end to end (every kernel of the forward through the interpreter, fp32)."""
-    alone = _run("triton", order=[2], prefix_caching=False)
-    together = _run("triton", order=[4, 2, 5], budget=9)
+    alone, _ = _run("triton", order=[2], prefix_caching=False)
+    together, _ = _run("triton", order=[4, 2, 5], budget=9)
     assert together[2] == alone[2]
