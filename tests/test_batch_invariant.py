@@ -148,8 +148,9 @@ def _run(backend, *, batch_invariant=True, order, policy="fcfs", budget=512, max
     """Each prompt's (tokens, sampled-token logprobs, prompt logprobs), run together after
     the ``warm`` prompts; and the prefix-cache hits (tokens) of the prompts' run (a request
     that asks for prompt logprobs computes its whole prompt, as in vLLM)."""
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
     engine = LLMEngine(EngineConfig(
-        attention_backend=backend, batch_invariant=batch_invariant, block_size=4,
+        attention_backend=backend, device=device, batch_invariant=batch_invariant, block_size=4,
         num_kv_blocks=160, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
         policy=policy, enable_prefix_caching=prefix_caching, seed=seed))
     for i, prompt in enumerate(warm):
@@ -235,7 +236,8 @@ def test_bench_throughput_flag_adds_a_row_for_the_mode():
 
 @pytest.mark.slow
 def test_triton_engine_logprobs_are_bitwise_equal_alone_and_batched():
-    """The Triton path end to end (every kernel of the forward through the interpreter, fp32)."""
+    """The Triton path end to end: every kernel of the forward through the interpreter (fp32),
+    or on the GPU when there is one."""
     alone, _ = _run("triton", order=[2], prefix_caching=False)
     together, _ = _run("triton", order=[4, 2, 5], budget=9)
     assert together[2] == alone[2]
