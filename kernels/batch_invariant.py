@@ -331,6 +331,21 @@ def _linear(x, weight, bias=None):
     return out if bias is None else out + bias
 
 
+def _matmul(a, b):
+    if b.dim() != 2:  # batched matmuls (not a layer's weight): as they are
+        return torch.ops.aten.matmul.default(a, b)
+    return matmul(a.reshape(-1, a.shape[-1]), b).view(*a.shape[:-1], b.shape[1])
+
+
+def _into(fn):
+    """The ``out=`` overload of ``fn``'s op."""
+    return lambda *args, out, **kwargs: out.copy_(fn(*args, **kwargs))
+
+
+def _silu_(x):
+    return x.copy_(silu(x))
+
+
 def _softmax(x, dim, half_to_float):
     return softmax(x.float() if half_to_float else x, dim)
 
@@ -347,14 +362,21 @@ def _log_softmax_int(x, dim, dtype=None):
     return log_softmax(x if dtype is None else x.to(dtype), dim)
 
 
-# Under ``torch.inference_mode`` the mode meets the composite ops (linear, softmax.int) before
-# their decomposition; otherwise their parts (mm, addmm, _softmax).
+# Under ``torch.inference_mode`` the mode meets the composite ops (linear, matmul, softmax.int)
+# before their decomposition; otherwise their parts (mm, addmm, _softmax). ``out=`` and in-place
+# forms are covered too (a faster forward may write into buffers).
 _aten = torch.ops.aten
 _OVERRIDES = {
     _aten.linear.default: _linear,
+    _aten.linear.out: _into(_linear),
+    _aten.matmul.default: _matmul,
     _aten.mm.default: matmul,
+    _aten.mm.out: _into(matmul),
     _aten.addmm.default: _addmm,
+    _aten.addmm.out: _into(_addmm),
     _aten.silu.default: silu,
+    _aten.silu.out: _into(silu),
+    _aten.silu_.default: _silu_,
     _aten.softmax.int: _softmax_int,
     _aten.log_softmax.int: _log_softmax_int,
     _aten._softmax.default: _softmax,

@@ -46,6 +46,22 @@ def test_matmul_rows_do_not_depend_on_their_companions():
     torch.testing.assert_close(bi.matmul(x, w.t()), x @ w.t(), atol=1e-5, rtol=1e-5)
 
 
+def test_the_mode_routes_every_form_of_matmul_and_silu():
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(64, 48, generator=gen)
+    x = torch.randn(5, 48, generator=gen)
+    want = bi.matmul(x, w.t())
+    with torch.inference_mode(), bi.batch_invariant_mode():
+        buf = torch.empty(5, 64)
+        torch.mm(x, w.t(), out=buf)
+        forms = [F.linear(x, w), torch.matmul(x[None], w.t())[0], x @ w.t(), buf,
+                 torch.addmm(torch.zeros(64), x, w.t())]
+        act = want.clone()
+        F.silu(act, inplace=True)
+    assert all(torch.equal(f, want) for f in forms)
+    assert torch.equal(act, bi.silu(want))
+
+
 def test_tree_sum_is_a_sum_and_ignores_trailing_zeros():
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(5, 37, generator=gen)
