@@ -7,17 +7,20 @@ Each public function dispatches to one backend (same signature, same result up t
 * ``"cpu"``: :mod:`workbench.kernels.cpu_attention` for attention, the KV write and RoPE,
   batched for CPU speed, and the reference for RMSNorm.
 
-``backend=None`` picks Triton for CUDA tensors and the reference otherwise.
+``backend=None`` picks Triton for CUDA tensors and the reference otherwise. Inside
+:func:`~workbench.kernels.batch_invariant.batch_invariant_mode`, attention and RMSNorm take their
+batch-invariant forms: :mod:`workbench.kernels.batch_invariant` off Triton, the fixed-configuration
+Triton attention on it.
 """
 
 from __future__ import annotations
 
 import torch
 
-from workbench.kernels import reference
+from workbench.kernels import batch_invariant, reference
 
 __all__ = ["paged_attention", "plan_attention", "write_kv_cache", "rms_norm", "rotary_embedding",
-           "reference", "BACKENDS"]
+           "reference", "batch_invariant", "BACKENDS"]
 
 BACKENDS = ("torch", "triton", "cpu")
 
@@ -33,6 +36,8 @@ def _use_triton(backend: str | None, tensor: torch.Tensor) -> bool:
 def plan_attention(block_tables, query_start_loc, seq_lens, block_size, *, backend=None):
     """The layout work of :func:`paged_attention` that every layer of one forward shares: an
     opaque plan to pass as ``plan=`` (``None`` for backends that need none)."""
+    if batch_invariant.enabled():
+        return None if backend == "triton" else batch_invariant.AttentionPlan()
     if backend != "cpu":
         return None
     from workbench.kernels import cpu_attention
@@ -44,6 +49,11 @@ def paged_attention(query, key_cache, value_cache, block_tables, query_start_loc
                     scale, *, sliding_window=None, softcap=None, out=None, backend=None, plan=None):
     """See :func:`workbench.kernels.reference.paged_attention` for the contract; ``plan``
     comes from :func:`plan_attention` on the same inputs (optional)."""
+    invariant = batch_invariant.enabled()
+    if invariant and not _use_triton(backend, query):
+        return batch_invariant.paged_attention(
+            query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
+            sliding_window=sliding_window, softcap=softcap, out=out, plan=plan)
     if backend == "cpu":
         from workbench.kernels import cpu_attention
 
@@ -55,7 +65,7 @@ def paged_attention(query, key_cache, value_cache, block_tables, query_start_loc
 
         return triton_attention.paged_attention(
             query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
-            sliding_window=sliding_window, softcap=softcap, out=out)
+            sliding_window=sliding_window, softcap=softcap, out=out, batch_invariant=invariant)
     return reference.paged_attention(
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
         sliding_window=sliding_window, softcap=softcap, out=out)
@@ -76,10 +86,12 @@ def write_kv_cache(key, value, key_cache, value_cache, slot_mapping, *, backend=
 
 def rms_norm(x, weight, eps, residual=None, *, backend=None):
     """See :func:`workbench.kernels.reference.rms_norm`."""
-    if _use_triton(backend, x):
+    if _use_triton(backend, x):  # one program per row: batch-invariant as it is
         from workbench.kernels import triton_norm
 
         return triton_norm.rms_norm(x, weight, eps, residual)
+    if batch_invariant.enabled():
+        return batch_invariant.rms_norm(x, weight, eps, residual)
     return reference.rms_norm(x, weight, eps, residual)
 
 

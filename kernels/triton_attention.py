@@ -32,6 +32,16 @@ How the work is laid out
   into ``num_splits`` contiguous chunks of whole ``BLOCK_N`` tiles, each program writes a
   normalised partial output and its log-sum-exp (fp32), and :func:`_reduce_splits_kernel`
   merges them. :func:`choose_num_splits` documents when this is used.
+* **Batch-invariant mode** (``batch_invariant=True``): one configuration for every batch: no
+  split-KV, the query tile of a prefill (``BLOCK_M = 64``) for decode too, every key tile
+  through the masked code path, and query tiles aligned to absolute positions (tile ``k`` of a
+  sequence holds positions ``[k * BLOCK_Q, (k + 1) * BLOCK_Q)``; a sequence gets one more tile
+  in the grid for it: ``T[s] = query_start_loc[s] // BLOCK_Q + 2 s``). A query row then meets
+  the same operations in the same order whatever shares its tile or its batch and however its
+  prompt was chunked: it sits at a place of the tile fixed by its position, its keys are walked
+  in ``BLOCK_N`` tiles from position 0 (fixed-size splits of the KV range, merged in order by
+  the online softmax), a key tile it cannot see changes nothing exactly (its probabilities are
+  0), and ``tl.dot`` has one shape.
 """
 
 from __future__ import annotations
@@ -156,35 +166,40 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr, SPLIT: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, ALIGNED: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     pid_tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
-    # Sequence of this tile: the largest s with query_start_loc[s] // BLOCK_Q + s <= pid_tile.
+    # Sequence of this tile: the largest s with query_start_loc[s] // BLOCK_Q + s * (1 + ALIGNED)
+    # <= pid_tile (ALIGNED tiles may need one more tile per sequence).
     lo = pid_tile * 0
     hi = lo + num_seqs
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid * (1 + ALIGNED)
         go_right = first_tile <= pid_tile
         lo = tl.where(go_right, mid, lo)
         hi = tl.where(go_right, hi, mid)
     seq = lo
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    tile = pid_tile - (q_start // BLOCK_Q + seq)
-    if tile * BLOCK_Q >= q_len:
-        return
     seq_len = tl.load(seq_lens_ptr + seq)
     context_len = seq_len - q_len
+    # ALIGNED: tiles cover absolute positions [k * BLOCK_Q, (k + 1) * BLOCK_Q), so a query row's
+    # place in its tile is fixed by its position, not by where its chunk starts.
+    tile_first = (pid_tile - (q_start // BLOCK_Q + seq * (1 + ALIGNED))) * BLOCK_Q
+    if ALIGNED:
+        tile_first -= context_len % BLOCK_Q
+    if tile_first >= q_len:
+        return
 
     offs_m = tl.arange(0, BLOCK_M)
-    tok = tile * BLOCK_Q + offs_m // GROUP_PAD  # query index inside the sequence
+    tok = tile_first + offs_m // GROUP_PAD  # query index inside the sequence (< 0: empty slot)
     head_in_group = offs_m % GROUP_PAD
-    row_valid = (tok < q_len) & (head_in_group < GROUP)
+    row_valid = (tok >= 0) & (tok < q_len) & (head_in_group < GROUP)
     head = kv_head * GROUP + head_in_group
     q_pos = context_len + tok
     offs_d = tl.arange(0, HEAD_PAD)
@@ -195,11 +210,11 @@ def _paged_attention_kernel(
                 mask=row_valid[:, None] & d_mask[None, :], other=0.0)
 
     # Key positions this tile can see: [kv_start, kv_end).
-    last_tok = tl.minimum(tile * BLOCK_Q + BLOCK_Q, q_len) - 1
+    last_tok = tl.minimum(tile_first + BLOCK_Q, q_len) - 1
     kv_end = context_len + last_tok + 1
     kv_start = kv_end * 0
     if USE_WINDOW:
-        kv_start = tl.maximum(context_len + tile * BLOCK_Q - sliding_window + 1, 0)
+        kv_start = tl.maximum(context_len + tile_first - sliding_window + 1, 0)
     kv_start = (kv_start // BLOCK_N) * BLOCK_N
     if SPLIT:
         tiles_per_split = tl.cdiv(tl.cdiv(kv_end - kv_start, BLOCK_N), num_splits)
@@ -217,8 +232,8 @@ def _paged_attention_kernel(
     # Tiles wholly at or before the tile's first query position are visible to every row: no
     # mask there (without a window). The rest (the diagonal, window edges) is masked.
     full_end = kv_start
-    if not USE_WINDOW:
-        first_q_pos = context_len + tile * BLOCK_Q
+    if not USE_WINDOW and not ALIGNED:
+        first_q_pos = context_len + tile_first
         full_end = tl.minimum(kv_end, tl.maximum(kv_start, (first_q_pos + 1) // BLOCK_N * BLOCK_N))
     for start in range(kv_start, full_end, BLOCK_N):
         m_i, l_i, acc = _attend_tile(
@@ -337,17 +352,21 @@ def paged_attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
     out: torch.Tensor | None = None,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     """Triton paged attention; see :func:`workbench.kernels.reference.paged_attention`.
 
-    Picks the split-KV (flash-decoding) variant when :func:`choose_num_splits` says so.
+    Picks the split-KV (flash-decoding) variant when :func:`choose_num_splits` says so, except
+    with ``batch_invariant`` (the module docstring's fixed configuration: a row's result is
+    bitwise the same in any batch).
     """
-    num_splits = choose_num_splits(
+    num_splits = 1 if batch_invariant else choose_num_splits(
         query.shape[0], seq_lens.shape[0], key_cache.shape[2],
         block_tables.shape[1] * key_cache.shape[1], device_num_sms(query.device))
     return paged_attention_split_kv(
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
-        num_splits=num_splits, sliding_window=sliding_window, softcap=softcap, out=out)
+        num_splits=num_splits, sliding_window=sliding_window, softcap=softcap, out=out,
+        batch_invariant=batch_invariant)
 
 
 def paged_attention_split_kv(
@@ -363,16 +382,20 @@ def paged_attention_split_kv(
     sliding_window: int | None = None,
     softcap: float | None = None,
     out: torch.Tensor | None = None,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     """Paged attention with an explicit number of KV splits (1: single pass, no reduction).
 
     Same contract as :func:`paged_attention`; any ``num_splits`` in ``[1, MAX_SPLITS]`` gives the
-    same result up to rounding, for any batch (decode or prefill).
+    same result up to rounding, for any batch (decode or prefill). ``batch_invariant``: one tile
+    configuration for every batch (requires ``num_splits == 1``).
     """
     _check_inputs(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
                   sliding_window, softcap, out)
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}.")
+    if batch_invariant and num_splits != 1:
+        raise ValueError(f"batch_invariant needs num_splits == 1, got {num_splits}.")
     if out is None:
         out = torch.empty_like(query)
     num_tokens, num_q_heads, head_dim = query.shape
@@ -385,7 +408,9 @@ def paged_attention_split_kv(
     head_pad = max(16, triton.next_power_of_2(head_dim))
     # Query tile: decode-only batches need one token per tile; otherwise 64 rows (128 when
     # sequences bring >= 128 new tokens on average), at least 16 rows for tl.dot.
-    if num_tokens == num_seqs:
+    if batch_invariant:
+        block_m = 64
+    elif num_tokens == num_seqs:
         block_m = 16
     elif num_tokens >= 128 * num_seqs and head_pad <= 128:
         block_m = 128
@@ -407,7 +432,8 @@ def paged_attention_split_kv(
         part_out = part_lse = out  # unused by the single-pass kernel
         part_strides = (0, 0, 0)
 
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_splits)
+    grid = (num_tokens // block_q + num_seqs * (2 if batch_invariant else 1), num_kv_heads,
+            num_splits)
     _paged_attention_kernel[grid](
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
         out, part_out, part_lse,
@@ -417,7 +443,7 @@ def paged_attention_split_kv(
         HEAD_DIM=head_dim, HEAD_PAD=head_pad, GROUP=group, GROUP_PAD=group_pad,
         BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_SIZE=block_size,
         USE_SOFTCAP=softcap is not None, USE_WINDOW=sliding_window is not None, SPLIT=split,
-        IEEE=query.dtype == torch.float32,
+        IEEE=query.dtype == torch.float32, ALIGNED=batch_invariant,
         num_warps=num_warps, num_stages=2,
     )
     if split:

@@ -50,7 +50,12 @@ SCRIPT = textwrap.dedent("""
             compile_for_sm90(ta._paged_attention_kernel, attn, dict(
                 HEAD_DIM=hd, HEAD_PAD=max(16, triton.next_power_of_2(hd)), GROUP=g,
                 GROUP_PAD=gp, BLOCK_Q=bq, BLOCK_N=64, BLOCK_SIZE=16, USE_SOFTCAP=cap,
-                USE_WINDOW=win, SPLIT=split, IEEE=dt == "fp32"), num_warps=warps)
+                USE_WINDOW=win, SPLIT=split, IEEE=dt == "fp32", ALIGNED=False), num_warps=warps)
+        # batch-invariant mode: the 64-row tile for every batch, tiles aligned to positions
+        compile_for_sm90(ta._paged_attention_kernel, attn, dict(
+            HEAD_DIM=128, HEAD_PAD=128, GROUP=8, GROUP_PAD=8, BLOCK_Q=8, BLOCK_N=64,
+            BLOCK_SIZE=16, USE_SOFTCAP=False, USE_WINDOW=True, SPLIT=False, IEEE=dt == "fp32",
+            ALIGNED=True), num_warps=4)
         if dt == "fp32":
             continue  # the other kernels have no dtype-specific code paths
         compile_for_sm90(ta._reduce_splits_kernel,

@@ -1,9 +1,9 @@
 """Offline throughput: the workbench engine beside transformers, on the same requests.
 
 ``workbench bench throughput [--num-prompts 96 --input-len-range 32:192 --output-len-range
-32:128 --compare hf --output-json PATH]``. Every request generates exactly its output length,
-greedily. Each system runs in its own (spawned) process, one after the other, so memory and
-threads do not interfere. Peers (``--compare hf``):
+32:128 --compare hf --batch-invariant --output-json PATH]``. Every request generates exactly its
+output length, greedily. Each system runs in its own (spawned) process, one after the other, so
+memory and threads do not interfere. Peers (``--compare hf``):
 
 * ``hf-generate``: transformers ``generate`` on left-padded static batches, in request order;
   a batch runs until its longest request is done (``min_new_tokens == max_new_tokens``), but
@@ -12,6 +12,9 @@ threads do not interfere. Peers (``--compare hf``):
 * ``hf-generate_batch``: transformers continuous batching (the manager behind
   ``generate_batch``), each request with its own ``max_new_tokens``, its paged cache sized
   to the workload; the manager's setup and warm-up are not timed.
+
+``--batch-invariant`` adds the engine with ``batch_invariant=True`` on the same requests (row
+``workbench-batch-invariant``; its "ours / it" is the mode's slowdown).
 
 Output tokens/s = requested output tokens / wall time of the timed run (after a warm-up).
 """
@@ -78,7 +81,8 @@ def _run_workbench(spec: dict, requests: list[BenchRequest]) -> ThroughputResult
     if tokens != expected:
         raise RuntimeError(f"workbench generated {tokens} tokens, the workload asks for {expected}.")
     engine = llm.engine
-    return ThroughputResult("workbench", tokens, elapsed, len(requests), details={
+    name = "workbench-batch-invariant" if engine.runner.batch_invariant else "workbench"
+    return ThroughputResult(name, tokens, elapsed, len(requests), details={
         "attention_backend": engine.attention_backend, "device": str(engine.device),
         "max_num_seqs": engine.scheduler.max_num_seqs,
         "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
@@ -182,11 +186,11 @@ def _in_own_process(fn, *args):
 def format_table(results: list[ThroughputResult]) -> str:
     """The printed table; the ratio column is the workbench's throughput over each system's."""
     ours = next((r for r in results if r.engine == "workbench"), None)
-    lines = [f"{'engine':<20}{'output tok/s':>14}{'requests/s':>12}{'total s':>10}{'ours / it':>11}"]
+    lines = [f"{'engine':<26}{'output tok/s':>14}{'requests/s':>12}{'total s':>10}{'ours / it':>11}"]
     for r in results:
         ratio = f"{ours.output_tokens_per_s / r.output_tokens_per_s:>11.2f}" if ours else f"{'':>11}"
         note = f"  (batch {r.details['batch_size']})" if "batch_size" in r.details else ""
-        lines.append(f"{r.engine:<20}{r.output_tokens_per_s:>14.1f}{r.requests_per_s:>12.2f}"
+        lines.append(f"{r.engine:<26}{r.output_tokens_per_s:>14.1f}{r.requests_per_s:>12.2f}"
                      f"{r.total_s:>10.2f}{ratio}{note}")
     return "\n".join(lines)
 
@@ -205,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--attention-backend", default=None, help="engine option (default: the engine's)")
     parser.add_argument("--compare", choices=["hf"], default=None,
                         help="also run transformers generate and generate_batch on the same requests")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="also run the engine with batch_invariant=True (its cost: a second row)")
     parser.add_argument("--hf-batch-sizes", default="16,32,64,96",
                         help="batch sizes tried for transformers generate (default 16,32,64,96)")
     parser.add_argument("--output-json", default=None, help="write the results here as JSON")
@@ -240,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
             "device": args.device or _default_device(), "threads": args.threads,
             "engine_kwargs": engine_kwargs, "hf_batch_sizes": batch_sizes}
     results = [_in_own_process(_run_workbench, spec, requests)]
+    if args.batch_invariant:
+        invariant = {**spec, "engine_kwargs": {**engine_kwargs, "batch_invariant": True}}
+        results.append(_in_own_process(_run_workbench, invariant, requests))
     if args.compare == "hf":
         results.append(_in_own_process(_run_hf_generate, spec, requests, model_path))
         results.append(_in_own_process(_run_hf_generate_batch, spec, requests, model_path))

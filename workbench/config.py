@@ -56,6 +56,9 @@ class EngineConfig:
         None, "'triton', 'cpu' (the batched CPU path) or 'torch' (the plain reference); "
         "default: triton on CUDA, cpu on CPU",
         choices=["torch", "triton", "cpu"])
+    batch_invariant: bool = option(
+        False, "compute every request's logits (and logprobs) bitwise the same whatever else is "
+        "in its batch, however its prompt is chunked or cached (fixed-order kernels; slower)")
     max_logprobs: int = option(20, "largest logprobs / prompt_logprobs a request may ask for")
     max_history: int = option(10_000, "StepRecords kept in engine.history")
     log_stats: bool = option(False, "log vLLM's periodic stats line")

@@ -85,6 +85,7 @@ class LLMEngine:
             attention_backend=self.attention_backend,
             load_format=config.load_format,
             seed=config.seed,
+            batch_invariant=config.batch_invariant,
         )
         num_blocks = self.runner.determine_num_blocks(
             num_kv_blocks=config.num_kv_blocks,
@@ -394,7 +395,8 @@ class LLMEngine:
         mc, kv = self.model_config, self.kv_cache
         rows = {
             "model": f"{mc.architecture} ({html.escape(mc.path.name)}), {mc.num_layers} layers",
-            "device / attention": f"{self.device.type} / {self.attention_backend}",
+            "device / attention": f"{self.device.type} / {self.attention_backend}"
+                                  + (", batch-invariant" if self.runner.batch_invariant else ""),
             "KV cache": f"{kv.num_blocks} blocks x {kv.block_size} tokens, "
                         f"{kv.num_free_blocks} free ({kv.usage:.0%} used)",
             "budget": f"{self.max_num_batched_tokens} tokens, {self.scheduler.max_num_seqs} seqs "
@@ -409,7 +411,9 @@ class LLMEngine:
         mc = self.model_config
         return (
             f"LLMEngine(model={mc.architecture}, layers={mc.num_layers}, device={self.device.type}, "
-            f"attention={self.attention_backend}, blocks={self.kv_cache.num_blocks}x"
+            f"attention={self.attention_backend}, "
+            + ("batch_invariant=True, " if self.runner.batch_invariant else "")
+            + f"blocks={self.kv_cache.num_blocks}x"
             f"{self.kv_cache.block_size}, running={len(self.scheduler.running)}, "
             f"waiting={len(self.scheduler.waiting)}, steps={len(self.history)})"
         )

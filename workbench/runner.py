@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from workbench.core.scheduler_output import SchedulerOutput
+from workbench.kernels import batch_invariant
 from workbench.model.attention import AttentionMetadata
 from workbench.model.llama import allocate_kv_caches
 from workbench.model.loader import load_model
@@ -183,8 +184,12 @@ class ModelRunner:
         attention_backend: str,
         load_format: str = "auto",
         seed: int = 0,
+        batch_invariant: bool = False,
     ) -> None:
         self.model_config = model_config
+        #: Run forward, logits and sampling in ``kernels.batch_invariant.batch_invariant_mode``:
+        #: a request's logits are bitwise the same in any batch, chunking or prefix-cache state.
+        self.batch_invariant = batch_invariant
         self.device = device
         self.block_size = block_size
         self.attention_backend = attention_backend
@@ -291,6 +296,9 @@ class ModelRunner:
         short and a long prefill, a mixed batch) once, so that compiled kernels are compiled
         before the first request and never in the middle of a run. Writes no KV slot (slot -1);
         reads block 0 only. Call it before any request holds blocks."""
+        if self.batch_invariant and not batch_invariant.enabled():  # compile the invariant variants
+            with batch_invariant.batch_invariant_mode():
+                return self.warm_up(max_num_seqs, max_num_batched_tokens)
         max_len = self.model_config.max_model_len
         n_decode = max(1, min(max_num_seqs, max_num_batched_tokens))
         long_prefill = min(max_num_batched_tokens, max_len, 256)
@@ -329,6 +337,9 @@ class ModelRunner:
         First forgets the per-request state (seeded generators) of the requests the
         scheduler finished since the previous step; an empty step does only that.
         """
+        if self.batch_invariant and not batch_invariant.enabled():
+            with batch_invariant.batch_invariant_mode():
+                return self.execute(scheduler_output, requests)
         for request_id in scheduler_output.finished_request_ids:
             self.sampler.remove(request_id)
         if not scheduler_output.scheduled:
