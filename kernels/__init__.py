@@ -97,8 +97,10 @@ def rms_norm(x, weight, eps, residual=None, *, backend=None):
 
 def rotary_embedding(positions, query, key, cos_sin_cache, *, backend=None, plan=None):
     """See :func:`workbench.kernels.reference.rotary_embedding`; ``plan`` as for
-    :func:`paged_attention` (the cpu backend keeps the forward's cos/sin rows in it)."""
-    if backend == "cpu":
+    :func:`paged_attention` (the cpu backend keeps the forward's cos/sin rows in it; in the
+    batch-invariant mode the plan is that mode's, and the reference, which the cpu path equals
+    bit for bit, runs)."""
+    if backend == "cpu" and not batch_invariant.enabled():
         from workbench.kernels import cpu_attention
 
         return cpu_attention.rotary_embedding(positions, query, key, cos_sin_cache, plan=plan)
