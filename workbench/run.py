@@ -13,6 +13,9 @@ Two clocks decide when a request arrives:
   seconds from the start, with that arrival time (so queue time counts the wait for the
   boundary); an idle engine sleeps until the next arrival.
 
+Seconds are those of the engine's ``clock``: wall seconds, or simulated ones for an engine on
+a :class:`~workbench.sim.SimClock` (:func:`workbench.sim.simulate`), whose idle waits jump.
+
 A request the engine refuses (too long for the pool, ...) is left out and reported in
 ``RunResult.rejected``; the rest of the run goes on.
 """
@@ -46,7 +49,9 @@ class RunResult:
     ``history``: the steps of this run (its own :class:`StepHistory`, so ``kv_state(step)``
     works); ``requests``: one row per request of the run (see
     :mod:`workbench.request_metrics`); ``outputs``: the final RequestOutput of each request
-    by id; ``rejected``: request id -> the engine's error for requests it refused.
+    by id; ``rejected``: request id -> the engine's error for requests it refused;
+    ``wall_s``: the run's length on the engine's clock; ``simulated``: True for a run of
+    :func:`workbench.sim.simulate` (seconds are predicted, output tokens are fillers).
     """
 
     workload: Workload
@@ -60,10 +65,12 @@ class RunResult:
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache at admissions
     prefix_hits: int = 0  # of those, tokens found
     tokenizer: object = field(default=None, repr=False)
+    simulated: bool = False
+    total_steps: int | None = None  # steps the run took; the history keeps the last max_history
 
     @property
     def num_steps(self) -> int:
-        return len(self.history)
+        return len(self.history) if self.total_steps is None else self.total_steps
 
     @property
     def policy(self) -> str:
@@ -102,6 +109,7 @@ class RunResult:
             f"e2e_steps_p50={s['e2e_steps_p50']:g}, preemptions={s['num_preemptions']}, "
             f"recomputed_tokens={s['num_recomputed_tokens']}, prefix_hit_rate={s['prefix_hit_rate']:.2f}"
             + (f", rejected={sorted(self.rejected)}" if self.rejected else "")
+            + (", simulated" if self.simulated else "")
             + ")"
         )
 
@@ -116,7 +124,7 @@ class RunResult:
             f"<li>{html.escape(rid)}: {html.escape(msg)}</li>" for rid, msg in self.rejected.items()
         )
         return (
-            f"<div><b>RunResult</b>: {len(self.workload)} requests, clock={self.clock}, "
+            f"<div><b>{'Simulated ' if self.simulated else ''}RunResult</b>: {len(self.workload)} requests, clock={self.clock}, "
             f"policy={html.escape(self.policy)}<table>{cells}</table>"
             + (f"<b>rejected</b><ul>{rejected}</ul>" if rejected else "")
             + self.requests.head(20).to_html(index=False)
@@ -136,7 +144,9 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
         raise ValueError(f"workload must be a Workload or a list of WorkloadRequest, got {type(workload).__name__}.")
     pending = deque(sorted(workload, key=lambda r: _arrival(r, clock)))  # stable: ties keep order
     history = StepHistory(engine.config.max_history, initial_kv_state=engine.history.kv_state())
-    t0 = time.monotonic()
+    timer = engine.clock
+    sleep = getattr(timer, "sleep", time.sleep)
+    t0 = timer()
     tracker = RequestTracker(epoch=t0)
     stats = engine.kv_cache.prefix_cache_stats
     queries0, hits0 = stats.queries, stats.hits
@@ -152,7 +162,7 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
     try:
         step = 0
         while True:
-            now = step if clock == "steps" else time.monotonic() - t0
+            now = step if clock == "steps" else timer() - t0
             while pending and _arrival(pending[0], clock) <= now:
                 request = pending.popleft()
                 try:
@@ -172,7 +182,7 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
                 if not pending:
                     break
                 if clock == "wall":
-                    time.sleep(max(0.0, _arrival(pending[0], clock) - (time.monotonic() - t0)))
+                    sleep(max(0.0, _arrival(pending[0], clock) - (timer() - t0)))
                     continue
             for out in engine.step():
                 if out.finished and out.request_id in ids:
@@ -190,10 +200,11 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
         requests=tracker.dataframe(),
         outputs=outputs,
         rejected=rejected,
-        wall_s=time.monotonic() - t0,
+        wall_s=timer() - t0,
         prefix_queries=stats.queries - queries0,
         prefix_hits=stats.hits - hits0,
         tokenizer=engine.tokenizer,
+        total_steps=step,
     )
 
 

@@ -1,0 +1,53 @@
+"""What a measured step's duration is: the number a CostModel is fitted to and predicts.
+
+A step's duration is the wall time from the end of the previous step to the end of this one,
+as a driver (``run_workload``, ``LLMEngine.replay``, a serving loop) sees it: the engine's own
+stages (``timings``: schedule, prepare, forward, sample, output) plus the driver's time before
+the step (``timings["driver"]``: adding arrivals, reading outputs, the bookkeeping after the
+previous step's output stage). The engine records the driver's share only when the previous
+step left unfinished work, so an idle wait never counts; a step without it (the first after
+idle) gets the median driver time of the run. The simulated clock advances by exactly this
+duration per step, so simulated and real runs are comparable request by request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from workbench.history import TIMING_STAGES, StepRecord
+from workbench.sim.features import step_features
+
+
+def records_of(source) -> list[StepRecord]:
+    """The StepRecords of a StepHistory, a RunResult, or an iterable of either / of records."""
+    if hasattr(source, "history") and not isinstance(source, StepRecord):
+        source = source.history
+    out: list[StepRecord] = []
+    for item in source:
+        if isinstance(item, StepRecord):
+            out.append(item)
+        else:
+            out.extend(records_of(item))
+    return out
+
+
+def measured_steps(records: Iterable[StepRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(features [n, F], durations [n], empty [n] bool)`` of every record with timings.
+
+    Raises ValueError when no record carries timings (a history that was not measured)."""
+    records = [r for r in records if r.timings]
+    if not records:
+        raise ValueError("no step with timings to fit: give the StepHistory of a real run "
+                         "(a simulated or empty history has none).")
+    drivers = [r.timings["driver"] for r in records if "driver" in r.timings]
+    default_driver = float(np.median(drivers)) if drivers else 0.0
+    features = np.array([step_features(r.scheduler_output) for r in records], dtype=np.float64)
+    durations = np.array(
+        [sum(r.timings.get(k, 0.0) for k in TIMING_STAGES) + r.timings.get("driver", default_driver)
+         for r in records],
+        dtype=np.float64,
+    )
+    empty = np.array([not r.scheduler_output.scheduled for r in records])
+    return features, durations, empty
