@@ -18,7 +18,7 @@ def _req(rid, n_prompt, max_tokens, *, step=None, time=None, **params):
 
 
 def test_schedule_is_identical_to_a_real_run_with_preemption_chunking_and_prefix_hits():
-    wl = Workload.poisson(14, rate=2.0, input_len=(36, 90), output_len=(4, 24), seed=3,
+    wl = Workload.poisson(10, rate=2.0, input_len=(36, 90), output_len=(4, 16), seed=3,
                           num_prefix_groups=2, prefix_len=32)
     cfg = {"max_num_seqs": 6, "num_kv_blocks": 16, "max_num_batched_tokens": 48}
     real = run_workload(wl, cfg, clock="steps")
@@ -90,11 +90,61 @@ def test_errors_name_the_problem(tmp_path):
 
 
 def test_simulate_is_picklable_for_process_pools():
-    import concurrent.futures
-    import multiprocessing
+    """A process pool pickles the function and its arguments: the round trip runs."""
+    import pickle
 
     wl = Workload([_req("r0", 4, 3, step=0)])
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
-        result = pool.submit(simulate, wl, {"max_num_seqs": 2}, TEN_MS, clock="steps").result()
+    fn, args = pickle.loads(pickle.dumps((simulate, (wl, {"max_num_seqs": 2}, TEN_MS))))
+    result = fn(*args, clock="steps")
     assert result.num_steps == 3 and result.simulated
+    pickle.dumps(result.requests)
+
+
+def test_compare_runs_and_widgets_read_simulated_runs():
+    from workbench.compare import compare_runs
+    from workbench.viz import BlockMap, ComparisonView, RequestTimeline, StepPlayer
+
+    wl = Workload.poisson(8, rate=1.0, input_len=(8, 40), output_len=(2, 8), seed=5, text=False)
+    comparison = compare_runs(wl, {"fcfs": {"max_num_seqs": 4}, "spf": {"max_num_seqs": 4, "policy": "spf"}},
+                              simulate=True, cost_model=TEN_MS)
+    assert comparison.table.loc["fcfs", "num_finished"] == 8
+    assert all(r.simulated for r in comparison.results.values())
+    result = comparison.results["fcfs"]
+    view = ComparisonView(comparison)
+    assert view is not None
+    StepPlayer(result, live_updates=False)
+    RequestTimeline(result)
+    BlockMap(result)
+    comparison.cdf_figure("ttft_s")
+    with pytest.raises(ValueError, match="only used with simulate=True"):
+        compare_runs(wl, {"a": {}}, cost_model=TEN_MS)
+
+
+def test_accuracy_report_on_a_tiny_workload():
+    from workbench.sim.accuracy import accuracy
+
+    wl = Workload([_req("a", 12, 4, step=0, time=0.0), _req("b", 20, 3, step=1, time=0.05)])
+    report = accuracy(TEN_MS, {"max_num_seqs": 4}, workloads={"tiny": wl})
+    row = report.table.loc["tiny"]
+    assert bool(row["schedule_identical"]) and row["requests"] == 2
+    assert row["ttft_err_median"] >= 0 and row["e2e_p50_sim_s"] > 0
+    assert "ttft_err_median" in repr(report) and "<table" in report._repr_html_()
+
+
+def test_pool_is_sized_like_a_real_engine_and_no_weights_load():
+    import functools
+
+    from workbench.config import EngineConfig
+    from workbench.engine import LLMEngine
+    from workbench.sim import SimClock, SimulatedRunner
+
+    cfg = EngineConfig(kv_cache_memory_bytes=2**22)
+    clock = SimClock()
+    sim = LLMEngine(cfg, make_runner=functools.partial(SimulatedRunner, cost_model=TEN_MS, clock=clock), clock=clock)
+    real = LLMEngine(cfg)
+    per_block = real.model_config.kv_cache_bytes_per_block(cfg.block_size)
+    assert sim.kv_cache.num_blocks == real.kv_cache.num_blocks == 2**22 // per_block
+    assert not hasattr(sim.runner, "model") and "SimulatedRunner(model=tiny-shakespeare" in repr(sim.runner)
+    assert sim.clock is clock and repr(clock) == "SimClock(now=0.000000)"
+    with pytest.raises(ValueError, match="cannot go back"):
+        clock.advance(-1.0)

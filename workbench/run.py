@@ -22,6 +22,7 @@ A request the engine refuses (too long for the pool, ...) is left out and report
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import logging
 import math
@@ -132,6 +133,23 @@ class RunResult:
         )
 
 
+def resolve_config(config: EngineConfig | dict | None, base: EngineConfig | None = None) -> EngineConfig:
+    """An EngineConfig from one, from a dict of overrides on ``base`` (default
+    ``EngineConfig()``), or ``base`` itself for None. Unknown fields raise ValueError."""
+    base = base or EngineConfig()
+    if config is None:
+        return base
+    if isinstance(config, EngineConfig):
+        return config
+    if isinstance(config, dict):
+        known = {f.name for f in dataclasses.fields(EngineConfig)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise ValueError(f"unknown EngineConfig field(s) {unknown}; known: {sorted(known)}.")
+        return dataclasses.replace(base, **config)
+    raise ValueError(f"config must be an EngineConfig, a dict of overrides or None, got {type(config).__name__}.")
+
+
 def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = False) -> RunResult:
     """Add ``workload``'s requests to ``engine`` as they arrive and step it until nothing is
     unfinished (requests already in flight included). The engine's ``on_step`` hooks see
@@ -147,7 +165,7 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
     timer = engine.clock
     sleep = getattr(timer, "sleep", time.sleep)
     t0 = timer()
-    tracker = RequestTracker(epoch=t0)
+    tracker = RequestTracker(epoch=t0, max_requests=max(100_000, len(workload)))
     stats = engine.kv_cache.prefix_cache_stats
     queries0, hits0 = stats.queries, stats.hits
     ids = set(workload.request_ids)

@@ -9,7 +9,10 @@ engine and the simulation with the same config:
 * ``clock="steps"``: whether the step-by-step schedule (which request ran in which step,
   how many tokens, prefill or decode) is identical.
 
-Real wall-clock figures move with the machine's load: run it on a quiet machine.
+The real engine of the wall-clock run is warmed up first (a short run, then its prefix cache
+emptied), as calibration's is: the first forward passes of a process pay one-time costs that
+no step model describes. Real wall-clock figures move with the machine's load: run it on a
+quiet machine.
 """
 
 from __future__ import annotations
@@ -75,13 +78,18 @@ def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
     import pandas as pd
 
     from workbench.compare import run_workload
+    from workbench.engine import LLMEngine
+    from workbench.run import resolve_config
     from workbench.sim.cost_model import as_cost_model
     from workbench.sim.simulate import simulate
 
     model = as_cost_model(cost_model)
     rows = []
     for name, workload in (workloads or default_workloads()).items():
-        real = run_workload(workload, config, clock="wall", progress=progress)
+        engine = LLMEngine(resolve_config(config))
+        engine.replay(Workload.poisson(4, rate=1.0, input_len=(8, 64), output_len=(2, 8), seed=0, text=False))
+        engine.reset_prefix_cache()
+        real = engine.replay(workload, clock="wall", progress=progress)
         sim = simulate(workload, config, model, clock="wall")
         ttft, e2e = latency_errors(real, sim, "ttft_s"), latency_errors(real, sim, "e2e_s")
         same = schedule_of(run_workload(workload, config, clock="steps", progress=progress)) == \

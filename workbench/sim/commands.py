@@ -16,6 +16,8 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grid", choices=["default", "tiny"], default="default",
                         help="default: about 1-2 min on a 2-core CPU with the embedded model; tiny: seconds")
     parser.add_argument("--repeats", type=int, default=None, help="runs of each phase (default 3)")
+    parser.add_argument("--aggregate", choices=["median", "min"], default="median",
+                        help="a step's duration over its repeats: median (default), or min on a busy machine")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     EngineArgs.add_cli_args(parser)
 
@@ -31,7 +33,8 @@ def calibrate_main(args: argparse.Namespace) -> int:
             if args.repeats < 1:
                 raise ValueError(f"--repeats must be >= 1, got {args.repeats}.")
             grid = dataclasses.replace(grid, repeats=args.repeats)
-        model = calibrate(EngineArgs.from_cli_args(args).create_engine_config(), grid, progress=not args.quiet)
+        model = calibrate(EngineArgs.from_cli_args(args).create_engine_config(), grid, progress=not args.quiet,
+                          aggregate=args.aggregate)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -53,7 +56,8 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost-model", default=None,
                         help="a cost model's JSON (default: the shipped CPU calibration of the embedded model)")
     parser.add_argument("--workload", default=None, help="a Workload JSON (Workload.save); else a Poisson one:")
-    parser.add_argument("--num-requests", type=int, default=100)
+    parser.add_argument("--num-requests", type=int, default=None,
+                        help="requests of the Poisson workload (default 100; accuracy: 40 per rate)")
     parser.add_argument("--rate", type=float, default=4.0, help="arrivals per second (per step with --clock steps)")
     parser.add_argument("--rates", type=float, nargs="+", default=[4.0, 12.0], help="accuracy: the Poisson rates")
     parser.add_argument("--input-len", type=int, nargs=2, default=[16, 256], metavar=("LOW", "HIGH"))
@@ -76,7 +80,7 @@ def simulate_main(args: argparse.Namespace) -> int:
         config = EngineArgs.from_cli_args(args).create_engine_config()
         model = as_cost_model(args.cost_model)
         if args.mode == "accuracy":
-            report = accuracy(model, config, workloads=default_workloads(args.num_requests, tuple(args.rates)),
+            report = accuracy(model, config, workloads=default_workloads(args.num_requests or 40, tuple(args.rates)),
                               progress=args.progress)
             print(report)
             print(f"within 5% and identical schedules: {report.ok}")
@@ -84,7 +88,7 @@ def simulate_main(args: argparse.Namespace) -> int:
         if args.workload:
             workload = Workload.load(args.workload)
         else:
-            workload = Workload.poisson(args.num_requests, rate=args.rate, input_len=tuple(args.input_len),
+            workload = Workload.poisson(args.num_requests or 100, rate=args.rate, input_len=tuple(args.input_len),
                                         output_len=tuple(args.output_len), seed=args.workload_seed, text=not args.token_ids)
         start = time.perf_counter()
         result = simulate(workload, config, model, clock=args.clock, progress=args.progress)

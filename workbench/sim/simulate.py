@@ -16,10 +16,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from workbench.compare import resolve_config
 from workbench.config import EngineConfig
 from workbench.engine import LLMEngine
-from workbench.run import RunResult, drive
+from workbench.run import RunResult, drive, resolve_config
 from workbench.sampling_params import RequestOutputKind
 from workbench.sim.clock import SimClock
 from workbench.sim.cost_model import CostModel, as_cost_model
