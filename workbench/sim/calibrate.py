@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from workbench.config import EngineConfig
-from workbench.sampling_params import RequestOutputKind, SamplingParams
+from workbench.sampling_params import SamplingParams
 from workbench.sim.cost_model import UNITS, CostModel, describe_hardware, describe_model
 from workbench.sim.features import FEATURES
 from workbench.sim.measurements import measured_steps
@@ -60,8 +60,8 @@ class CalibrationGrid:
             return tuple(int(t) for t in rng.integers(3, vocab_size, size=n))
 
         def req(rid: str, tokens: tuple[int, ...], max_tokens: int, step: int = 0) -> WorkloadRequest:
-            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                                    output_kind=RequestOutputKind.FINAL_ONLY)
+            # Default output kind and text, as in run_workload: their per-step cost is measured.
+            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
             return WorkloadRequest(rid, tokens, params, arrival_step=step)
 
         def fits(seqs: int, tokens: int, longest: int) -> bool:
