@@ -55,7 +55,7 @@ def run_workload(
     if cost_model is not None:
         raise ValueError("cost_model is only used with simulate=True.")
     engine = LLMEngine(resolve_config(config))
-    return drive(engine, workload, clock=clock, progress=progress)
+    return drive(engine, workload, clock=clock, progress=progress, exclusive=True)
 
 
 class Comparison:

@@ -150,10 +150,13 @@ def resolve_config(config: EngineConfig | dict | None, base: EngineConfig | None
     raise ValueError(f"config must be an EngineConfig, a dict of overrides or None, got {type(config).__name__}.")
 
 
-def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = False) -> RunResult:
+def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = False,
+          exclusive: bool = False) -> RunResult:
     """Add ``workload``'s requests to ``engine`` as they arrive and step it until nothing is
     unfinished (requests already in flight included). The engine's ``on_step`` hooks see
-    every step; the result keeps the steps of this run only."""
+    every step; the result keeps the steps of this run only. ``exclusive``: the engine was
+    built for this run and has not stepped (run_workload, simulate): its own history and
+    request tracker become the result's, instead of copies kept step by step."""
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}.")
     if isinstance(workload, (list, tuple)):
@@ -161,11 +164,16 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
     if not isinstance(workload, Workload):
         raise ValueError(f"workload must be a Workload or a list of WorkloadRequest, got {type(workload).__name__}.")
     pending = deque(sorted(workload, key=lambda r: _arrival(r, clock)))  # stable: ties keep order
-    history = StepHistory(engine.config.max_history, initial_kv_state=engine.history.kv_state())
+    if exclusive and (len(engine.history) or engine.has_unfinished_requests()):
+        raise ValueError("drive(exclusive=True) needs an engine that has not stepped and holds no request.")
     timer = engine.clock
     sleep = getattr(timer, "sleep", time.sleep)
     t0 = timer()
     tracker = RequestTracker(epoch=t0, max_requests=max(100_000, len(workload)))
+    if exclusive:
+        history, engine.request_tracker = engine.history, tracker
+    else:
+        history = StepHistory(engine.config.max_history, initial_kv_state=engine.history.kv_state())
     stats = engine.kv_cache.prefix_cache_stats
     queries0, hits0 = stats.queries, stats.hits
     ids = set(workload.request_ids)
@@ -176,7 +184,8 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
         history.append(record)
         tracker.consume(record.request_events)
 
-    engine.on_step.append(keep)
+    if not exclusive:
+        engine.on_step.append(keep)
     try:
         step = 0
         while True:
@@ -208,7 +217,8 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
                     bar.update(1)
             step += 1
     finally:
-        engine.on_step.remove(keep)
+        if not exclusive:
+            engine.on_step.remove(keep)
         bar.close()
     return RunResult(
         workload=workload,

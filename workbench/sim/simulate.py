@@ -59,7 +59,7 @@ def simulate(
     )
     engine.runner.tokenizer = engine.tokenizer
     result = drive(engine, Workload([_lean(r) for r in workload], workload.info), clock=clock,
-                   progress=progress)
+                   progress=progress, exclusive=True)
     return dataclasses.replace(result, workload=workload, simulated=True)
 
 
