@@ -124,3 +124,22 @@ def test_shipped_default_describes_the_embedded_model_on_cpu():
     assert model.hardware["device"] == "cpu"
     assert model.fit_stats["r2"] > 0.8
     assert all(v >= 0 for v in model.coefficients.values()) and model.coefficients["step"] > 0
+
+
+def test_a_step_lasts_from_the_previous_tokens_to_its_own():
+    """Tokens come at the end of ``sample``: the previous step's output stage and the driver's
+    time count in the next step; a step after idle gets the medians."""
+    from workbench.sim.measurements import measured_steps
+
+    chunk = [_chunk("a", 3, 1, False)]
+
+    def rec(step, output, driver=None):
+        timings = {"schedule": 0.001, "prepare": 0.001, "forward": 0.010, "sample": 0.002, "output": output}
+        if driver is not None:
+            timings["driver"] = driver
+        return StepRecord(step, SchedulerOutput(step, tuple(chunk)), None, {}, (), 0, 0, 0, 0.0, 0, timings)
+
+    _, durations, _ = measured_steps([rec(0, 0.004), rec(1, 0.006, driver=0.0005), rec(2, 0.002, driver=0.0007)])
+    assert durations[1] == pytest.approx(0.014 + 0.0005 + 0.004)
+    assert durations[2] == pytest.approx(0.014 + 0.0007 + 0.006)
+    assert durations[0] == pytest.approx(0.014 + 0.0006 + 0.004)  # medians: driver 0.6 ms, output 4 ms

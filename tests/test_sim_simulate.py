@@ -148,3 +148,12 @@ def test_pool_is_sized_like_a_real_engine_and_no_weights_load():
     assert sim.clock is clock and repr(clock) == "SimClock(now=0.000000)"
     with pytest.raises(ValueError, match="cannot go back"):
         clock.advance(-1.0)
+
+
+def test_a_gpu_engine_simulates_without_a_gpu():
+    """device="cuda" sizes budgets as on a GPU (8192 tokens/step, 256 seqs); nothing touches CUDA."""
+    wl = Workload([_req(f"r{i}", 600, 2, step=0) for i in range(12)])
+    sim = simulate(wl, {"device": "cuda", "num_kv_blocks": 600}, TEN_MS, clock="steps")
+    first = sim.history[0].scheduler_output
+    assert first.token_budget == 8192 and len(first.scheduled) == 12  # all prompts in one step
+    assert sim.num_steps == 2
