@@ -79,7 +79,7 @@ def test_fillers_never_stop_a_request_by_accident():
 
 def test_errors_name_the_problem(tmp_path):
     open_ended = Workload([_req("r0", 4, 8, step=0, ignore_eos=False)])
-    with pytest.raises(ValueError, match=r"'r0'.*no exact output length.*output_len"):
+    with pytest.raises(ValueError, match=r"1 request\(s\), the first 'r0', have no exact output length.*output_len"):
         simulate(open_ended, None, TEN_MS)
     with pytest.raises(FileNotFoundError, match="missing.json"):
         simulate(open_ended, None, tmp_path / "missing.json")

@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import numpy as np
+
 from workbench.config import EngineConfig
 from workbench.engine import LLMEngine
 from workbench.run import RunResult, drive, resolve_config
@@ -75,10 +77,8 @@ def _output_lengths(workload: Workload, output_len: LengthSpec | None, seed: int
         return {}
     if output_len is None:
         raise ValueError(
-            f"request {open_ended[0].request_id!r} (and {len(open_ended) - 1} more) has no exact output "
-            "length: give it max_tokens with ignore_eos=True, or pass simulate(output_len=...) to draw one.")
-    import numpy as np
-
+            f"{len(open_ended)} request(s), the first {open_ended[0].request_id!r}, have no exact output "
+            "length: give them max_tokens with ignore_eos=True, or pass simulate(output_len=...) to draw one.")
     drawn = _lengths("output_len", output_len, len(workload), np.random.default_rng(seed), low=1)
     return {r.request_id: n for r, n in zip(workload, drawn) if not r.params.ignore_eos}
 
