@@ -6,10 +6,13 @@ with for a simulation); ``calibrate`` (designed batches on a real engine -> Cost
 ``accuracy`` (simulated vs real latencies on fresh workloads).
 """
 
+from workbench.sim.accuracy import AccuracyReport, accuracy
+from workbench.sim.calibrate import CalibrationGrid, calibrate
 from workbench.sim.clock import SimClock
 from workbench.sim.cost_model import CostModel
 from workbench.sim.features import FEATURES, step_features
 from workbench.sim.simulate import simulate
 from workbench.sim.simulated_runner import SimulatedRunner
 
-__all__ = ["FEATURES", "CostModel", "SimClock", "SimulatedRunner", "simulate", "step_features"]
+__all__ = ["FEATURES", "AccuracyReport", "CalibrationGrid", "CostModel", "SimClock", "SimulatedRunner",
+           "accuracy", "calibrate", "simulate", "step_features"]
