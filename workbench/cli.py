@@ -129,6 +129,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     selftest_arguments(selftest)
     selftest.set_defaults(func=_selftest)
+
+    from workbench.sim import commands as sim_commands
+
+    calibrate = sub.add_parser(
+        "calibrate", help="fit a simulator cost model to timed batches on the real engine (JSON)",
+        description="Runs a designed set of batches (decode x context, prefill x context, mixed) "
+                    "on the engine the flags describe, fits the cost model, prints it.",
+    )
+    sim_commands.add_calibrate_arguments(calibrate)
+    calibrate.set_defaults(func=sim_commands.calibrate_main)
+
+    simulate = sub.add_parser(
+        "simulate", help="simulate a workload on the real scheduler with a cost model; 'accuracy' checks it",
+        description="`workbench simulate` runs a workload with the simulated runner and prints its "
+                    "summary; `workbench simulate accuracy` compares simulated and real latencies.",
+    )
+    sim_commands.add_simulate_arguments(simulate)
+    simulate.set_defaults(func=sim_commands.simulate_main)
     return parser
 
 

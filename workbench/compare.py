@@ -8,18 +8,19 @@ Every configuration runs the same :class:`~workbench.workload.Workload` on a fre
 configuration: policy, token budget, chunked prefill, block size, pool size, prefix caching.
 With the default step clock the step-based columns (``*_steps_*``, ``throughput_tok_step``,
 preemptions, recomputed tokens) are exactly reproducible; the ``*_s`` ones are wall times.
+``simulate=True`` runs the same scheduler with a simulated runner instead of the model
+(:func:`workbench.sim.simulate`: seconds predicted by ``cost_model``, no weights loaded).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import math
 from collections.abc import Mapping
 
 from workbench.config import EngineConfig
 from workbench.engine import LLMEngine
-from workbench.run import RunResult, drive
+from workbench.run import RunResult, drive, resolve_config  # resolve_config: re-exported
 from workbench.workload import Workload
 
 #: Column labels (with units) of the metrics a CDF can be drawn for.
@@ -34,34 +35,27 @@ METRIC_LABELS = {
 }
 
 
-def resolve_config(config: EngineConfig | dict | None, base: EngineConfig | None = None) -> EngineConfig:
-    """An EngineConfig from one, from a dict of overrides on ``base`` (default
-    ``EngineConfig()``), or ``base`` itself for None. Unknown fields raise ValueError."""
-    base = base or EngineConfig()
-    if config is None:
-        return base
-    if isinstance(config, EngineConfig):
-        return config
-    if isinstance(config, dict):
-        known = {f.name for f in dataclasses.fields(EngineConfig)}
-        unknown = sorted(set(config) - known)
-        if unknown:
-            raise ValueError(f"unknown EngineConfig field(s) {unknown}; known: {sorted(known)}.")
-        return dataclasses.replace(base, **config)
-    raise ValueError(f"config must be an EngineConfig, a dict of overrides or None, got {type(config).__name__}.")
-
-
 def run_workload(
     workload: Workload,
     config: EngineConfig | dict | None = None,
     *,
     clock: str = "steps",
     progress: bool = False,
+    simulate: bool = False,
+    cost_model=None,
 ) -> RunResult:
     """Run ``workload`` on a fresh engine built from ``config`` (see :func:`resolve_config`)
-    until every request finished (clocks: :mod:`workbench.run`)."""
+    until every request finished (clocks: :mod:`workbench.run`). ``simulate=True``: on a
+    simulated runner with ``cost_model`` (a CostModel, its JSON path, None for the shipped
+    CPU calibration); see :func:`workbench.sim.simulate`."""
+    if simulate:
+        from workbench.sim.simulate import simulate as run_simulated
+
+        return run_simulated(workload, config, cost_model, clock=clock, progress=progress)
+    if cost_model is not None:
+        raise ValueError("cost_model is only used with simulate=True.")
     engine = LLMEngine(resolve_config(config))
-    return drive(engine, workload, clock=clock, progress=progress)
+    return drive(engine, workload, clock=clock, progress=progress, exclusive=True)
 
 
 class Comparison:
@@ -151,10 +145,13 @@ def compare_runs(
     base: EngineConfig | None = None,
     clock: str = "steps",
     progress: bool = False,
+    simulate: bool = False,
+    cost_model=None,
 ) -> Comparison:
     """Run ``workload`` once per named configuration (an EngineConfig, or a dict of
     overrides on ``base``, default ``EngineConfig()``) and return a :class:`Comparison`.
-    Every configuration is checked before the first run starts."""
+    Every configuration is checked before the first run starts. ``simulate`` and
+    ``cost_model``: as :func:`run_workload`."""
     if not isinstance(configs, Mapping) or not configs:
         raise ValueError("configs must be a non-empty dict of name -> EngineConfig or dict of overrides.")
     resolved = {}
@@ -165,5 +162,7 @@ def compare_runs(
             resolved[name] = resolve_config(config, base)
         except (TypeError, ValueError) as e:
             raise ValueError(f"config {name!r}: {e}") from None
-    results = {name: run_workload(workload, config, clock=clock, progress=progress) for name, config in resolved.items()}
+    results = {name: run_workload(workload, config, clock=clock, progress=progress, simulate=simulate,
+                                  cost_model=cost_model)
+               for name, config in resolved.items()}
     return Comparison(workload, results)

@@ -58,7 +58,17 @@ class LLMEngine:
     failed and aborted requests own no KV blocks.
     """
 
-    def __init__(self, config: EngineConfig | None = None, **overrides) -> None:
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        make_runner: Callable[..., ModelRunner] | None = None,
+        clock: Callable[[], float] | None = None,
+        **overrides,
+    ) -> None:
+        """``make_runner`` builds the runner with ModelRunner's arguments (default
+        ``ModelRunner``; :class:`workbench.sim.SimulatedRunner` predicts time instead);
+        ``clock`` is the source of every request timestamp (default ``time.monotonic``)."""
         config = config or EngineConfig()
         if overrides:
             config = dataclasses.replace(config, **overrides)
@@ -78,7 +88,8 @@ class LLMEngine:
         self.max_num_batched_tokens = config.max_num_batched_tokens or default_max_num_batched_tokens(
             self.device.type, config.enable_chunked_prefill, max_model_len
         )
-        self.runner = ModelRunner(
+        self.clock = clock or time.monotonic
+        self.runner = (make_runner or ModelRunner)(
             self.model_config,
             device=self.device,
             block_size=config.block_size,
@@ -109,6 +120,7 @@ class LLMEngine:
             enable_chunked_prefill=config.enable_chunked_prefill,
             policy=config.policy,
             record_events=True,
+            clock=self.clock,
         )
         self.input_processor = InputProcessor(
             self.tokenizer, max_model_len, self.model_config.vocab_size,
@@ -132,6 +144,7 @@ class LLMEngine:
         self._prefix_mark = (0, 0)  # cumulative prefix-cache (queries, hits) at the last step
         self._freed_mark = 0  # kv_cache.num_blocks_freed at the end of the previous step
         self._pending_outputs: list[RequestOutput] = []  # aborts reported by the next step
+        self._step_end: float | None = None  # when the last step left unfinished work (perf_counter)
         # The tokenizer's eos ends a request; other eos ids of generation_config.json join
         # each request's stop_token_ids (as vLLM does), unless it ignores eos.
         eos = self.model_config.eos_token_ids
@@ -177,7 +190,7 @@ class LLMEngine:
         """Validate and queue a request (vLLM's signature). Raises ValueError, with nothing
         queued, on bad input.
 
-        ``arrival_time`` is in ``time.monotonic()`` seconds (default: now).
+        ``arrival_time`` is in the engine's ``clock`` seconds (``time.monotonic()``; default: now).
         ``tokenization_kwargs`` may hold ``add_special_tokens``. ``params.n > 1`` makes n
         child sequences ``"{i}_{request_id}"`` reported as one RequestOutput
         (see :class:`~workbench.parent_request.ParentRequest`).
@@ -212,7 +225,7 @@ class LLMEngine:
         parent = ParentRequest(
             request_id, text, token_ids, params, eos_token_id=self._eos_token_id,
             priority=priority,
-            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+            arrival_time=self.clock() if arrival_time is None else arrival_time,
         )
         self.output_processor.add_request(parent)  # raises on an id in flight
         try:
@@ -266,12 +279,16 @@ class LLMEngine:
         (sampling, logits processors, detokenization, stop strings) finishes with
         finish_reason "error" and ``RequestOutput.error``; the others are unaffected. Only a
         failure of the whole batch (the forward pass) propagates.
-        ``history[-1]`` records the step.
+        ``history[-1]`` records the step; its ``timings["driver"]`` is the caller's time since
+        the previous step returned (adding arrivals, reading outputs), kept only when that
+        step left unfinished work, so it holds no idle wait.
         """
         t0 = time.perf_counter()
         so = self.scheduler.schedule()
         t1 = time.perf_counter()
         timings = {"schedule": t1 - t0}
+        if self._step_end is not None:
+            timings["driver"] = t0 - self._step_end
         try:
             result = self.runner.execute(so, self.scheduler.requests)
         except BaseException:  # the batch as a whole failed: record the step, nothing sampled
@@ -290,6 +307,7 @@ class LLMEngine:
             prompt_logprobs=result.prompt_logprobs,
             failed=failed,
             stats=iteration,
+            now=self.clock(),
         )
         self.scheduler.finish_requests(step_out.stop_ids, RequestStatus.FINISHED_STOPPED)
         self.scheduler.finish_requests(step_out.error_ids, RequestStatus.FINISHED_ERROR)
@@ -316,6 +334,7 @@ class LLMEngine:
                 hook(record)
             except Exception:
                 logger.exception("on_step hook %r failed at step %d", hook, record.step)
+        self._step_end = time.perf_counter() if self.has_unfinished_requests() else None
         return outputs
 
     def _append_record(self, so: SchedulerOutput, timings: dict[str, float], *, batch=None,

@@ -40,6 +40,27 @@ class StepOutputs:
     error_ids: list[str] = field(default_factory=list)
 
 
+class _NoText:
+    """The detokenizer of a request with ``detokenize=False``: no text, no stop strings."""
+
+    text = ""
+
+    def update(self, new_token_ids) -> None:
+        return None
+
+    def flush(self) -> None:
+        return None
+
+    def visible_text(self, finished: bool) -> str:
+        return ""
+
+    def get_delta(self, finished: bool) -> str:
+        return ""
+
+
+_NO_TEXT = _NoText()
+
+
 class OutputProcessor:
     """Builds each step's RequestOutputs (see module docstring); owns no scheduling state."""
 
@@ -63,7 +84,8 @@ class OutputProcessor:
             state = SequenceState(
                 request=child,
                 index=i,
-                detokenizer=IncrementalDetokenizer(self.tokenizer, child),
+                detokenizer=IncrementalDetokenizer(self.tokenizer, child)
+                if child.sampling_params.detokenize else _NO_TEXT,
                 logprobs=[] if wants_logprobs else None,
                 cumulative_logprob=0.0 if wants_logprobs else None,
                 prompt_logprobs=[None] if wants_prompt else None,

@@ -13,12 +13,16 @@ Two clocks decide when a request arrives:
   seconds from the start, with that arrival time (so queue time counts the wait for the
   boundary); an idle engine sleeps until the next arrival.
 
+Seconds are those of the engine's ``clock``: wall seconds, or simulated ones for an engine on
+a :class:`~workbench.sim.SimClock` (:func:`workbench.sim.simulate`), whose idle waits jump.
+
 A request the engine refuses (too long for the pool, ...) is left out and reported in
 ``RunResult.rejected``; the rest of the run goes on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import logging
 import math
@@ -46,7 +50,9 @@ class RunResult:
     ``history``: the steps of this run (its own :class:`StepHistory`, so ``kv_state(step)``
     works); ``requests``: one row per request of the run (see
     :mod:`workbench.request_metrics`); ``outputs``: the final RequestOutput of each request
-    by id; ``rejected``: request id -> the engine's error for requests it refused.
+    by id; ``rejected``: request id -> the engine's error for requests it refused;
+    ``wall_s``: the run's length on the engine's clock; ``simulated``: True for a run of
+    :func:`workbench.sim.simulate` (seconds are predicted, output tokens are fillers).
     """
 
     workload: Workload
@@ -60,10 +66,12 @@ class RunResult:
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache at admissions
     prefix_hits: int = 0  # of those, tokens found
     tokenizer: object = field(default=None, repr=False)
+    simulated: bool = False
+    total_steps: int | None = None  # steps the run took; the history keeps the last max_history
 
     @property
     def num_steps(self) -> int:
-        return len(self.history)
+        return len(self.history) if self.total_steps is None else self.total_steps
 
     @property
     def policy(self) -> str:
@@ -102,6 +110,7 @@ class RunResult:
             f"e2e_steps_p50={s['e2e_steps_p50']:g}, preemptions={s['num_preemptions']}, "
             f"recomputed_tokens={s['num_recomputed_tokens']}, prefix_hit_rate={s['prefix_hit_rate']:.2f}"
             + (f", rejected={sorted(self.rejected)}" if self.rejected else "")
+            + (", simulated" if self.simulated else "")
             + ")"
         )
 
@@ -116,7 +125,7 @@ class RunResult:
             f"<li>{html.escape(rid)}: {html.escape(msg)}</li>" for rid, msg in self.rejected.items()
         )
         return (
-            f"<div><b>RunResult</b>: {len(self.workload)} requests, clock={self.clock}, "
+            f"<div><b>{'Simulated ' if self.simulated else ''}RunResult</b>: {len(self.workload)} requests, clock={self.clock}, "
             f"policy={html.escape(self.policy)}<table>{cells}</table>"
             + (f"<b>rejected</b><ul>{rejected}</ul>" if rejected else "")
             + self.requests.head(20).to_html(index=False)
@@ -124,10 +133,30 @@ class RunResult:
         )
 
 
-def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = False) -> RunResult:
+def resolve_config(config: EngineConfig | dict | None, base: EngineConfig | None = None) -> EngineConfig:
+    """An EngineConfig from one, from a dict of overrides on ``base`` (default
+    ``EngineConfig()``), or ``base`` itself for None. Unknown fields raise ValueError."""
+    base = base or EngineConfig()
+    if config is None:
+        return base
+    if isinstance(config, EngineConfig):
+        return config
+    if isinstance(config, dict):
+        known = {f.name for f in dataclasses.fields(EngineConfig)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise ValueError(f"unknown EngineConfig field(s) {unknown}; known: {sorted(known)}.")
+        return dataclasses.replace(base, **config)
+    raise ValueError(f"config must be an EngineConfig, a dict of overrides or None, got {type(config).__name__}.")
+
+
+def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = False,
+          exclusive: bool = False) -> RunResult:
     """Add ``workload``'s requests to ``engine`` as they arrive and step it until nothing is
     unfinished (requests already in flight included). The engine's ``on_step`` hooks see
-    every step; the result keeps the steps of this run only."""
+    every step; the result keeps the steps of this run only. ``exclusive``: the engine was
+    built for this run and has not stepped (run_workload, simulate): its own history and
+    request tracker become the result's, instead of copies kept step by step."""
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}.")
     if isinstance(workload, (list, tuple)):
@@ -135,9 +164,16 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
     if not isinstance(workload, Workload):
         raise ValueError(f"workload must be a Workload or a list of WorkloadRequest, got {type(workload).__name__}.")
     pending = deque(sorted(workload, key=lambda r: _arrival(r, clock)))  # stable: ties keep order
-    history = StepHistory(engine.config.max_history, initial_kv_state=engine.history.kv_state())
-    t0 = time.monotonic()
-    tracker = RequestTracker(epoch=t0)
+    if exclusive and (len(engine.history) or engine.has_unfinished_requests()):
+        raise ValueError("drive(exclusive=True) needs an engine that has not stepped and holds no request.")
+    timer = engine.clock
+    sleep = getattr(timer, "sleep", time.sleep)
+    t0 = timer()
+    tracker = RequestTracker(epoch=t0, max_requests=max(100_000, len(workload)))
+    if exclusive:
+        history, engine.request_tracker = engine.history, tracker
+    else:
+        history = StepHistory(engine.config.max_history, initial_kv_state=engine.history.kv_state())
     stats = engine.kv_cache.prefix_cache_stats
     queries0, hits0 = stats.queries, stats.hits
     ids = set(workload.request_ids)
@@ -148,11 +184,12 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
         history.append(record)
         tracker.consume(record.request_events)
 
-    engine.on_step.append(keep)
+    if not exclusive:
+        engine.on_step.append(keep)
     try:
         step = 0
         while True:
-            now = step if clock == "steps" else time.monotonic() - t0
+            now = step if clock == "steps" else timer() - t0
             while pending and _arrival(pending[0], clock) <= now:
                 request = pending.popleft()
                 try:
@@ -172,7 +209,7 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
                 if not pending:
                     break
                 if clock == "wall":
-                    time.sleep(max(0.0, _arrival(pending[0], clock) - (time.monotonic() - t0)))
+                    sleep(max(0.0, _arrival(pending[0], clock) - (timer() - t0)))
                     continue
             for out in engine.step():
                 if out.finished and out.request_id in ids:
@@ -180,7 +217,8 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
                     bar.update(1)
             step += 1
     finally:
-        engine.on_step.remove(keep)
+        if not exclusive:
+            engine.on_step.remove(keep)
         bar.close()
     return RunResult(
         workload=workload,
@@ -190,10 +228,11 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
         requests=tracker.dataframe(),
         outputs=outputs,
         rejected=rejected,
-        wall_s=time.monotonic() - t0,
+        wall_s=timer() - t0,
         prefix_queries=stats.queries - queries0,
         prefix_hits=stats.hits - hits0,
         tokenizer=engine.tokenizer,
+        total_steps=step,
     )
 
 

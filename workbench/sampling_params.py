@@ -46,6 +46,7 @@ class SamplingParams:
     are called per step as ``fn(output_token_ids, logits) -> logits`` (vLLM V0 style, for
     notebook experiments). ``prompt_logprobs`` asks for the prompt tokens' logprobs.
     ``truncate_prompt_tokens`` keeps only the last k prompt tokens (-1: the model's context).
+    ``detokenize=False`` skips detokenization: outputs carry token ids and empty text.
     """
 
     n: int = 1
@@ -69,6 +70,7 @@ class SamplingParams:
     bad_words: list[str] | None = None
     logits_processors: list[LogitsProcessor] | None = None
     truncate_prompt_tokens: int | None = None
+    detokenize: bool = True  # False: token ids only, text "" (no stop strings then)
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -148,6 +150,11 @@ class SamplingParams:
             if ids is not None and any(isinstance(t, bool) or not isinstance(t, int) or t < 0
                                        for t in ids):
                 raise bad(name, "a list of non-negative token ids")
+        if not isinstance(self.detokenize, bool):
+            raise bad("detokenize", "a bool")
+        if not self.detokenize and self.stop_strings:
+            raise ValueError("stop strings are only supported when detokenize is True, got "
+                             f"stop={list(self.stop_strings)!r} with detokenize=False.")
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
             raise bad("allowed_token_ids", "a non-empty list (or None)")
         if self.truncate_prompt_tokens is not None and not (

@@ -1,0 +1,34 @@
+"""The features of a step's batch that its duration is modelled from (see CostModel).
+
+All are read from the SchedulerOutput alone, so a real run's records and a simulated step
+give the same numbers:
+
+* ``step``: 1 for every step that runs a batch (fixed cost: launches, Python, the driver);
+* ``prefill_tokens``: tokens of prefill chunks (weights x tokens: the matmuls);
+* ``decode_seqs``: decode chunks, one token each (matmuls, sampling, per-row work);
+* ``decode_context``: KV tokens the decode rows attend to (sum of their ``seq_len``);
+* ``prefill_attention``: query x key pairs of the prefill chunks, ``q * (computed + (q + 1) / 2)``
+  per chunk (a chunk's tokens times the context they attend to, causal).
+"""
+
+from __future__ import annotations
+
+from workbench.core.scheduler_output import SchedulerOutput
+
+FEATURES = ("step", "prefill_tokens", "decode_seqs", "decode_context", "prefill_attention")
+
+
+def step_features(so: SchedulerOutput) -> tuple[float, ...]:
+    """The FEATURES of ``so``, in order; all zero for an empty step."""
+    if not so.scheduled:
+        return (0.0,) * len(FEATURES)
+    prefill = decode = context = attention = 0
+    for s in so.scheduled:
+        if s.is_prefill:
+            q = s.num_new_tokens
+            prefill += q
+            attention += q * (s.num_computed_tokens + (q + 1) / 2)
+        else:
+            decode += 1
+            context += s.num_computed_tokens + s.num_new_tokens
+    return (1.0, float(prefill), float(decode), float(context), float(attention))

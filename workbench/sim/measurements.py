@@ -1,0 +1,61 @@
+"""What a measured step's duration is: the number a CostModel is fitted to and predicts.
+
+A real step produces its tokens at the end of its ``sample`` stage: that is when the scheduler
+stamps first tokens and finishes. So a step's duration is the wall time from the previous
+step's tokens to this step's tokens, as a driver (``run_workload``, ``LLMEngine.replay``, a
+serving loop) sees it: the previous step's ``output`` stage (detokenization, outputs), the
+driver's own time between the two steps (``timings["driver"]``: adding arrivals, reading
+outputs, bookkeeping), then this step's ``schedule``, ``prepare``, ``forward`` and ``sample``.
+The engine records the driver's share only when the previous step left unfinished work, so an
+idle wait never counts; a step without it (the first after idle) gets the run's median driver
+and output times instead. The simulated clock advances by exactly this duration per step and
+stamps tokens at its end, as the real engine does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from workbench.history import TIMING_STAGES, StepRecord
+from workbench.sim.features import step_features
+
+
+def records_of(source) -> list[StepRecord]:
+    """The StepRecords of a StepHistory, a RunResult, or an iterable of either / of records."""
+    if hasattr(source, "history") and not isinstance(source, StepRecord):
+        source = source.history
+    out: list[StepRecord] = []
+    for item in source:
+        if isinstance(item, StepRecord):
+            out.append(item)
+        else:
+            out.extend(records_of(item))
+    return out
+
+
+def measured_steps(records: Iterable[StepRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(features [n, F], durations [n], empty [n] bool)`` of every record with timings.
+
+    Raises ValueError when no record carries timings (a history that was not measured)."""
+    records = [r for r in records if r.timings]
+    if not records:
+        raise ValueError("no step with timings to fit: give the StepHistory of a real run "
+                         "(a simulated or empty history has none).")
+    drivers = [r.timings["driver"] for r in records if "driver" in r.timings]
+    default_driver = float(np.median(drivers)) if drivers else 0.0
+    default_output = float(np.median([r.timings.get("output", 0.0) for r in records]))
+    features = np.array([step_features(r.scheduler_output) for r in records], dtype=np.float64)
+    durations = []
+    for i, r in enumerate(records):
+        t = r.timings
+        own = sum(t.get(k, 0.0) for k in TIMING_STAGES if k != "output")
+        if "driver" in t and i and records[i - 1].step == r.step - 1:
+            between = t["driver"] + records[i - 1].timings.get("output", 0.0)
+        else:
+            between = default_driver + default_output
+        durations.append(own + between)
+    durations = np.array(durations, dtype=np.float64)
+    empty = np.array([not r.scheduler_output.scheduled for r in records])
+    return features, durations, empty
