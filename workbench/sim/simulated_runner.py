@@ -41,6 +41,7 @@ class SimulatedRunner:
         attention_backend: str,
         load_format: str = "auto",
         seed: int = 0,
+        batch_invariant: bool = False,
         cost_model: CostModel,
         clock: SimClock,
         output_lengths: Mapping[str, int] | None = None,
@@ -50,6 +51,9 @@ class SimulatedRunner:
         self.block_size = block_size
         self.attention_backend = attention_backend
         self.cost_model = cost_model
+        #: Nothing to compute, so nothing to keep invariant: a cost model calibrated on an
+        #: engine with ``batch_invariant=True`` prices that mode.
+        self.batch_invariant = batch_invariant
         self.clock = clock
         #: Output length per request id (children ``"{i}_{id}"`` of ``n > 1`` use their parent's).
         self.output_lengths = dict(output_lengths or {})
