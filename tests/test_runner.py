@@ -88,10 +88,10 @@ def test_table_width_is_fixed_only_for_compiled_kernels():
 def test_device_defaults_follow_vllm_on_cuda():
     from workbench.config import EngineConfig, default_max_num_batched_tokens, default_max_num_seqs
 
-    assert (default_max_num_seqs("cuda"), default_max_num_seqs("cpu")) == (256, 64)
+    assert (default_max_num_seqs("cuda"), default_max_num_seqs("cpu")) == (256, 128)
     assert default_max_num_batched_tokens("cuda", True, 40960) == 8192
     assert default_max_num_batched_tokens("cuda", False, 40960) == 40960
-    assert default_max_num_batched_tokens("cpu", True, 1024) == 512
+    assert default_max_num_batched_tokens("cpu", True, 1024) == 2048
     assert default_max_num_batched_tokens("cpu", False, 1024) == 2048
     import pytest
 

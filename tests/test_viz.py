@@ -225,7 +225,7 @@ def test_step_plot_scales_to_the_bars_and_keeps_the_budget_as_a_reference(run):
     assert per_step == {r.step: r.num_scheduled_tokens for r in run.history if r.num_scheduled_tokens}
     assert ax.get_ylim()[1] >= 16 and any(line.get_ydata()[0] == 16 for line in ax.get_lines())
     plt.close("all")
-    engine = LLMEngine(device="cpu", block_size=4, num_kv_blocks=16)  # budget 512
+    engine = LLMEngine(device="cpu", block_size=4, num_kv_blocks=16, max_num_batched_tokens=512)
     engine.add_request("d", "ROMEO:", SamplingParams(temperature=0, max_tokens=3))
     while engine.has_unfinished_requests():
         engine.step()

@@ -44,10 +44,10 @@ class EngineConfig:
     max_num_kv_blocks: int = option(
         2**18, "cap on KV-cache blocks sized from memory (each block is a Python object)")
     max_num_seqs: int | None = option(
-        None, "most requests in one step (default: 256 on CUDA as vLLM, 64 on CPU)")
+        None, "most requests in one step (default, as vLLM: 256 on CUDA, 128 on CPU)")
     max_num_batched_tokens: int | None = option(
-        None, "token budget of one step (default on CPU: 512 with chunked prefill, else "
-        "max(2048, max_model_len); on CUDA: 8192, at least max_model_len without chunking)")
+        None, "token budget of one step (default, as vLLM: 2048 on CPU, 8192 on CUDA; at least "
+        "max_model_len without chunked prefill)")
     enable_prefix_caching: bool = option(True, "reuse cached KV blocks of shared prefixes")
     enable_chunked_prefill: bool = option(True, "split long prompts over several steps")
     policy: Any = option("fcfs", "scheduling policy: a name or a SchedulingPolicy object",
@@ -104,15 +104,16 @@ class EngineConfig:
 
 
 def default_max_num_seqs(device_type: str) -> int:
-    """Sequences per step when not configured: 256 on CUDA (vLLM's), 64 on CPU."""
-    return 256 if device_type == "cuda" else 64
+    """Sequences per step when not configured: vLLM's, 256 on CUDA and 128 on CPU (its
+    server default there)."""
+    return 256 if device_type == "cuda" else 128
 
 
 def default_max_num_batched_tokens(device_type: str, enable_chunked_prefill: bool,
                                    max_model_len: int) -> int:
     """Token budget per step when not configured. CUDA: 8192 (vLLM's for offline use with
-    chunked prefill), at least ``max_model_len`` without it. CPU: 512 with chunked prefill,
-    ``max(2048, max_model_len)`` without."""
+    chunked prefill), at least ``max_model_len`` without it. CPU: 2048 (vLLM's server default
+    there), at least ``max_model_len`` without chunked prefill."""
     if device_type == "cuda":
         return 8192 if enable_chunked_prefill else max(8192, max_model_len)
-    return 512 if enable_chunked_prefill else max(2048, max_model_len)
+    return 2048 if enable_chunked_prefill else max(2048, max_model_len)

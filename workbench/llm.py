@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from workbench.engine import LLMEngine
 from workbench.engine_args import EngineArgs
+from workbench.heap import frozen_heap
 from workbench.inputs import PromptType
 from workbench.outputs import RequestOutput
 from workbench.sampling_params import RequestOutputKind, SamplingParams
@@ -112,7 +113,7 @@ class LLM:
             raise
         wanted = set(ids)
         results: dict[str, RequestOutput] = {}
-        with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm) as bar:
+        with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm) as bar, frozen_heap():
             while len(results) < len(ids):
                 for out in engine.step():
                     if out.finished and out.request_id in wanted:

@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from workbench.config import EngineConfig
+from workbench.heap import frozen_heap
 from workbench.history import StepHistory
 from workbench.request_metrics import RequestTracker
 from workbench.workload import Workload, WorkloadRequest
@@ -187,35 +188,36 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
     if not exclusive:
         engine.on_step.append(keep)
     try:
-        step = 0
-        while True:
-            now = step if clock == "steps" else timer() - t0
-            while pending and _arrival(pending[0], clock) <= now:
-                request = pending.popleft()
-                try:
-                    engine.add_request(
-                        request.request_id,
-                        request.prompt if isinstance(request.prompt, str) else list(request.prompt),
-                        request.params,
-                        # A policy that ignores priorities (fcfs, spf) runs the same workload.
-                        priority=request.priority if engine.uses_priority else 0,
-                        arrival_time=t0 + request.arrival_time if clock == "wall" else None,
-                    )
-                except ValueError as e:
-                    rejected[request.request_id] = str(e)
-                    logger.warning("request %r left out of the run: %s", request.request_id, e)
-                    bar.update(1)
-            if not engine.has_unfinished_requests():
-                if not pending:
-                    break
-                if clock == "wall":
-                    sleep(max(0.0, _arrival(pending[0], clock) - (timer() - t0)))
-                    continue
-            for out in engine.step():
-                if out.finished and out.request_id in ids:
-                    outputs[out.request_id] = out
-                    bar.update(1)
-            step += 1
+        with frozen_heap():  # long-lived objects stay out of the collector's way
+            step = 0
+            while True:
+                now = step if clock == "steps" else timer() - t0
+                while pending and _arrival(pending[0], clock) <= now:
+                    request = pending.popleft()
+                    try:
+                        engine.add_request(
+                            request.request_id,
+                            request.prompt if isinstance(request.prompt, str) else list(request.prompt),
+                            request.params,
+                            # A policy that ignores priorities (fcfs, spf) runs the same workload.
+                            priority=request.priority if engine.uses_priority else 0,
+                            arrival_time=t0 + request.arrival_time if clock == "wall" else None,
+                        )
+                    except ValueError as e:
+                        rejected[request.request_id] = str(e)
+                        logger.warning("request %r left out of the run: %s", request.request_id, e)
+                        bar.update(1)
+                if not engine.has_unfinished_requests():
+                    if not pending:
+                        break
+                    if clock == "wall":
+                        sleep(max(0.0, _arrival(pending[0], clock) - (timer() - t0)))
+                        continue
+                for out in engine.step():
+                    if out.finished and out.request_id in ids:
+                        outputs[out.request_id] = out
+                        bar.update(1)
+                step += 1
     finally:
         if not exclusive:
             engine.on_step.remove(keep)

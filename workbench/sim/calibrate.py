@@ -37,7 +37,7 @@ from workbench.workload import Workload, WorkloadRequest
 class CalibrationGrid:
     """The batches a calibration runs (see the module docstring)."""
 
-    decode_batches: tuple[int, ...] = (1, 4, 16, 32, 64)
+    decode_batches: tuple[int, ...] = (1, 4, 16, 32, 64, 128)
     decode_contexts: tuple[int, ...] = (16, 256, 768)
     decode_steps: int = 6
     prefill_lengths: tuple[int, ...] = (16, 128, 512)
