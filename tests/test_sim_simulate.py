@@ -54,6 +54,19 @@ def test_constant_cost_by_hand_with_idle_jump():
     assert sim.summary()["throughput_tok_s"] == pytest.approx(7 / 0.120)
 
 
+def test_the_first_step_after_idle_pays_the_wake_up_cost():
+    """As above with wake_s = 4 ms: only b arrives at an idle engine (a comes at the start,
+    c while a runs), so only b's first step lasts 14 ms."""
+    wl = Workload([_req("a", 3, 3, time=0.0), _req("b", 4, 2, time=0.100), _req("c", 2, 2, time=0.015)])
+    woken = CostModel({"step": 0.010}, wake_s=0.004)
+    rows = simulate(wl, {"max_num_seqs": 4}, woken, clock="wall").requests.set_index("request_id")
+    assert rows.loc["a", "ttft_s"] == pytest.approx(0.010)
+    assert rows.loc["c", "e2e_s"] == pytest.approx(0.025)
+    assert rows.loc["b", "ttft_s"] == pytest.approx(0.014)
+    assert rows.loc["b", "e2e_s"] == pytest.approx(0.024)
+    assert CostModel.from_json(woken.to_json()).wake_s == 0.004
+
+
 def test_drawn_output_lengths_end_with_eos_and_are_reproducible():
     wl = Workload([_req(f"r{i}", 6, 50, step=0, ignore_eos=False) for i in range(5)])
     one = simulate(wl, None, TEN_MS, clock="steps", output_len=(3, 9), seed=7)

@@ -20,6 +20,7 @@ not fitted.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from dataclasses import dataclass
 
@@ -39,17 +40,19 @@ class CalibrationGrid:
 
     decode_batches: tuple[int, ...] = (1, 4, 16, 32, 64, 128)
     decode_contexts: tuple[int, ...] = (16, 256, 768)
-    decode_steps: int = 6
+    decode_steps: int = 24
     prefill_lengths: tuple[int, ...] = (16, 128, 512)
     prefill_contexts: tuple[int, ...] = (0, 384)
     mixed: tuple[tuple[int, int], ...] = ((4, 32), (16, 128), (32, 384))
     repeats: int = 3
+    idle_arrivals: int = 12  # single requests at an idle engine, for the wake-up cost
 
     @classmethod
     def tiny(cls) -> CalibrationGrid:
         """A few seconds' grid (tests, a first look)."""
         return cls(decode_batches=(1, 4), decode_contexts=(16, 48), decode_steps=2,
-                   prefill_lengths=(16,), prefill_contexts=(0, 32), mixed=((2, 16),), repeats=1)
+                   prefill_lengths=(16,), prefill_contexts=(0, 32), mixed=((2, 16),), repeats=1,
+                   idle_arrivals=3)
 
     def phases(self, *, max_num_seqs: int, num_tokens: int, max_model_len: int, block_size: int,
                vocab_size: int, seed: int = 0) -> list[tuple[str, Workload]]:
@@ -127,13 +130,34 @@ def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid |
     x, y, empty = (np.concatenate(parts) for parts in zip(*(_reduce_repeats(r, AGGREGATES[aggregate])
                                                              for r in runs.values())))
     day = datetime.date.today().isoformat()
-    return CostModel.fit_measured(
+    model = CostModel.fit_measured(
         x[~empty], y[~empty], y[empty],
         hardware=describe_hardware(engine.device),
         model=describe_model(mc, block_size=engine.kv_cache.block_size, attention_backend=engine.attention_backend),
         note=f"calibrated by `workbench calibrate` ({len(phases)} phases, {aggregate} of {grid.repeats} repeats "
              f"per step) on {day}",
     )
+    wake = measure_wake(engine, model, grid.idle_arrivals, vocab_size=mc.vocab_size, seed=seed)
+    return dataclasses.replace(model, wake_s=wake)
+
+
+def measure_wake(engine, model: CostModel, num_arrivals: int, *, vocab_size: int, seed: int = 0) -> float:
+    """``CostModel.wake_s``: requests arriving one by one at an idle engine (wall clock, 25 ms
+    apart), each alone in its first step; the median of (measured time to first token -
+    the model's prediction of that step), at least 0."""
+    rng = np.random.default_rng(seed + 1)
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    lengths = (32, 128, 256)
+    workload = Workload([
+        WorkloadRequest(f"idle{i}", tuple(int(t) for t in rng.integers(3, vocab_size, size=lengths[i % 3])),
+                        params, arrival_time=0.025 * i)
+        for i in range(num_arrivals)])
+    run = engine.replay(workload, clock="wall")
+    engine.reset_prefix_cache()
+    steps = {r.step: r for r in run.history}
+    extra = [row.ttft_s - model.predict(steps[row.first_token_step])
+             for row in run.requests.itertuples() if row.first_token_step in steps]
+    return max(0.0, float(np.median(extra))) if extra else 0.0
 
 
 def _reduce_repeats(repeats: list[tuple[np.ndarray, np.ndarray, np.ndarray]], reduce):
@@ -150,6 +174,7 @@ def coefficient_table(model: CostModel) -> str:
     lines = [f"{'feature':<18} {'coefficient':>12}  unit"]
     lines += [f"{f:<18} {model.coefficients[f]:>12.4g}  {UNITS[f]}" for f in FEATURES]
     lines.append(f"{'empty step':<18} {model.empty_step_s:>12.4g}  s")
+    lines.append(f"{'wake-up after idle':<18} {model.wake_s:>12.4g}  s")
     if model.fit_stats:
         lines.append("fit: " + ", ".join(f"{k}={v:.4g}" for k, v in model.fit_stats.items()))
     return "\n".join(lines)

@@ -37,11 +37,14 @@ UNITS = {"step": "s per step", "prefill_tokens": "s per token", "decode_seqs": "
 @dataclass(frozen=True)
 class CostModel:
     """Seconds per unit of each feature (``coefficients``), the cost of an empty step, the
+    wake-up cost (``wake_s``: what the first step after the engine sat idle costs on top of
+    its batch -- a sleeping driver waking up, the arrival's input processing, cold caches), the
     hardware and model it was measured on, and the fit's residuals (``fit_stats``: steps
     fitted, outliers left out, R^2, median and p90 absolute relative error per step)."""
 
     coefficients: Mapping[str, float]
     empty_step_s: float = 0.0
+    wake_s: float = 0.0
     hardware: Mapping[str, object] = field(default_factory=dict)
     model: Mapping[str, object] = field(default_factory=dict)
     fit_stats: Mapping[str, float] = field(default_factory=dict)
@@ -54,8 +57,10 @@ class CostModel:
         for name, value in self.coefficients.items():
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"coefficients[{name!r}] must be a finite number >= 0, got {value!r}.")
-        if not (math.isfinite(self.empty_step_s) and self.empty_step_s >= 0):
-            raise ValueError(f"empty_step_s must be a finite number >= 0, got {self.empty_step_s!r}.")
+        for name in ("empty_step_s", "wake_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")
         object.__setattr__(self, "coefficients", {f: float(self.coefficients.get(f, 0.0)) for f in FEATURES})
         object.__setattr__(self, "_vector", tuple(self.coefficients[f] for f in FEATURES))
 
@@ -87,7 +92,8 @@ class CostModel:
     @classmethod
     def fit(cls, history, *, hardware: Mapping | None = None, model: Mapping | None = None,
             note: str = "") -> CostModel:
-        """Least squares (non-negative) of measured step durations on the batch features.
+        """Least squares (non-negative, on relative errors) of measured step durations on the
+        batch features.
 
         ``history``: a StepHistory, a RunResult, or a list of them, of real runs (see
         :mod:`workbench.sim.measurements`). Steps far from the first fit (noise) are left out
@@ -109,12 +115,17 @@ class CostModel:
         if len(y) < len(FEATURES):
             raise ValueError(f"history: {len(y)} non-empty measured steps; at least {len(FEATURES)} are needed "
                              "(and batches that vary: see `workbench calibrate`).")
-        coef = _nonnegative_lstsq(x, y)
-        residuals = y - x @ coef
+        if (y <= 0).any():
+            raise ValueError("history: a step with a duration <= 0 s cannot be fitted.")
+        # Relative least squares (each row divided by its duration): a 1 ms decode step counts
+        # as much as a 20 ms prefill, as in the per-request errors the simulation is judged by.
+        rows = x / y[:, None]
+        coef = _nonnegative_lstsq(rows, np.ones_like(y))
+        residuals = (x @ coef - y) / y
         mad = float(np.median(np.abs(residuals - np.median(residuals)))) or 1e-12
         keep = np.abs(residuals) <= OUTLIER_MADS * mad * 1.4826
         if keep.sum() >= len(FEATURES):
-            coef = _nonnegative_lstsq(x[keep], y[keep])
+            coef = _nonnegative_lstsq(rows[keep], np.ones(int(keep.sum())))
         stats = _residual_stats(y, x @ coef)
         stats["num_outliers"] = int((~keep).sum())
         return cls(
@@ -133,6 +144,7 @@ class CostModel:
             "coefficients": dict(self.coefficients),
             "units": {f: UNITS[f] for f in FEATURES},
             "empty_step_s": self.empty_step_s,
+            "wake_s": self.wake_s,
             "hardware": dict(self.hardware),
             "model": dict(self.model),
             "fit_stats": dict(self.fit_stats),
@@ -165,6 +177,7 @@ class CostModel:
             raise ValueError(f"{source}: \"coefficients\" must be an object of feature -> seconds.")
         try:
             return cls(coefficients=data["coefficients"], empty_step_s=float(data.get("empty_step_s", 0.0)),
+                       wake_s=float(data.get("wake_s", 0.0)),
                        hardware=data.get("hardware", {}), model=data.get("model", {}),
                        fit_stats=data.get("fit_stats", {}), note=data.get("note", ""))
         except ValueError as e:
@@ -187,7 +200,8 @@ class CostModel:
         model, hw = self._describe()
         coefs = ", ".join(f"{f}={self.coefficients[f]:.3g}" for f in FEATURES)
         fit = ", ".join(f"{k}={v:.3g}" for k, v in self.fit_stats.items())
-        return f"CostModel(model={model}, hardware={hw}, {coefs}, empty_step_s={self.empty_step_s:.3g}" + \
+        return f"CostModel(model={model}, hardware={hw}, {coefs}, empty_step_s={self.empty_step_s:.3g}, " \
+            f"wake_s={self.wake_s:.3g}" + \
             (f", fit: {fit}" if fit else "") + ")"
 
     def _repr_html_(self) -> str:
@@ -195,6 +209,7 @@ class CostModel:
         rows = "".join(f"<tr><td>{f}</td><td>{self.coefficients[f]:.4g}</td><td>{UNITS[f]}</td></tr>"
                        for f in FEATURES)
         rows += f"<tr><td>empty step</td><td>{self.empty_step_s:.4g}</td><td>s</td></tr>"
+        rows += f"<tr><td>wake-up after idle</td><td>{self.wake_s:.4g}</td><td>s</td></tr>"
         fit = "".join(f"<tr><th>{html.escape(k)}</th><td>{v:.4g}</td></tr>" for k, v in self.fit_stats.items())
         return (f"<b>CostModel</b> of {html.escape(model)} on {html.escape(hw)}"
                 f"<table><tr><th>feature</th><th>coefficient</th><th>unit</th></tr>{rows}</table>"

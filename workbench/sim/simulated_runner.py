@@ -86,12 +86,16 @@ class SimulatedRunner:
         """Nothing to compile."""
 
     def execute(self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request]) -> RunnerOutput:
-        """Advance the clock by the predicted duration; one token per sampling request."""
+        """Advance the clock by the predicted duration (plus the wake-up cost for the first
+        batch after idle); one token per sampling request."""
         if not scheduler_output.scheduled:
             seconds = self.cost_model.empty_step_s
             self.clock.advance(seconds)
             return RunnerOutput(timings={"simulated": seconds})
         seconds = self.cost_model.predict(step_features(scheduler_output))
+        if self.clock.after_idle:  # the first batch after the engine sat idle
+            seconds += self.cost_model.wake_s
+            self.clock.after_idle = False
         self.clock.advance(seconds)
         sampled = {s.request_id: self._next_token(requests[s.request_id])
                    for s in scheduler_output.scheduled if s.samples}
