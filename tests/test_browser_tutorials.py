@@ -1,4 +1,4 @@
-"""The eight tutorials open cleanly in JupyterLab (headless Chromium), as a reader first sees them.
+"""The nine tutorials open cleanly in JupyterLab (headless Chromium), as a reader first sees them.
 
 nbval (``pytest --nbval``) runs every tutorial and compares its outputs; this test opens the
 stored notebooks in a real JupyterLab and checks what a reader sees before running anything:
@@ -34,7 +34,7 @@ def lab(tmp_path_factory):
 def test_every_tutorial_opens_without_errors(lab):
     playwright = pytest.importorskip("playwright.sync_api")
     url, token = lab
-    assert len(NOTEBOOKS) == 8
+    assert len(NOTEBOOKS) == 9
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
