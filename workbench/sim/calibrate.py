@@ -137,21 +137,18 @@ def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid |
         note=f"calibrated by `workbench calibrate` ({len(phases)} phases, {aggregate} of {grid.repeats} repeats "
              f"per step) on {day}",
     )
-    wake = measure_wake(engine, model, grid.idle_arrivals, vocab_size=mc.vocab_size, seed=seed)
+    wake = measure_wake(engine, model, grid.idle_arrivals, seed=seed)
     return dataclasses.replace(model, wake_s=wake)
 
 
-def measure_wake(engine, model: CostModel, num_arrivals: int, *, vocab_size: int, seed: int = 0) -> float:
-    """``CostModel.wake_s``: requests arriving one by one at an idle engine (wall clock, 25 ms
-    apart), each alone in its first step; the median of (measured time to first token -
-    the model's prediction of that step), at least 0."""
-    rng = np.random.default_rng(seed + 1)
-    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-    lengths = (32, 128, 256)
-    workload = Workload([
-        WorkloadRequest(f"idle{i}", tuple(int(t) for t in rng.integers(3, vocab_size, size=lengths[i % 3])),
-                        params, arrival_time=0.025 * i)
-        for i in range(num_arrivals)])
+def measure_wake(engine, model: CostModel, num_arrivals: int, *, seed: int = 0) -> float:
+    """``CostModel.wake_s``: text requests (32..256 tokens of the corpus, tokenized on arrival
+    as a served request is) arriving one by one at an idle engine (wall clock, 25 ms apart),
+    each alone in its first step; the median of (measured time to first token - the model's
+    prediction of that step), at least 0."""
+    drawn = Workload.poisson(num_arrivals, rate=40.0, input_len=(32, 256), output_len=2, seed=seed + 1)
+    workload = Workload([dataclasses.replace(r, request_id=f"idle{i}", arrival_time=0.025 * i, arrival_step=None)
+                         for i, r in enumerate(drawn)])
     run = engine.replay(workload, clock="wall")
     engine.reset_prefix_cache()
     steps = {r.step: r for r in run.history}

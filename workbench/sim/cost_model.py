@@ -30,7 +30,7 @@ DEFAULT_CALIBRATION = "calibration/tiny-shakespeare-cpu.json"
 #: A fitted step further than this many MADs of the residuals from the first fit is noise
 #: (another process took the CPU): it is left out of the second fit (and counted).
 OUTLIER_MADS = 6.0
-UNITS = {"step": "s per step", "prefill_tokens": "s per token", "decode_seqs": "s per sequence",
+UNITS = {"step": "s per step", "prefill_tokens": "s per token", "decode_seqs": "s per sequence", "decode_seqs_sqrt": "s per sqrt(sequences)",
           "decode_context": "s per KV token", "prefill_attention": "s per q x k pair"}
 
 

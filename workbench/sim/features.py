@@ -6,6 +6,9 @@ give the same numbers:
 * ``step``: 1 for every step that runs a batch (fixed cost: launches, Python, the driver);
 * ``prefill_tokens``: tokens of prefill chunks (weights x tokens: the matmuls);
 * ``decode_seqs``: decode chunks, one token each (matmuls, sampling, per-row work);
+* ``decode_seqs_sqrt``: its square root -- a decode's cost per sequence falls as the batch
+  grows (one row is a matrix-vector product on one thread, many rows a matrix product on all),
+  so the cost is concave in the batch size;
 * ``decode_context``: KV tokens the decode rows attend to (sum of their ``seq_len``);
 * ``prefill_attention``: query x key pairs of the prefill chunks, ``q * (computed + (q + 1) / 2)``
   per chunk (a chunk's tokens times the context they attend to, causal).
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 from workbench.core.scheduler_output import SchedulerOutput
 
-FEATURES = ("step", "prefill_tokens", "decode_seqs", "decode_context", "prefill_attention")
+FEATURES = ("step", "prefill_tokens", "decode_seqs", "decode_seqs_sqrt", "decode_context", "prefill_attention")
 
 
 def step_features(so: SchedulerOutput) -> tuple[float, ...]:
@@ -31,4 +34,4 @@ def step_features(so: SchedulerOutput) -> tuple[float, ...]:
         else:
             decode += 1
             context += s.num_computed_tokens + s.num_new_tokens
-    return (1.0, float(prefill), float(decode), float(context), float(attention))
+    return (1.0, float(prefill), float(decode), decode ** 0.5, float(context), float(attention))
