@@ -34,17 +34,20 @@ shipped
 # %% [markdown]
 # ## A step's cost
 #
-# A step's duration is predicted from its batch alone, as a sum of five parts: a fixed cost
+# A step's duration is predicted from its batch alone, as a sum of six parts: a fixed cost
 # per step (Python, the scheduler, launching the layers), a cost per prefill token (the
-# matmuls), a cost per decoding sequence, a cost per KV token a decode attends to, and a cost
-# per query-key pair of a prefill chunk (causal attention grows with the square of a prompt).
-# Above is the calibration that ships with the project, measured on the 2-core machine the
-# project is developed on. Its `fit` line says how well five numbers describe real steps.
+# matmuls), a cost per decoding sequence and one per square root of their number (one row is a
+# matrix-vector product, many rows a matrix product: the cost per sequence falls as the batch
+# grows), a cost per KV token a decode attends to, and a cost per query-key pair of a prefill
+# chunk (causal attention grows with the square of a prompt). On top, the first batch after the
+# engine sat idle pays a wake-up cost. Above is the calibration that ships with the project,
+# measured on the 2-core machine the project is developed on. Its `fit` line says how well
+# these numbers describe real steps.
 #
 # Your machine is another one, so calibrate on it. `calibrate` runs a designed set of batches
 # on the real engine (decodes of 1 to 64 sequences at short and long contexts, prefills of
 # 16 to 512 tokens with and without cached context, mixed batches), times every step, and fits
-# the five numbers by least squares. It takes a few seconds here.
+# the coefficients by least squares. It takes about fifteen seconds here.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -109,7 +112,7 @@ fig.tight_layout()
 # Points on the diagonal are requests the simulation timed right. End-to-end latencies, sums
 # of many steps, land within about a tenth on this machine; times to first token, one or two
 # steps each, scatter more: a single step's noise (the OS, a cold cache after an idle gap) is a
-# large part of them, and five numbers describe an average step. Two real runs of the same
+# large part of them, and six coefficients describe an average step. Two real runs of the same
 # workload differ by 2-4% per request here, the floor any simulation is measured against.
 # `workbench simulate accuracy` runs this check on two arrival rates and prints the table; on a
 # busy machine the real run slows down and the errors grow (recalibrate when it is quiet).
