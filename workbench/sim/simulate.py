@@ -13,15 +13,14 @@ are fillers, so its text means nothing), unless it has stop strings (which need 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import gc
 
 import numpy as np
 
 from workbench.config import EngineConfig
 from workbench.engine import LLMEngine
+from workbench.heap import rare_collections
 from workbench.run import RunResult, drive, resolve_config
 from workbench.sampling_params import RequestOutputKind
 from workbench.sim.clock import SimClock
@@ -62,26 +61,10 @@ def simulate(
         clock=sim_clock,
     )
     engine.runner.tokenizer = engine.tokenizer
-    with _rare_garbage_collection():
+    with rare_collections():
         result = drive(engine, Workload([_lean(r) for r in workload], workload.info), clock=clock,
                        progress=progress, exclusive=True)
     return dataclasses.replace(result, workload=workload, simulated=True)
-
-
-@contextlib.contextmanager
-def _rare_garbage_collection(threshold: int = 100_000):
-    """Collect the youngest generation every ``threshold`` allocations instead of Python's 700.
-
-    A simulated step allocates thousands of short-lived objects (events, chunks, outputs) and
-    frees nearly all of them by reference counting; with the default threshold the cycle
-    collector ran dozens of times per step and took ~45% of the run. Cycles are still
-    collected, less often; the old thresholds are back afterwards."""
-    old = gc.get_threshold()
-    gc.set_threshold(threshold, *old[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
 
 
 def _output_lengths(workload: Workload, output_len: LengthSpec | None, seed: int) -> dict[str, int]:
