@@ -59,6 +59,10 @@ class EngineConfig:
     batch_invariant: bool = option(
         False, "compute every request's logits (and logprobs) bitwise the same whatever else is "
         "in its batch, however its prompt is chunked or cached (fixed-order kernels; slower)")
+    keep_warm_s: float = option(
+        60.0, "CPU: while the engine waits for requests, keep torch's worker threads awake this "
+        "many seconds after the last step (a parked thread can add ~10 ms to the next step on a "
+        "VM; see workbench/idle.py); 0: let them park at once")
     max_logprobs: int = option(20, "largest logprobs / prompt_logprobs a request may ask for")
     max_history: int = option(10_000, "StepRecords kept in engine.history")
     log_stats: bool = option(False, "log vLLM's periodic stats line")
@@ -69,6 +73,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}.")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}.")
+        if not self.keep_warm_s >= 0:
+            raise ValueError(f"keep_warm_s must be >= 0, got {self.keep_warm_s}.")
         if self.max_num_kv_blocks < 1:
             raise ValueError(f"max_num_kv_blocks must be >= 1, got {self.max_num_kv_blocks}.")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:

@@ -21,6 +21,7 @@ from workbench.core.policy import FCFSPolicy, SchedulingPolicy, ShortestPromptFi
 from workbench.core.scheduler import Scheduler
 from workbench.core.scheduler_output import SchedulerOutput
 from workbench.history import StepHistory, StepRecord
+from workbench.idle import IdleWaiter
 from workbench.inputs import InputProcessor, PromptType
 from workbench.model.loader import resolve_model_path
 from workbench.model.model_config import ModelConfig
@@ -145,6 +146,8 @@ class LLMEngine:
         self._freed_mark = 0  # kv_cache.num_blocks_freed at the end of the previous step
         self._pending_outputs: list[RequestOutput] = []  # aborts reported by the next step
         self._step_end: float | None = None  # when the last step left unfinished work (perf_counter)
+        #: How a driver waits for requests: keeping a CPU's worker threads awake (workbench.idle).
+        self.idle = IdleWaiter(self.device, config.keep_warm_s)
         # The tokenizer's eos ends a request; other eos ids of generation_config.json join
         # each request's stop_token_ids (as vLLM does), unless it ignores eos.
         eos = self.model_config.eos_token_ids
@@ -335,6 +338,7 @@ class LLMEngine:
             except Exception:
                 logger.exception("on_step hook %r failed at step %d", hook, record.step)
         self._step_end = time.perf_counter() if self.has_unfinished_requests() else None
+        self.idle.mark_busy()
         return outputs
 
     def _append_record(self, so: SchedulerOutput, timings: dict[str, float], *, batch=None,

@@ -26,7 +26,6 @@ import dataclasses
 import html
 import logging
 import math
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -168,7 +167,8 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
     if exclusive and (len(engine.history) or engine.has_unfinished_requests()):
         raise ValueError("drive(exclusive=True) needs an engine that has not stepped and holds no request.")
     timer = engine.clock
-    sleep = getattr(timer, "sleep", time.sleep)
+    # A simulated clock jumps; a real engine waits keeping its CPU threads awake.
+    sleep = getattr(timer, "sleep", None) or engine.idle.sleep
     t0 = timer()
     tracker = RequestTracker(epoch=t0, max_requests=max(100_000, len(workload)))
     if exclusive:

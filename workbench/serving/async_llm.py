@@ -103,7 +103,8 @@ class AsyncLLM:
     """Serve an :class:`LLMEngine` to asyncio code.
 
     Invariants: only the engine thread touches ``engine`` (and ``_streams``); the thread
-    sleeps on a condition while there is neither work nor a pending call; a request whose
+    sleeps on a condition while there is neither work nor a pending call (waking every few ms
+    for a while to keep a CPU's worker threads awake: ``engine.idle``); a request whose
     consumer stops iterating is aborted, so it frees its KV blocks.
     """
 
@@ -246,7 +247,8 @@ class AsyncLLM:
             while True:
                 with self._cond:
                     while not (self._calls or self._stopping or engine.has_unfinished_requests()):
-                        self._cond.wait()
+                        if not self._cond.wait(engine.idle.timeout()):  # a tick: keep threads awake
+                            engine.idle.poke()
                     calls, self._calls = self._calls, []
                     stopping = self._stopping
                 for fn, future in calls:
