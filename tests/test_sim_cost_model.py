@@ -9,7 +9,7 @@ from workbench.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from workbench.history import StepRecord
 from workbench.sim import FEATURES, CostModel, step_features
 
-TRUE = {"step": 2e-3, "prefill_tokens": 5e-5, "decode_seqs": 1e-4, "decode_seqs_sqrt": 3e-4, "decode_context": 2e-7,
+TRUE = {"step": 2e-3, "prefill_tokens": 5e-5, "prefill_chunks": 4e-4, "decode_seqs": 1e-4, "decode_seqs_sqrt": 3e-4, "decode_context": 2e-7,
         "prefill_attention": 1e-8}
 
 
@@ -40,11 +40,11 @@ def _synthetic(rng, n=120, noise=0.0):
 
 def test_features_by_hand():
     so = SchedulerOutput(0, (_chunk("a", 10, 1, False), _chunk("b", 0, 4, True), _chunk("c", 16, 2, True)))
-    # decode: 1 seq (sqrt 1) attending 11 tokens; prefill: 4 tokens at 0 (4 * 2.5) + 2 tokens at 16 (2 * 17.5)
-    assert step_features(so) == (1.0, 6.0, 1.0, 1.0, 11.0, 10.0 + 35.0)
+    # decode: 1 seq (sqrt 1) attending 11 tokens; prefill: 2 chunks, 4 tokens at 0 (4 * 2.5) + 2 tokens at 16 (2 * 17.5)
+    assert step_features(so) == (1.0, 6.0, 2.0, 1.0, 1.0, 11.0, 10.0 + 35.0)
     four = SchedulerOutput(0, tuple(_chunk(f"d{i}", 10, 1, False) for i in range(4)))
-    assert step_features(four) == (1.0, 0.0, 4.0, 2.0, 44.0, 0.0)
-    assert step_features(SchedulerOutput(0, ())) == (0.0,) * 6
+    assert step_features(four) == (1.0, 0.0, 0.0, 4.0, 2.0, 44.0, 0.0)
+    assert step_features(SchedulerOutput(0, ())) == (0.0,) * 7
 
 
 def test_fit_recovers_known_coefficients():
@@ -64,10 +64,12 @@ def test_fit_with_noise_and_an_outlier_reports_residuals():
     assert model.coefficients["step"] == pytest.approx(TRUE["step"], rel=0.1)
     assert model.coefficients["prefill_tokens"] == pytest.approx(TRUE["prefill_tokens"], rel=0.1)
     assert 0.005 < model.fit_stats["median_abs_rel_err"] < 0.05
+    assert model.fit_stats["total_measured_over_predicted"] > 1  # the spike's 5 s are not predicted
 
 
 def test_driver_time_counts_in_the_duration():
-    """A step's duration includes the driver's share; a step without it gets the median."""
+    """A step's duration includes the driver's share; a step without it (the first of a run,
+    or after idle) is its own stages only."""
     rng = np.random.default_rng(2)
     records = [_record(r.step, r.scheduler_output.scheduled, sum(r.timings.values()) - 1e-3, driver=1e-3)
                for r in _synthetic(rng)]
@@ -79,7 +81,7 @@ def test_driver_time_counts_in_the_duration():
 def test_predict_forms_agree():
     model = CostModel(TRUE, empty_step_s=1e-4)
     so = SchedulerOutput(0, (_chunk("a", 10, 1, False), _chunk("b", 0, 4, True)))
-    expected = 2e-3 + 5e-5 * 4 + 1e-4 + 3e-4 * 1 + 2e-7 * 11 + 1e-8 * 10
+    expected = 2e-3 + 5e-5 * 4 + 4e-4 + 1e-4 + 3e-4 * 1 + 2e-7 * 11 + 1e-8 * 10
     assert model.predict(so) == pytest.approx(expected)
     assert model.predict(dict(zip(FEATURES, step_features(so)))) == pytest.approx(expected)
     assert model.predict(SchedulerOutput(1, ())) == 1e-4
@@ -131,7 +133,7 @@ def test_shipped_default_describes_the_embedded_model_on_cpu():
 
 def test_a_step_lasts_from_the_previous_tokens_to_its_own():
     """Tokens come at the end of ``sample``: the previous step's output stage and the driver's
-    time count in the next step; a step after idle gets the medians."""
+    time count in the next step; the first step (or one after idle) is its own stages only."""
     from workbench.sim.measurements import measured_steps
 
     chunk = [_chunk("a", 3, 1, False)]
@@ -145,4 +147,29 @@ def test_a_step_lasts_from_the_previous_tokens_to_its_own():
     _, durations, _ = measured_steps([rec(0, 0.004), rec(1, 0.006, driver=0.0005), rec(2, 0.002, driver=0.0007)])
     assert durations[1] == pytest.approx(0.014 + 0.0005 + 0.004)
     assert durations[2] == pytest.approx(0.014 + 0.0007 + 0.006)
-    assert durations[0] == pytest.approx(0.014 + 0.0006 + 0.004)  # medians: driver 0.6 ms, output 4 ms
+    assert durations[0] == pytest.approx(0.014)  # before it: the wake-up and input costs (wake_s, input_s)
+
+
+def test_input_cost_round_trips_and_is_checked(tmp_path):
+    model = CostModel(TRUE, wake_s=0.002, input_s=(3e-4, 2e-6))
+    assert model.input_cost([100, 10]) == pytest.approx(2 * 3e-4 + 110 * 2e-6)
+    again = CostModel.load(model.save(tmp_path / "m.json"))
+    assert again.input_s == (3e-4, 2e-6) and again.wake_s == 0.002
+    assert "input_s=(0.0003, 2e-06)" in repr(again)
+    with pytest.raises(ValueError, match="input_s must be"):
+        CostModel(TRUE, input_s=(1e-3, -1.0))
+
+
+def test_input_cost_is_fitted_from_the_drivers_time_per_arrival():
+    """Driver time = 20 us + 300 us per arriving request + 2 us per prompt token (by hand)."""
+    from workbench.sim.calibrate import fit_input_cost
+
+    rng = np.random.default_rng(5)
+    n = rng.integers(0, 3, size=200)
+    tokens = n * rng.integers(20, 400, size=200)
+    driver = 2e-5 + 3e-4 * n + 2e-6 * tokens
+    rows = np.column_stack([driver, n, tokens]).astype(float)
+    rows[::7, 0] = np.nan  # steps after idle: no driver time recorded
+    per_request, per_token = fit_input_cost(rows)
+    assert per_request == pytest.approx(3e-4, rel=1e-6) and per_token == pytest.approx(2e-6, rel=1e-6)
+    assert fit_input_cost(np.array([[1e-5, 0, 0]])) == (0.0, 0.0)  # no arrival: nothing to fit

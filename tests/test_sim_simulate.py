@@ -67,6 +67,20 @@ def test_the_first_step_after_idle_pays_the_wake_up_cost():
     assert CostModel.from_json(woken.to_json()).wake_s == 0.004
 
 
+def test_text_prompts_pay_their_input_processing_before_their_step():
+    """a (text) and b (token ids) arrive at an idle engine; only a's first step is preceded by
+    the driver tokenizing it: 1 ms + 0.1 ms per prompt token."""
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    wl = Workload([WorkloadRequest("a", "ROMEO: what light", params, arrival_time=0.0),
+                   WorkloadRequest("b", (5, 6, 7, 8), params, arrival_time=0.5)])
+    model = CostModel({"step": 0.010}, input_s=(0.001, 0.0001))
+    rows = simulate(wl, None, model, clock="wall").requests.set_index("request_id")
+    n = rows.loc["a", "num_prompt_tokens"]
+    assert rows.loc["a", "ttft_s"] == pytest.approx(0.010 + 0.001 + 0.0001 * n)
+    assert rows.loc["a", "e2e_s"] == pytest.approx(0.020 + 0.001 + 0.0001 * n)
+    assert rows.loc["b", "ttft_s"] == pytest.approx(0.010)
+
+
 def test_drawn_output_lengths_end_with_eos_and_are_reproducible():
     wl = Workload([_req(f"r{i}", 6, 50, step=0, ignore_eos=False) for i in range(5)])
     one = simulate(wl, None, TEN_MS, clock="steps", output_len=(3, 9), seed=7)

@@ -169,6 +169,7 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
     timer = engine.clock
     # A simulated clock jumps; a real engine waits keeping its CPU threads awake.
     sleep = getattr(timer, "sleep", None) or engine.idle.sleep
+    input_processed = getattr(timer, "input_processed", None)  # a simulated clock prices it
     t0 = timer()
     tracker = RequestTracker(epoch=t0, max_requests=max(100_000, len(workload)))
     if exclusive:
@@ -203,6 +204,8 @@ def drive(engine, workload: Workload, *, clock: str = "steps", progress: bool = 
                             priority=request.priority if engine.uses_priority else 0,
                             arrival_time=t0 + request.arrival_time if clock == "wall" else None,
                         )
+                        if input_processed is not None and isinstance(request.prompt, str):
+                            input_processed(len(engine.output_processor.parents[request.request_id].prompt_token_ids))
                     except ValueError as e:
                         rejected[request.request_id] = str(e)
                         logger.warning("request %r left out of the run: %s", request.request_id, e)

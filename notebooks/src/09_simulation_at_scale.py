@@ -34,20 +34,23 @@ shipped
 # %% [markdown]
 # ## A step's cost
 #
-# A step's duration is predicted from its batch alone, as a sum of six parts: a fixed cost
+# A step's duration is predicted from its batch alone, as a sum of seven parts: a fixed cost
 # per step (Python, the scheduler, launching the layers), a cost per prefill token (the
-# matmuls), a cost per decoding sequence and one per square root of their number (one row is a
-# matrix-vector product, many rows a matrix product: the cost per sequence falls as the batch
-# grows), a cost per KV token a decode attends to, and a cost per query-key pair of a prefill
-# chunk (causal attention grows with the square of a prompt). On top, the first batch after the
-# engine sat idle pays a wake-up cost. Above is the calibration that ships with the project,
+# matmuls), a cost per prefill chunk (each is its own attention call in every layer), a cost
+# per decoding sequence and one per square root of their number (one row is a matrix-vector
+# product, many rows a matrix product: the cost per sequence falls as the batch grows), a cost
+# per KV token a decode attends to, and a cost per query-key pair of a prefill chunk (causal
+# attention grows with the square of a prompt). Two costs come from the driver, between steps:
+# tokenizing a text prompt that arrives (per request and per token), and waking up when a
+# request finds the engine idle. Above is the calibration that ships with the project,
 # measured on the 2-core machine the project is developed on. Its `fit` line says how well
 # these numbers describe real steps.
 #
 # Your machine is another one, so calibrate on it. `calibrate` runs a designed set of batches
-# on the real engine (decodes of 1 to 64 sequences at short and long contexts, prefills of
-# 16 to 512 tokens with and without cached context, mixed batches), times every step, and fits
-# the coefficients by least squares. It takes about fifteen seconds here.
+# on the real engine (decodes of 1 to 128 sequences at short and long contexts, prefills of 8
+# to 768 tokens with and without cached context, mixed batches) and two short stretches of
+# Poisson traffic with text prompts, times every step, and fits the coefficients by least
+# squares. It takes about half a minute here.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -81,14 +84,14 @@ print("identical schedules:", schedule_of(real_steps) == schedule_of(simulated_s
 # %% [markdown]
 # Then time. With arrivals in seconds (`clock="wall"`), a request arrives at the first step
 # boundary after its arrival time, so how long steps take decides which steps it joins. We run
-# the real engine (after a short warm-up run: a process's first forward passes pay one-time
-# costs) and the simulation, and compare every request's time to first token (TTFT) and
-# end-to-end latency.
+# the real engine (after one untimed run of the same workload: a process's first passes over
+# new shapes pay one-time costs) and the simulation, and compare every request's time to first
+# token (TTFT) and end-to-end latency.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 engine = LLMEngine(config)
-engine.replay(Workload.poisson(4, rate=1.0, input_len=(8, 64), output_len=(2, 8), seed=0))
+engine.replay(workload, clock="wall")
 engine.reset_prefix_cache()
 real = engine.replay(workload, clock="wall")
 simulated = simulate(workload, config, mine, clock="wall")
@@ -109,13 +112,13 @@ for ax, metric in zip(axes, ("ttft_s", "e2e_s")):
 fig.tight_layout()
 
 # %% [markdown]
-# Points on the diagonal are requests the simulation timed right. End-to-end latencies, sums
-# of many steps, land within about a tenth on this machine; times to first token, one or two
-# steps each, scatter more: a single step's noise (the OS, a cold cache after an idle gap) is a
-# large part of them, and six coefficients describe an average step. Two real runs of the same
-# workload differ by 2-4% per request here, the floor any simulation is measured against.
-# `workbench simulate accuracy` runs this check on two arrival rates and prints the table; on a
-# busy machine the real run slows down and the errors grow (recalibrate when it is quiet).
+# Points on the diagonal are requests the simulation timed right. Most land within a few
+# percent on this machine; the others carry the noise of single steps (the OS, a neighbour on
+# the host, a cold cache after an idle gap), which no step model predicts. A real run is not
+# exact either: two real runs of the same workload differ by 3-12% per request here, the floor
+# any simulation is measured against. `workbench simulate accuracy` runs this check on two
+# arrival rates, against the median of three real runs, and prints the errors beside that
+# floor; `--calibrate` calibrates first, on the machine as it is now.
 #
 # ## A 100,000-request trace
 #

@@ -60,6 +60,10 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests of the Poisson workload (default 100; accuracy: 40 per rate)")
     parser.add_argument("--rate", type=float, default=4.0, help="arrivals per second (per step with --clock steps)")
     parser.add_argument("--rates", type=float, nargs="+", default=[4.0, 12.0], help="accuracy: the Poisson rates")
+    parser.add_argument("--real-runs", type=int, default=3,
+                        help="accuracy: timed real runs per workload (a request's real latency is their median)")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="accuracy: calibrate on this machine first (default grid) instead of loading a cost model")
     parser.add_argument("--input-len", type=int, nargs=2, default=[16, 256], metavar=("LOW", "HIGH"))
     parser.add_argument("--output-len", type=int, nargs=2, default=[4, 128], metavar=("LOW", "HIGH"))
     parser.add_argument("--token-ids", action="store_true", help="prompts as token ids (no text to tokenize)")
@@ -78,10 +82,18 @@ def simulate_main(args: argparse.Namespace) -> int:
 
     try:
         config = EngineArgs.from_cli_args(args).create_engine_config()
-        model = as_cost_model(args.cost_model)
+        if args.calibrate and (args.mode != "accuracy" or args.cost_model):
+            raise ValueError("--calibrate goes with `simulate accuracy` and without --cost-model.")
+        if args.calibrate:
+            from workbench.sim.calibrate import calibrate, coefficient_table
+
+            model = calibrate(config, progress=args.progress)
+            print(coefficient_table(model))
+        else:
+            model = as_cost_model(args.cost_model)
         if args.mode == "accuracy":
             report = accuracy(model, config, workloads=default_workloads(args.num_requests or 40, tuple(args.rates)),
-                              progress=args.progress)
+                              repeats=args.real_runs, progress=args.progress)
             print(report)
             print(f"within 5% and identical schedules: {report.ok}")
             return 0

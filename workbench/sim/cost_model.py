@@ -5,6 +5,14 @@ for a step that runs a batch, ``empty_step_s`` for a step that schedules nothing
 are those of :mod:`workbench.sim.measurements` (engine stages + the driver's share).
 Coefficients are non-negative (a cost never pays back). The JSON a model is saved as names
 the hardware and model it describes.
+
+The fit is least squares on relative errors (a 1 ms decode step counts as much as a 20 ms
+prefill), in two passes: steps far from the first pass's fit (a stall of the machine) are
+left out of the second. It describes a typical step: on a shared machine about one step in
+ten runs 20-30% long, which adds a few percent to a run's real time (reported by
+``fit_stats["total_measured_over_predicted"]``). Fitting the mean instead (least squares
+weighted by the predictions) was tried: it carried the calibration period's noise into every
+prediction and was further off on fresh workloads.
 """
 
 from __future__ import annotations
@@ -30,21 +38,26 @@ DEFAULT_CALIBRATION = "calibration/tiny-shakespeare-cpu.json"
 #: A fitted step further than this many MADs of the residuals from the first fit is noise
 #: (another process took the CPU): it is left out of the second fit (and counted).
 OUTLIER_MADS = 6.0
-UNITS = {"step": "s per step", "prefill_tokens": "s per token", "decode_seqs": "s per sequence", "decode_seqs_sqrt": "s per sqrt(sequences)",
+UNITS = {"step": "s per step", "prefill_tokens": "s per token", "prefill_chunks": "s per chunk", "decode_seqs": "s per sequence", "decode_seqs_sqrt": "s per sqrt(sequences)",
           "decode_context": "s per KV token", "prefill_attention": "s per q x k pair"}
 
 
 @dataclass(frozen=True)
 class CostModel:
     """Seconds per unit of each feature (``coefficients``), the cost of an empty step, the
-    wake-up cost (``wake_s``: what the first step after the engine sat idle costs on top of
-    its batch -- a sleeping driver waking up, the arrival's input processing, cold caches), the
+    wake-up cost (``wake_s``: what the first step after the engine sat idle costs on top of its
+    batch -- a sleeping driver waking up, cold caches), the input
+    processing of text prompts (``input_s``), the
     hardware and model it was measured on, and the fit's residuals (``fit_stats``: steps
-    fitted, outliers left out, R^2, median and p90 absolute relative error per step)."""
+    fitted, outliers left out, R^2, measured / predicted time in total, median and p90 absolute
+    relative error per step)."""
 
     coefficients: Mapping[str, float]
     empty_step_s: float = 0.0
     wake_s: float = 0.0
+    #: Input processing of a text prompt (tokenization, validation, block hashes), done by the
+    #: driver before the next step: (seconds per request, seconds per prompt token).
+    input_s: tuple[float, float] = (0.0, 0.0)
     hardware: Mapping[str, object] = field(default_factory=dict)
     model: Mapping[str, object] = field(default_factory=dict)
     fit_stats: Mapping[str, float] = field(default_factory=dict)
@@ -61,6 +74,10 @@ class CostModel:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")
+        input_s = tuple(float(v) for v in self.input_s)
+        if len(input_s) != 2 or not all(math.isfinite(v) and v >= 0 for v in input_s):
+            raise ValueError(f"input_s must be (seconds per request, seconds per token) >= 0, got {self.input_s!r}.")
+        object.__setattr__(self, "input_s", input_s)
         object.__setattr__(self, "coefficients", {f: float(self.coefficients.get(f, 0.0)) for f in FEATURES})
         object.__setattr__(self, "_vector", tuple(self.coefficients[f] for f in FEATURES))
 
@@ -82,6 +99,11 @@ class CostModel:
         if not features[0]:
             return self.empty_step_s
         return sum(c * x for c, x in zip(self._vector, features))
+
+    def input_cost(self, prompt_tokens) -> float:
+        """Seconds to process text prompts of ``prompt_tokens`` tokens (a list, one per prompt)."""
+        per_request, per_token = self.input_s
+        return per_request * len(prompt_tokens) + per_token * sum(prompt_tokens)
 
     def predict_many(self, features: np.ndarray) -> np.ndarray:
         """Seconds per row of a ``[n, len(FEATURES)]`` feature matrix."""
@@ -145,6 +167,7 @@ class CostModel:
             "units": {f: UNITS[f] for f in FEATURES},
             "empty_step_s": self.empty_step_s,
             "wake_s": self.wake_s,
+            "input_s": list(self.input_s),
             "hardware": dict(self.hardware),
             "model": dict(self.model),
             "fit_stats": dict(self.fit_stats),
@@ -178,9 +201,10 @@ class CostModel:
         try:
             return cls(coefficients=data["coefficients"], empty_step_s=float(data.get("empty_step_s", 0.0)),
                        wake_s=float(data.get("wake_s", 0.0)),
+                       input_s=tuple(data.get("input_s", (0.0, 0.0))),
                        hardware=data.get("hardware", {}), model=data.get("model", {}),
                        fit_stats=data.get("fit_stats", {}), note=data.get("note", ""))
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             raise ValueError(f"{source}: {e}") from None
 
     @classmethod
@@ -201,7 +225,7 @@ class CostModel:
         coefs = ", ".join(f"{f}={self.coefficients[f]:.3g}" for f in FEATURES)
         fit = ", ".join(f"{k}={v:.3g}" for k, v in self.fit_stats.items())
         return f"CostModel(model={model}, hardware={hw}, {coefs}, empty_step_s={self.empty_step_s:.3g}, " \
-            f"wake_s={self.wake_s:.3g}" + \
+            f"wake_s={self.wake_s:.3g}, input_s=({self.input_s[0]:.3g}, {self.input_s[1]:.3g})" + \
             (f", fit: {fit}" if fit else "") + ")"
 
     def _repr_html_(self) -> str:
@@ -210,6 +234,8 @@ class CostModel:
                        for f in FEATURES)
         rows += f"<tr><td>empty step</td><td>{self.empty_step_s:.4g}</td><td>s</td></tr>"
         rows += f"<tr><td>wake-up after idle</td><td>{self.wake_s:.4g}</td><td>s</td></tr>"
+        rows += (f"<tr><td>text prompt input</td><td>{self.input_s[0]:.4g} + {self.input_s[1]:.4g} x tokens</td>"
+                 "<td>s</td></tr>")
         fit = "".join(f"<tr><th>{html.escape(k)}</th><td>{v:.4g}</td></tr>" for k, v in self.fit_stats.items())
         return (f"<b>CostModel</b> of {html.escape(model)} on {html.escape(hw)}"
                 f"<table><tr><th>feature</th><th>coefficient</th><th>unit</th></tr>{rows}</table>"
@@ -242,6 +268,7 @@ def _residual_stats(actual: np.ndarray, predicted: np.ndarray) -> dict[str, floa
     return {
         "num_steps": int(len(actual)),
         "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else math.nan,
+        "total_measured_over_predicted": float(actual.sum() / predicted.sum()) if predicted.sum() > 0 else math.nan,
         "median_abs_rel_err": float(np.median(rel)),
         "p90_abs_rel_err": float(np.quantile(rel, 0.9)),
     }

@@ -5,6 +5,8 @@ give the same numbers:
 
 * ``step``: 1 for every step that runs a batch (fixed cost: launches, Python, the driver);
 * ``prefill_tokens``: tokens of prefill chunks (weights x tokens: the matmuls);
+* ``prefill_chunks``: prefill chunks (each is its own attention call per layer, with its own
+  gathers and mask: about 0.5 ms a chunk for the embedded model on CPU);
 * ``decode_seqs``: decode chunks, one token each (matmuls, sampling, per-row work);
 * ``decode_seqs_sqrt``: its square root -- a decode's cost per sequence falls as the batch
   grows (one row is a matrix-vector product on one thread, many rows a matrix product on all),
@@ -18,20 +20,21 @@ from __future__ import annotations
 
 from workbench.core.scheduler_output import SchedulerOutput
 
-FEATURES = ("step", "prefill_tokens", "decode_seqs", "decode_seqs_sqrt", "decode_context", "prefill_attention")
+FEATURES = ("step", "prefill_tokens", "prefill_chunks", "decode_seqs", "decode_seqs_sqrt", "decode_context", "prefill_attention")
 
 
 def step_features(so: SchedulerOutput) -> tuple[float, ...]:
     """The FEATURES of ``so``, in order; all zero for an empty step."""
     if not so.scheduled:
         return (0.0,) * len(FEATURES)
-    prefill = decode = context = attention = 0
+    prefill = chunks = decode = context = attention = 0
     for s in so.scheduled:
         if s.is_prefill:
             q = s.num_new_tokens
             prefill += q
+            chunks += 1
             attention += q * (s.num_computed_tokens + (q + 1) / 2)
         else:
             decode += 1
             context += s.num_computed_tokens + s.num_new_tokens
-    return (1.0, float(prefill), float(decode), decode ** 0.5, float(context), float(attention))
+    return (1.0, float(prefill), float(chunks), float(decode), decode ** 0.5, float(context), float(attention))

@@ -7,9 +7,10 @@ serving loop) sees it: the previous step's ``output`` stage (detokenization, out
 driver's own time between the two steps (``timings["driver"]``: adding arrivals, reading
 outputs, bookkeeping), then this step's ``schedule``, ``prepare``, ``forward`` and ``sample``.
 The engine records the driver's share only when the previous step left unfinished work, so an
-idle wait never counts; a step without it (the first after idle) gets the run's median driver
-and output times instead. The simulated clock advances by exactly this duration per step and
-stamps tokens at its end, as the real engine does.
+idle wait never counts; a step without it (the first of a run or after idle) is its own four
+stages only: what comes before it -- the wake-up, the arrival's input processing -- is the
+cost model's ``wake_s`` and ``input_s``. The simulated clock advances by exactly this duration
+per step (plus those) and stamps tokens at its end, as the real engine does.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from workbench.core.request_events import RequestArrived
 from workbench.history import TIMING_STAGES, StepRecord
 from workbench.sim.features import step_features
 
@@ -43,19 +45,27 @@ def measured_steps(records: Iterable[StepRecord]) -> tuple[np.ndarray, np.ndarra
     if not records:
         raise ValueError("no step with timings to fit: give the StepHistory of a real run "
                          "(a simulated or empty history has none).")
-    drivers = [r.timings["driver"] for r in records if "driver" in r.timings]
-    default_driver = float(np.median(drivers)) if drivers else 0.0
-    default_output = float(np.median([r.timings.get("output", 0.0) for r in records]))
     features = np.array([step_features(r.scheduler_output) for r in records], dtype=np.float64)
     durations = []
     for i, r in enumerate(records):
         t = r.timings
         own = sum(t.get(k, 0.0) for k in TIMING_STAGES if k != "output")
         if "driver" in t and i and records[i - 1].step == r.step - 1:
-            between = t["driver"] + records[i - 1].timings.get("output", 0.0)
-        else:
-            between = default_driver + default_output
-        durations.append(own + between)
+            own += t["driver"] + records[i - 1].timings.get("output", 0.0)
+        durations.append(own)
     durations = np.array(durations, dtype=np.float64)
     empty = np.array([not r.scheduler_output.scheduled for r in records])
     return features, durations, empty
+
+
+def driver_arrivals(records: Iterable[StepRecord]) -> np.ndarray:
+    """``[n, 3]``: per record with timings (the rows of :func:`measured_steps`), the driver's
+    time before it (NaN when not recorded: after idle), the requests that arrived for it and
+    their prompt tokens -- what the input processing of arrivals is fitted from."""
+    rows = []
+    for r in records:
+        if not r.timings:
+            continue
+        arrived = [e.num_prompt_tokens for e in r.request_events if isinstance(e, RequestArrived)]
+        rows.append((r.timings.get("driver", np.nan), len(arrived), sum(arrived)))
+    return np.array(rows, dtype=np.float64).reshape(-1, 3)

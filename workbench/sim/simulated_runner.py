@@ -86,17 +86,22 @@ class SimulatedRunner:
         """Nothing to compile."""
 
     def execute(self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request]) -> RunnerOutput:
-        """Advance the clock by the predicted duration (plus the wake-up cost for the first
-        batch after idle); one token per sampling request."""
+        """Advance the clock by the predicted duration, plus the wake-up cost for the first
+        batch after idle and the input processing of the text prompts that arrived since the
+        last step; one token per sampling request."""
         if not scheduler_output.scheduled:
             seconds = self.cost_model.empty_step_s
             self.clock.advance(seconds)
             return RunnerOutput(timings={"simulated": seconds})
-        seconds = self.cost_model.predict(step_features(scheduler_output))
-        if self.clock.after_idle:  # the first batch after the engine sat idle
-            seconds += self.cost_model.wake_s
-            self.clock.after_idle = False
-        self.clock.advance(seconds)
+        model, clock = self.cost_model, self.clock
+        seconds = model.predict(step_features(scheduler_output))
+        if clock.idle_s:  # the first batch after the engine sat idle
+            seconds += model.wake_s
+            clock.idle_s = 0.0
+        if clock.text_prompt_tokens:  # the driver tokenized these prompts before this step
+            seconds += model.input_cost(clock.text_prompt_tokens)
+            clock.text_prompt_tokens = []
+        clock.advance(seconds)
         sampled = {s.request_id: self._next_token(requests[s.request_id])
                    for s in scheduler_output.scheduled if s.samples}
         return RunnerOutput(sampled_token_ids=sampled, timings={"forward": seconds, "simulated": seconds})
