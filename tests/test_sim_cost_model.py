@@ -9,7 +9,7 @@ from workbench.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from workbench.history import StepRecord
 from workbench.sim import FEATURES, CostModel, step_features
 
-TRUE = {"step": 2e-3, "prefill_tokens": 5e-5, "prefill_chunks": 4e-4, "decode_seqs": 1e-4, "decode_seqs_sqrt": 3e-4, "decode_context": 2e-7,
+TRUE = {"step": 2e-3, "prefill_step": 1e-3, "prefill_tokens": 5e-5, "prefill_chunks": 4e-4, "decode_seqs": 1e-4, "decode_seqs_sqrt": 3e-4, "decode_context": 2e-7,
         "prefill_attention": 1e-8}
 
 
@@ -41,10 +41,10 @@ def _synthetic(rng, n=120, noise=0.0):
 def test_features_by_hand():
     so = SchedulerOutput(0, (_chunk("a", 10, 1, False), _chunk("b", 0, 4, True), _chunk("c", 16, 2, True)))
     # decode: 1 seq (sqrt 1) attending 11 tokens; prefill: 2 chunks, 4 tokens at 0 (4 * 2.5) + 2 tokens at 16 (2 * 17.5)
-    assert step_features(so) == (1.0, 6.0, 2.0, 1.0, 1.0, 11.0, 10.0 + 35.0)
+    assert step_features(so) == (1.0, 1.0, 6.0, 2.0, 1.0, 1.0, 11.0, 10.0 + 35.0)
     four = SchedulerOutput(0, tuple(_chunk(f"d{i}", 10, 1, False) for i in range(4)))
-    assert step_features(four) == (1.0, 0.0, 0.0, 4.0, 2.0, 44.0, 0.0)
-    assert step_features(SchedulerOutput(0, ())) == (0.0,) * 7
+    assert step_features(four) == (1.0, 0.0, 0.0, 0.0, 4.0, 2.0, 44.0, 0.0)
+    assert step_features(SchedulerOutput(0, ())) == (0.0,) * 8
 
 
 def test_fit_recovers_known_coefficients():
@@ -81,7 +81,7 @@ def test_driver_time_counts_in_the_duration():
 def test_predict_forms_agree():
     model = CostModel(TRUE, empty_step_s=1e-4)
     so = SchedulerOutput(0, (_chunk("a", 10, 1, False), _chunk("b", 0, 4, True)))
-    expected = 2e-3 + 5e-5 * 4 + 4e-4 + 1e-4 + 3e-4 * 1 + 2e-7 * 11 + 1e-8 * 10
+    expected = 2e-3 + 1e-3 + 5e-5 * 4 + 4e-4 + 1e-4 + 3e-4 * 1 + 2e-7 * 11 + 1e-8 * 10
     assert model.predict(so) == pytest.approx(expected)
     assert model.predict(dict(zip(FEATURES, step_features(so)))) == pytest.approx(expected)
     assert model.predict(SchedulerOutput(1, ())) == 1e-4

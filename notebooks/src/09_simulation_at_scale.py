@@ -34,8 +34,9 @@ shipped
 # %% [markdown]
 # ## A step's cost
 #
-# A step's duration is predicted from its batch alone, as a sum of seven parts: a fixed cost
-# per step (Python, the scheduler, launching the layers), a cost per prefill token (the
+# A step's duration is predicted from its batch alone, as a sum of eight parts: a fixed cost
+# per step (Python, the scheduler, launching the layers), a fixed cost for a step that runs
+# any prefill (the prefill path's plan, masks and kernels), a cost per prefill token (the
 # matmuls), a cost per prefill chunk (each is its own attention call in every layer), a cost
 # per decoding sequence and one per square root of their number (one row is a matrix-vector
 # product, many rows a matrix product: the cost per sequence falls as the batch grows), a cost

@@ -38,7 +38,7 @@ DEFAULT_CALIBRATION = "calibration/tiny-shakespeare-cpu.json"
 #: A fitted step further than this many MADs of the residuals from the first fit is noise
 #: (another process took the CPU): it is left out of the second fit (and counted).
 OUTLIER_MADS = 6.0
-UNITS = {"step": "s per step", "prefill_tokens": "s per token", "prefill_chunks": "s per chunk", "decode_seqs": "s per sequence", "decode_seqs_sqrt": "s per sqrt(sequences)",
+UNITS = {"step": "s per step", "prefill_step": "s per step with a prefill", "prefill_tokens": "s per token", "prefill_chunks": "s per chunk", "decode_seqs": "s per sequence", "decode_seqs_sqrt": "s per sqrt(sequences)",
           "decode_context": "s per KV token", "prefill_attention": "s per q x k pair"}
 
 
