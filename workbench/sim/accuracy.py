@@ -54,7 +54,9 @@ def latency_errors(real, simulated, metric: str) -> np.ndarray:
 def signed_errors(real, simulated, metric: str) -> np.ndarray:
     """``(sim - real) / real`` of ``metric`` per request both finished; ``real`` may be a
     RunResult or a Series of per-request values indexed by request id."""
-    a = real if hasattr(real, "index") and not hasattr(real, "requests") else real.requests.set_index("request_id")[metric]
+    import pandas as pd
+
+    a = real if isinstance(real, pd.Series) else real.requests.set_index("request_id")[metric]
     a = a.astype("float64")
     b = simulated.requests.set_index("request_id")[metric].astype("float64").reindex(a.index)
     ok = a.notna() & b.notna() & (a > 0)

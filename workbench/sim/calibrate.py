@@ -148,20 +148,10 @@ def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid |
             traffic_runs.append(engine.replay(workload, clock="wall"))
             engine.reset_prefix_cache()
             bar.update(1)
-    traffic_records = [list(run.history) for run in traffic_runs]
-    # Input processing of the traffic's text prompts: the driver's time before a step, fitted
-    # on the arrivals it added; taken out of those steps' durations (the simulator adds it).
     input_s = (0.0, 0.0)
-    for records in traffic_records:
-        tx, ty, tempty = measured_steps(records)
-        runs.setdefault("traffic", []).append((tx, ty, tempty))
-    if traffic_records:
-        arrivals = np.concatenate([driver_arrivals(r) for r in traffic_records])
-        input_s = fit_input_cost(arrivals)
-        tx, ty, tempty = (np.concatenate(parts) for parts in zip(*runs.pop("traffic")))
-        has_driver = ~np.isnan(arrivals[:, 0])
-        ty = ty - np.where(has_driver, input_s[0] * arrivals[:, 1] + input_s[1] * arrivals[:, 2], 0.0)
-        runs["traffic"] = [(tx, np.maximum(ty, 1e-6), tempty)]
+    if traffic_runs:
+        steps, input_s = _traffic_steps(traffic_runs)
+        runs["traffic"] = [steps]
     x, y, empty = (np.concatenate(parts) for parts in zip(*(_reduce_repeats(r, AGGREGATES[aggregate])
                                                              for r in runs.values())))
     day = datetime.date.today().isoformat()
@@ -175,6 +165,19 @@ def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid |
     model = dataclasses.replace(model, input_s=input_s)
     return dataclasses.replace(model, wake_s=measure_wake(engine, model, grid.idle_arrivals, gaps=grid.idle_gaps,
                                                           seed=seed, runs=traffic_runs))
+
+
+def _traffic_steps(runs) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], tuple[float, float]]:
+    """The traffic runs' measured steps, with the input processing of the text prompts that
+    arrived before a step taken out of its duration (the simulator charges it on its own), and
+    that cost (:func:`fit_input_cost`)."""
+    records = [list(run.history) for run in runs]
+    x, y, empty = (np.concatenate(parts) for parts in zip(*(measured_steps(r) for r in records)))
+    arrivals = np.concatenate([driver_arrivals(r) for r in records])
+    input_s = fit_input_cost(arrivals)
+    recorded = ~np.isnan(arrivals[:, 0])
+    y = y - np.where(recorded, input_s[0] * arrivals[:, 1] + input_s[1] * arrivals[:, 2], 0.0)
+    return (x, np.maximum(y, 1e-6), empty), input_s
 
 
 def fit_input_cost(arrivals: np.ndarray) -> tuple[float, float]:
