@@ -31,7 +31,7 @@ import numpy as np
 
 from workbench.config import EngineConfig
 from workbench.sampling_params import SamplingParams
-from workbench.sim.cost_model import UNITS, CostModel, _nonnegative_lstsq, describe_hardware, describe_model
+from workbench.sim.cost_model import UNITS, CostModel, describe_hardware, describe_model, nonnegative_lstsq
 from workbench.sim.features import FEATURES
 from workbench.sim.measurements import driver_arrivals, measured_steps
 from workbench.workload import Workload, WorkloadRequest
@@ -187,7 +187,7 @@ def fit_input_cost(arrivals: np.ndarray) -> tuple[float, float]:
     if not (rows[:, 1] > 0).any():
         return (0.0, 0.0)
     design = np.column_stack([np.ones(len(rows)), rows[:, 1], rows[:, 2]])
-    coef = _nonnegative_lstsq(design, rows[:, 0])
+    coef = nonnegative_lstsq(design, rows[:, 0])
     return (float(coef[1]), float(coef[2]))
 
 

@@ -142,12 +142,12 @@ class CostModel:
         # Relative least squares (each row divided by its duration): a 1 ms decode step counts
         # as much as a 20 ms prefill, as in the per-request errors the simulation is judged by.
         rows = x / y[:, None]
-        coef = _nonnegative_lstsq(rows, np.ones_like(y))
+        coef = nonnegative_lstsq(rows, np.ones_like(y))
         residuals = (x @ coef - y) / y
         mad = float(np.median(np.abs(residuals - np.median(residuals)))) or 1e-12
         keep = np.abs(residuals) <= OUTLIER_MADS * mad * 1.4826
         if keep.sum() >= len(FEATURES):
-            coef = _nonnegative_lstsq(rows[keep], np.ones(int(keep.sum())))
+            coef = nonnegative_lstsq(rows[keep], np.ones(int(keep.sum())))
         stats = _residual_stats(y, x @ coef)
         stats["num_outliers"] = int((~keep).sum())
         return cls(
@@ -243,7 +243,7 @@ class CostModel:
                 + (f"<i>{html.escape(self.note)}</i>" if self.note else ""))
 
 
-def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares with coefficients >= 0: features whose coefficient comes out negative
     are fixed at 0 one at a time (the most negative first) and the rest refitted."""
     active = list(range(x.shape[1]))
