@@ -173,13 +173,3 @@ def test_input_cost_is_fitted_from_the_drivers_time_per_arrival():
     per_request, per_token = fit_input_cost(rows)
     assert per_request == pytest.approx(3e-4, rel=1e-6) and per_token == pytest.approx(2e-6, rel=1e-6)
     assert fit_input_cost(np.array([[1e-5, 0, 0]])) == (0.0, 0.0)  # no arrival: nothing to fit
-
-
-def test_the_coefficient_table_warns_of_a_loose_fit():
-    from workbench.sim.calibrate import coefficient_table
-
-    tight = CostModel(TRUE, fit_stats={"median_abs_rel_err": 0.06})
-    loose = CostModel(TRUE, fit_stats={"median_abs_rel_err": 0.11})
-    assert "warning" not in coefficient_table(tight)
-    assert "warning: a loose fit (median error per step 11.0%" in coefficient_table(loose)
-    assert "prefill_step" in coefficient_table(tight) and "text prompt input" in coefficient_table(tight)

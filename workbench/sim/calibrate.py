@@ -225,14 +225,8 @@ def _reduce_repeats(repeats: list[tuple[np.ndarray, np.ndarray, np.ndarray]], re
     return np.concatenate(xs), np.concatenate(ys), np.concatenate(empties)
 
 
-#: A fit whose median error per step is above this was likely made on a busy machine: on the
-#: project's 2-core CPU, quiet calibrations fitted to 5.8-6.6%, and those at 7.8-11% were 7-35%
-#: off in ``workbench simulate accuracy``.
-LOOSE_FIT = 0.075
-
-
 def coefficient_table(model: CostModel) -> str:
-    """The coefficients and the fit's residuals as plain text, with a warning for a loose fit."""
+    """The coefficients and the fit's residuals as plain text."""
     lines = [f"{'feature':<18} {'coefficient':>12}  unit"]
     lines += [f"{f:<18} {model.coefficients[f]:>12.4g}  {UNITS[f]}" for f in FEATURES]
     lines.append(f"{'empty step':<18} {model.empty_step_s:>12.4g}  s")
@@ -241,8 +235,4 @@ def coefficient_table(model: CostModel) -> str:
     lines.append(f"{'':<18} {model.input_s[1]:>12.4g}  s per prompt token")
     if model.fit_stats:
         lines.append("fit: " + ", ".join(f"{k}={v:.4g}" for k, v in model.fit_stats.items()))
-        error = model.fit_stats.get("median_abs_rel_err", 0.0)
-        if error > LOOSE_FIT:
-            lines.append(f"warning: a loose fit (median error per step {error:.1%}, above {LOOSE_FIT:.1%}): was "
-                         "something else running? Calibrate again on a quiet machine.")
     return "\n".join(lines)
