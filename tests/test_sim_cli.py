@@ -36,3 +36,13 @@ def test_simulate_prints_the_run_and_its_speed(tmp_path, capsys):
 def test_simulate_names_a_missing_cost_model(tmp_path, capsys):
     assert main(["simulate", "--cost-model", str(tmp_path / "nope.json")]) == 2
     assert "nope.json" in capsys.readouterr().err
+
+
+def test_simulate_accuracy_flags_are_checked_before_anything_runs(tmp_path, capsys):
+    path = CostModel({"step": 0.01}).save(tmp_path / "cm.json")
+    assert main(["simulate", "accuracy", "--calibrate", "--cost-model", str(path)]) == 2
+    assert "--calibrate goes with `simulate accuracy` and without --cost-model" in capsys.readouterr().err
+    assert main(["simulate", "--calibrate"]) == 2
+    assert "--calibrate goes with" in capsys.readouterr().err
+    assert main(["simulate", "accuracy", "--real-runs", "0", "--cost-model", str(path)]) == 2
+    assert "--real-runs must be >= 1, got 0" in capsys.readouterr().err

@@ -84,6 +84,8 @@ def simulate_main(args: argparse.Namespace) -> int:
         config = EngineArgs.from_cli_args(args).create_engine_config()
         if args.calibrate and (args.mode != "accuracy" or args.cost_model):
             raise ValueError("--calibrate goes with `simulate accuracy` and without --cost-model.")
+        if args.real_runs < 1:
+            raise ValueError(f"--real-runs must be >= 1, got {args.real_runs}.")
         if args.calibrate:
             from workbench.sim.calibrate import calibrate, coefficient_table
 
