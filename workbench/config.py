@@ -60,9 +60,9 @@ class EngineConfig:
         False, "compute every request's logits (and logprobs) bitwise the same whatever else is "
         "in its batch, however its prompt is chunked or cached (fixed-order kernels; slower)")
     keep_warm_s: float = option(
-        60.0, "CPU: while the engine waits for requests, keep torch's worker threads awake this "
-        "many seconds after the last step (a parked thread can add ~10 ms to the next step on a "
-        "VM; see workbench/idle.py); 0: let them park at once")
+        10.0, "CPU: while the engine waits for requests, keep torch's worker threads awake (they "
+        "spin: about one core) this many seconds after the last step (a parked thread can add "
+        "~10 ms to the next step on a VM; see workbench/idle.py); 0: let them park at once")
     max_logprobs: int = option(20, "largest logprobs / prompt_logprobs a request may ask for")
     max_history: int = option(10_000, "StepRecords kept in engine.history")
     log_stats: bool = option(False, "log vLLM's periodic stats line")
