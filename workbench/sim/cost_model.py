@@ -38,19 +38,19 @@ DEFAULT_CALIBRATION = "calibration/tiny-shakespeare-cpu.json"
 #: A fitted step further than this many MADs of the residuals from the first fit is noise
 #: (another process took the CPU): it is left out of the second fit (and counted).
 OUTLIER_MADS = 6.0
-UNITS = {"step": "s per step", "prefill_step": "s per step with a prefill", "prefill_tokens": "s per token", "prefill_chunks": "s per chunk", "decode_seqs": "s per sequence", "decode_seqs_sqrt": "s per sqrt(sequences)",
-          "decode_context": "s per KV token", "prefill_attention": "s per q x k pair"}
+UNITS = {"step": "s per step", "prefill_step": "s per step with a prefill", "prefill_tokens": "s per token",
+         "prefill_chunks": "s per chunk", "decode_seqs": "s per sequence", "decode_seqs_sqrt": "s per sqrt(sequences)",
+         "decode_context": "s per KV token", "prefill_attention": "s per q x k pair"}
 
 
 @dataclass(frozen=True)
 class CostModel:
     """Seconds per unit of each feature (``coefficients``), the cost of an empty step, the
     wake-up cost (``wake_s``: what the first step after the engine sat idle costs on top of its
-    batch -- a sleeping driver waking up, cold caches), the input
-    processing of text prompts (``input_s``), the
-    hardware and model it was measured on, and the fit's residuals (``fit_stats``: steps
-    fitted, outliers left out, R^2, measured / predicted time in total, median and p90 absolute
-    relative error per step)."""
+    batch -- a sleeping driver waking up, cold caches), the input processing of text prompts
+    (``input_s``), the hardware and model it was measured on, and the fit's residuals
+    (``fit_stats``: steps fitted, outliers left out, R^2, measured / predicted time in total,
+    median and p90 absolute relative error per step)."""
 
     coefficients: Mapping[str, float]
     empty_step_s: float = 0.0
