@@ -82,3 +82,25 @@ def test_the_server_loop_pokes_while_idle_and_serves_after(two_threads):
             await llm.shutdown()
 
     asyncio.run(main())
+
+
+def test_a_server_left_running_is_stopped_before_the_interpreter_exits():
+    """A program that never calls shutdown(): the engine thread is stopped at exit (before the
+    interpreter tears torch down under it). atexit runs handlers last-in first-out, so the
+    probe registered first sees the state after AsyncLLM's own handler."""
+    import subprocess
+    import sys
+
+    program = (
+        "import atexit\n"
+        "state = {}\n"
+        "atexit.register(lambda: print('engine thread alive at exit:', state['llm']._thread.is_alive()))\n"
+        "import time\n"
+        "from workbench.engine import LLMEngine\n"
+        "from workbench.serving import AsyncLLM\n"
+        "state['llm'] = AsyncLLM(LLMEngine(device='cpu', num_kv_blocks=64))\n"
+        "time.sleep(0.1)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "engine thread alive at exit: False" in done.stdout

@@ -13,12 +13,14 @@ receives token ids that were already validated.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import dataclasses
 import functools
 import html
 import os
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -99,6 +101,13 @@ class RequestStream:
         return f"<b>RequestStream</b> <code>{html.escape(repr(self))}</code>"
 
 
+def _stop_at_exit(ref: weakref.ref) -> None:
+    llm = ref()
+    if llm is not None and llm._thread.is_alive():
+        llm._request_stop()
+        llm._thread.join(timeout=5)
+
+
 class AsyncLLM:
     """Serve an :class:`LLMEngine` to asyncio code.
 
@@ -124,6 +133,10 @@ class AsyncLLM:
         self.stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="workbench-engine", daemon=True)
         self._thread.start()
+        # A program that exits without shutdown() stops the engine thread first: a daemon
+        # thread still calling into torch while the interpreter tears down can abort the
+        # process ("terminate called without an active exception").
+        atexit.register(_stop_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ public API
     @property
@@ -229,11 +242,14 @@ class AsyncLLM:
     async def shutdown(self) -> None:
         """Stop the engine thread and wait for it: requests in flight are aborted (their
         blocks freed) and their streams raise EngineDeadError."""
+        self._request_stop()
+        await asyncio.to_thread(self._thread.join)
+        self._inputs.shutdown(wait=False, cancel_futures=True)
+
+    def _request_stop(self) -> None:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        await asyncio.to_thread(self._thread.join)
-        self._inputs.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ engine thread
     def _dead_message(self) -> str:
