@@ -48,6 +48,32 @@ def test_on_step_snapshots_equal_the_replayed_pool_with_aborts_and_resets(caplog
     assert engine.history.kv_state().num_free_blocks == 12
 
 
+def test_the_timed_stages_cover_the_whole_step_hooks_included():
+    """A slow on_step hook lands in the step's ``record`` stage (which the hook itself does not
+    see yet), and so in the next step's measured duration: nothing between two steps' tokens
+    goes unmeasured."""
+    import time
+
+    from workbench.history import TIMING_STAGES
+    from workbench.sim.measurements import measured_steps
+
+    engine = LLMEngine(teaching_config())
+    seen = []
+    engine.on_step.append(lambda record: (seen.append(set(record.timings)), time.sleep(0.03)))
+    engine.add_request("a", "ROMEO:", SamplingParams(max_tokens=3, ignore_eos=True, temperature=0))
+    spans = []
+    while engine.has_unfinished_requests():
+        t0 = time.perf_counter()
+        engine.step()
+        spans.append(time.perf_counter() - t0)
+    assert all("record" not in keys and "output" in keys for keys in seen)
+    for record, span in zip(engine.history, spans):
+        stages = sum(record.timings[k] for k in TIMING_STAGES)
+        assert record.timings["record"] >= 0.03 and 0.95 * span <= stages <= span
+    _, durations, _ = measured_steps(engine.history)
+    assert (durations[1:] >= 0.03).all() and durations[0] < 0.03
+
+
 def test_requests_dataframe_agrees_with_the_event_log(fcfs_run):
     """Each column recomputed by hand from the recorded request events."""
     frame = fcfs_run.requests.set_index("request_id")

@@ -132,21 +132,23 @@ def test_shipped_default_describes_the_embedded_model_on_cpu():
 
 
 def test_a_step_lasts_from_the_previous_tokens_to_its_own():
-    """Tokens come at the end of ``sample``: the previous step's output stage and the driver's
-    time count in the next step; the first step (or one after idle) is its own stages only."""
+    """Tokens come at the end of ``sample``: the previous step's output and record stages and
+    the driver's time count in the next step; the first step (or one after idle) is its own
+    stages only."""
     from workbench.sim.measurements import measured_steps
 
     chunk = [_chunk("a", 3, 1, False)]
 
     def rec(step, output, driver=None):
-        timings = {"schedule": 0.001, "prepare": 0.001, "forward": 0.010, "sample": 0.002, "output": output}
+        timings = {"schedule": 0.001, "prepare": 0.001, "forward": 0.010, "sample": 0.002, "output": output,
+                   "record": 0.0003}
         if driver is not None:
             timings["driver"] = driver
         return StepRecord(step, SchedulerOutput(step, tuple(chunk)), None, {}, (), 0, 0, 0, 0.0, 0, timings)
 
     _, durations, _ = measured_steps([rec(0, 0.004), rec(1, 0.006, driver=0.0005), rec(2, 0.002, driver=0.0007)])
-    assert durations[1] == pytest.approx(0.014 + 0.0005 + 0.004)
-    assert durations[2] == pytest.approx(0.014 + 0.0007 + 0.006)
+    assert durations[1] == pytest.approx(0.014 + 0.0005 + 0.004 + 0.0003)
+    assert durations[2] == pytest.approx(0.014 + 0.0007 + 0.006 + 0.0003)
     assert durations[0] == pytest.approx(0.014)  # before it: the wake-up and input costs (wake_s, input_s)
 
 

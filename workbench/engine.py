@@ -282,7 +282,8 @@ class LLMEngine:
         (sampling, logits processors, detokenization, stop strings) finishes with
         finish_reason "error" and ``RequestOutput.error``; the others are unaffected. Only a
         failure of the whole batch (the forward pass) propagates.
-        ``history[-1]`` records the step; its ``timings["driver"]`` is the caller's time since
+        ``history[-1]`` records the step; its timings (TIMING_STAGES) add up to the whole
+        call, and its ``timings["driver"]`` is the caller's time since
         the previous step returned (adding arrivals, reading outputs), kept only when that
         step left unfinished work, so it holds no idle wait.
         """
@@ -297,8 +298,11 @@ class LLMEngine:
         except BaseException:  # the batch as a whole failed: record the step, nothing sampled
             self._append_record(so, timings)
             raise
-        timings.update(result.timings)
         t2 = time.perf_counter()
+        timings.update(result.timings)
+        # The runner's time outside forward and sample (its inputs, forgetting finished
+        # requests, entering inference mode) is preparation: the stages add up to the step.
+        timings["prepare"] = t2 - t1 - timings.get("forward", 0.0) - timings.get("sample", 0.0)
         failed = result.failed
         if failed:  # these rows got no token: finish them before the scheduler wants one
             self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)
@@ -318,7 +322,8 @@ class LLMEngine:
             self.scheduler.add_request(sibling)
         outputs = self._pending_outputs + step_out.outputs
         self._pending_outputs = []
-        timings["output"] = time.perf_counter() - t2
+        t3 = time.perf_counter()
+        timings["output"] = t3 - t2
         finished = [r.request_id for r in updated if r.is_finished]
         finished += [rid for rid in (*failed, *step_out.stop_ids, *step_out.error_ids)
                      if rid not in finished]
@@ -337,7 +342,9 @@ class LLMEngine:
                 hook(record)
             except Exception:
                 logger.exception("on_step hook %r failed at step %d", hook, record.step)
-        self._step_end = time.perf_counter() if self.has_unfinished_requests() else None
+        t4 = time.perf_counter()
+        timings["record"] = t4 - t3  # set after the hooks ran: they see the stages before it
+        self._step_end = t4 if self.has_unfinished_requests() else None
         self.idle.mark_busy()
         return outputs
 

@@ -17,8 +17,10 @@ from workbench.core.kv_state import KVReplay, KVState
 from workbench.core.request_events import RequestEvent
 from workbench.core.scheduler_output import SchedulerOutput
 
-#: The stages of a step whose wall time a StepRecord keeps (seconds).
-TIMING_STAGES = ("schedule", "prepare", "forward", "sample", "output")
+#: The stages of a step whose wall time a StepRecord keeps (seconds); together they are the
+#: whole of ``LLMEngine.step()``. ``record``: keeping this record, the stats, the stat loggers
+#: and the ``on_step`` hooks (set after the hooks ran, so they see the stages before it).
+TIMING_STAGES = ("schedule", "prepare", "forward", "sample", "output", "record")
 
 
 @dataclass(frozen=True)

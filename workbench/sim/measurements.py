@@ -3,9 +3,10 @@
 A real step produces its tokens at the end of its ``sample`` stage: that is when the scheduler
 stamps first tokens and finishes. So a step's duration is the wall time from the previous
 step's tokens to this step's tokens, as a driver (``run_workload``, ``LLMEngine.replay``, a
-serving loop) sees it: the previous step's ``output`` stage (detokenization, outputs), the
-driver's own time between the two steps (``timings["driver"]``: adding arrivals, reading
-outputs, bookkeeping), then this step's ``schedule``, ``prepare``, ``forward`` and ``sample``.
+serving loop) sees it: the previous step's ``output`` and ``record`` stages (detokenization,
+outputs; the history record, stats and hooks), the driver's own time between the two steps
+(``timings["driver"]``: adding arrivals, reading outputs), then this step's ``schedule``,
+``prepare``, ``forward`` and ``sample``.
 The engine records the driver's share only when the previous step left unfinished work, so an
 idle wait never counts; a step without it (the first of a run or after idle) is its own four
 stages only: what comes before it -- the wake-up, the arrival's input processing -- is the
@@ -22,6 +23,9 @@ import numpy as np
 from workbench.core.request_events import RequestArrived
 from workbench.history import TIMING_STAGES, StepRecord
 from workbench.sim.features import step_features
+
+#: The stages of a step that come after its tokens: they count towards the next step.
+AFTER_TOKENS = ("output", "record")
 
 
 def records_of(source) -> list[StepRecord]:
@@ -49,9 +53,9 @@ def measured_steps(records: Iterable[StepRecord]) -> tuple[np.ndarray, np.ndarra
     durations = []
     for i, r in enumerate(records):
         t = r.timings
-        own = sum(t.get(k, 0.0) for k in TIMING_STAGES if k != "output")
+        own = sum(t.get(k, 0.0) for k in TIMING_STAGES if k not in AFTER_TOKENS)
         if "driver" in t and i and records[i - 1].step == r.step - 1:
-            own += t["driver"] + records[i - 1].timings.get("output", 0.0)
+            own += t["driver"] + sum(records[i - 1].timings.get(k, 0.0) for k in AFTER_TOKENS)
         durations.append(own)
     durations = np.array(durations, dtype=np.float64)
     empty = np.array([not r.scheduler_output.scheduled for r in records])
