@@ -46,3 +46,7 @@ def test_simulate_accuracy_flags_are_checked_before_anything_runs(tmp_path, caps
     assert "--calibrate goes with" in capsys.readouterr().err
     assert main(["simulate", "accuracy", "--real-runs", "0", "--cost-model", str(path)]) == 2
     assert "--real-runs must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["simulate", "accuracy", "--threads", "0", "--cost-model", str(path)]) == 2
+    assert "--threads must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["calibrate", "--grid", "tiny", "--threads", "0", "--quiet"]) == 2
+    assert "--threads must be >= 1, got 0" in capsys.readouterr().err

@@ -151,11 +151,29 @@ def test_accuracy_report_on_a_tiny_workload():
     from workbench.sim.accuracy import accuracy
 
     wl = Workload([_req("a", 12, 4, step=0, time=0.0), _req("b", 20, 3, step=1, time=0.05)])
-    report = accuracy(TEN_MS, {"max_num_seqs": 4}, workloads={"tiny": wl})
+    other_threads = CostModel({"step": 0.010}, hardware={"device": "cpu", "threads": 999})
+    with pytest.warns(UserWarning, match="calibrated with 999 torch threads, this process uses"):
+        report = accuracy(other_threads, {"max_num_seqs": 4}, workloads={"tiny": wl})
     row = report.table.loc["tiny"]
     assert bool(row["schedule_identical"]) and row["requests"] == 2
     assert row["ttft_err_median"] >= 0 and row["e2e_p50_sim_s"] > 0
+    assert 0 < row["step_real_over_model"] < 1  # a real step of the embedded model is < 10 ms
     assert "ttft_err_median" in repr(report) and "<table" in report._repr_html_()
+
+
+def test_step_ratio_is_the_median_measured_over_predicted_step():
+    """Steps of 1, 2, 3 and 8 ms against a 2 ms model: ratios 0.5, 1, 1.5, 4 (empty steps left
+    out), median 1.25."""
+    from workbench.core.scheduler_output import ScheduledRequest, SchedulerOutput
+    from workbench.history import StepRecord
+    from workbench.sim.accuracy import step_ratio
+
+    def record(step, seconds, scheduled=True):
+        chunks = (ScheduledRequest("a", 5, 1, (5,), (0,), False, True),) if scheduled else ()
+        return StepRecord(step, SchedulerOutput(step, chunks), None, {}, (), 0, 0, 0, 0.0, 0, {"forward": seconds})
+
+    runs = [[record(0, 0.001), record(1, 0.002), record(2, 0.0005, scheduled=False)], [record(0, 0.003), record(1, 0.008)]]
+    assert step_ratio(CostModel({"step": 0.002}), runs) == pytest.approx(1.25)
 
 
 def test_pool_is_sized_like_a_real_engine_and_no_weights_load():

@@ -11,7 +11,12 @@ engine and the simulation with the same config:
   (target <= 5%), its signed median (the bias: < 0 when the simulation is fast), and the
   floor: the same median error between two single real runs (median over pairs);
 * ``clock="steps"``: whether the step-by-step schedule (which request ran in which step,
-  how many tokens, prefill or decode) is identical.
+  how many tokens, prefill or decode) is identical;
+* ``step_real_over_model``: the median, over the real runs' measured steps, of measured /
+  predicted duration. It tells a model that is wrong from a machine that changed speed: near
+  1.00 the steps ran as the cost model says and the error is the model's (or the queueing it
+  drives); at 1.10 the real engine ran 10% slower than when it was calibrated (another
+  process, a noisy neighbour on a VM, another thread count), which no cost model predicts.
 
 The real engine first runs the workload once untimed (then its prefix cache is emptied): a
 process's first passes over new shapes pay one-time costs (allocations, page faults) that no
@@ -63,6 +68,18 @@ def signed_errors(real, simulated, metric: str) -> np.ndarray:
     return ((b[ok] - a[ok]) / a[ok]).to_numpy()
 
 
+def step_ratio(model, runs) -> float:
+    """Median of measured / predicted duration over the non-empty measured steps of ``runs``
+    (RunResults or histories of real runs; see :mod:`workbench.sim.measurements`)."""
+    from workbench.sim.measurements import measured_steps, records_of
+
+    ratios = []
+    for run in runs:
+        x, y, empty = measured_steps(records_of(run))
+        ratios.append(y[~empty] / model.predict_many(x[~empty]))
+    return float(np.median(np.concatenate(ratios)))
+
+
 def median_of_runs(runs, metric: str):
     """Per request id, the median of ``metric`` over ``runs`` (RunResults)."""
     import pandas as pd
@@ -74,8 +91,9 @@ def median_of_runs(runs, metric: str):
 @dataclass
 class AccuracyReport:
     """One row per workload: median absolute relative errors of TTFT and e2e (clock="wall"),
-    their signed medians (bias) and the real-vs-real floor, p50s real and simulated, and
-    whether the clock="steps" schedules are identical."""
+    their signed medians (bias) and the real-vs-real floor, p50s real and simulated, whether
+    the clock="steps" schedules are identical, and how fast the real steps ran against the
+    cost model (``step_real_over_model``)."""
 
     table: object  # pandas DataFrame
 
@@ -98,10 +116,13 @@ def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
              workloads: dict[str, Workload] | None = None, repeats: int = 3,
              progress: bool = False) -> AccuracyReport:
     """Run each workload real (``repeats`` times, after one untimed run) and simulated (both
-    clocks); see the module docstring."""
+    clocks); see the module docstring. Warns when the cost model was calibrated with another
+    number of CPU threads than this process uses."""
     import itertools
+    import warnings
 
     import pandas as pd
+    import torch
 
     from workbench.compare import run_workload
     from workbench.engine import LLMEngine
@@ -112,6 +133,11 @@ def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
     if not (isinstance(repeats, int) and repeats >= 1):
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}.")
     model = as_cost_model(cost_model)
+    threads = model.hardware.get("threads")
+    if model.hardware.get("device") == "cpu" and threads and threads != torch.get_num_threads():
+        warnings.warn(f"the cost model was calibrated with {threads} torch threads, this process uses "
+                      f"{torch.get_num_threads()}: the real runs are not the engine it describes "
+                      "(torch.set_num_threads, or `--threads`).", stacklevel=2)
     rows = []
     for name, workload in (workloads or default_workloads()).items():
         engine = LLMEngine(resolve_config(config))
@@ -141,5 +167,6 @@ def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
             "e2e_p50_real_s": float(reference["e2e_s"].median()),
             "e2e_p50_sim_s": float(sim.requests["e2e_s"].median()),
             "schedule_identical": same,
+            "step_real_over_model": step_ratio(model, runs),
         })
     return AccuracyReport(pd.DataFrame(rows).set_index("workload"))

@@ -19,7 +19,25 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--aggregate", choices=["median", "min"], default="median",
                         help="a step's duration over its repeats: median (default), or min on a busy machine")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_threads_argument(parser)
     EngineArgs.add_cli_args(parser)
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads of this process (default: torch's); a cost model describes "
+                             "the engine at one thread count, and one thread is the steadiest on a small VM")
+
+
+def set_threads(threads: int | None) -> None:
+    """``torch.set_num_threads(threads)`` unless None; ValueError names the flag below 1."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}.")
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def calibrate_main(args: argparse.Namespace) -> int:
@@ -29,6 +47,7 @@ def calibrate_main(args: argparse.Namespace) -> int:
 
     grid = CalibrationGrid.tiny() if args.grid == "tiny" else CalibrationGrid()
     try:
+        set_threads(args.threads)
         if args.repeats is not None:
             if args.repeats < 1:
                 raise ValueError(f"--repeats must be >= 1, got {args.repeats}.")
@@ -70,6 +89,7 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload-seed", type=int, default=1, help="seed of the Poisson workload")
     parser.add_argument("--clock", choices=["wall", "steps"], default="wall")
     parser.add_argument("--progress", action="store_true", help="a progress bar over requests")
+    add_threads_argument(parser)
     EngineArgs.add_cli_args(parser)
 
 
@@ -81,6 +101,7 @@ def simulate_main(args: argparse.Namespace) -> int:
     from workbench.workload import Workload
 
     try:
+        set_threads(args.threads)
         config = EngineArgs.from_cli_args(args).create_engine_config()
         if args.calibrate and (args.mode != "accuracy" or args.cost_model):
             raise ValueError("--calibrate goes with `simulate accuracy` and without --cost-model.")
