@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import multiprocessing
 import time
 
 import numpy as np
@@ -125,6 +126,9 @@ def test_bad_configs_fail_before_anything_runs():
             sweep(WORKLOAD, {"block_size": [4]}, run="fast", executor=executor, progress=False)
         with pytest.raises(ValueError, match="max_workers must be an integer >= 1"):
             sweep(WORKLOAD, {"block_size": [4]}, run=runner, max_workers=0, progress=False)
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as executor:
+        with pytest.raises(ValueError, match="this process pool forks the caller.*forkserver"):
+            sweep(WORKLOAD, {"block_size": [4]}, run="real", executor=executor, progress=False)
     assert calls == []
 
 

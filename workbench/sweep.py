@@ -12,7 +12,8 @@ the workload and one resolved config -- the default pool hands each worker the w
 when it starts, and its tasks carry only the config -- and sends back only the run's summary
 row, never its history. The default pool starts its workers from a fresh interpreter
 ("forkserver", or "spawn" where there is none), never by forking the caller: a forked child
-of a process whose torch already ran OpenMP threads hangs in its first parallel op. So a
+of a process whose torch already ran OpenMP threads hangs in its first parallel op (so
+``run="real"`` on a given process pool that forks is refused with that advice). So a
 ``run`` callable must be importable from a module (not defined in a notebook cell), as with
 any such pool. Rows come back in grid order whatever the completion order; a configuration that
 raises gets its error (``"TypeName: message"``) in the ``error`` column and NaN metrics, and
@@ -111,6 +112,11 @@ def sweep(
         except (TypeError, ValueError) as e:
             raise ValueError(f"grid configuration {i} {config}: {e}") from None
     _resolve_runner(run)  # fail here, not once per configuration, on a bad ``run``
+    if run == "real" and _forks(executor):
+        raise ValueError("executor: this process pool forks the caller, and a forked copy of a process whose "
+                         "torch already ran threads hangs in the real engine's first parallel op; give it "
+                         "mp_context=multiprocessing.get_context('forkserver') (or 'spawn'), or leave "
+                         "executor=None.")
 
     own_executor = executor is None
     if own_executor:
@@ -190,6 +196,15 @@ def _resolve_runner(run: str | Runner) -> Runner:
     if callable(run):
         return run
     raise ValueError(f"run must be one of {RUNS} or a callable(workload, config) -> RunResult, got {run!r}.")
+
+
+def _forks(executor) -> bool:
+    """Whether ``executor`` is a ProcessPoolExecutor that starts its workers by forking (the
+    default start method on Linux before Python 3.14)."""
+    if not isinstance(executor, concurrent.futures.ProcessPoolExecutor):
+        return False
+    context = getattr(executor, "_mp_context", None) or multiprocessing.get_context()
+    return context.get_start_method() == "fork"
 
 
 def _fresh_interpreter_context() -> multiprocessing.context.BaseContext:

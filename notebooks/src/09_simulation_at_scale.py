@@ -119,7 +119,9 @@ fig.tight_layout()
 # exact either: two real runs of the same workload differ by 3-12% per request here, the floor
 # any simulation is measured against. `workbench simulate accuracy` runs this check on two
 # arrival rates, against the median of three real runs, and prints the errors beside that
-# floor; `--calibrate` calibrates first, on the machine as it is now.
+# floor and beside `step_real_over_model`, how fast the real steps ran against the cost model
+# (1.10: the machine ran 10% slower than when it was calibrated, and the simulation will be
+# about that far off); `--calibrate` calibrates first, on the machine as it is now.
 #
 # ## A 100,000-request trace
 #
