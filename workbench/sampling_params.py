@@ -72,6 +72,8 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     detokenize: bool = True  # False: token ids only, text "" (no stop strings then)
     skip_special_tokens: bool = True
+    #: Accepted for vLLM's API; as in vLLM's fast-tokenizer detokenizer (DecodeStream), the
+    #: tokenizer's own decoder decides the spacing, so it changes nothing here.
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
