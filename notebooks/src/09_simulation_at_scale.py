@@ -51,7 +51,7 @@ shipped
 # on the real engine (decodes of 1 to 128 sequences at short and long contexts, prefills of 8
 # to 768 tokens with and without cached context, mixed batches) and two short stretches of
 # Poisson traffic with text prompts, times every step, and fits the coefficients by least
-# squares. It takes about half a minute here.
+# squares. It takes well under a minute here.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
