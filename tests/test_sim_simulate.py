@@ -159,6 +159,19 @@ def test_accuracy_report_on_a_tiny_workload():
     assert row["ttft_err_median"] >= 0 and row["e2e_p50_sim_s"] > 0
     assert 0 < row["step_real_over_model"] < 1  # a real step of the embedded model is < 10 ms
     assert "ttft_err_median" in repr(report) and "<table" in report._repr_html_()
+    assert "faster than when the model was calibrated" in repr(report)
+
+
+def test_machine_notes_name_the_workloads_whose_steps_ran_off_the_model():
+    import pandas as pd
+
+    from workbench.sim.accuracy import AccuracyReport
+
+    table = pd.DataFrame({"step_real_over_model": [1.02, 1.12, 0.9]}, index=["steady", "slow", "fast"])
+    notes = AccuracyReport(table).machine_notes()
+    assert len(notes) == 2
+    assert notes[0].startswith("slow: the real steps took 1.12x") and "ran 12% slower" in notes[0]
+    assert notes[1].startswith("fast: the real steps took 0.90x") and "ran 10% faster" in notes[1]
 
 
 def test_step_ratio_is_the_median_measured_over_predicted_step():

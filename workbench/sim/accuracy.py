@@ -17,6 +17,7 @@ engine and the simulation with the same config:
   1.00 the steps ran as the cost model says and the error is the model's (or the queueing it
   drives); at 1.10 the real engine ran 10% slower than when it was calibrated (another
   process, a noisy neighbour on a VM, another thread count), which no cost model predicts.
+  The report adds a line for each workload where it is more than 5% off 1.
 
 The real engine first runs the workload once untimed (then its prefix cache is emptied): a
 process's first passes over new shapes pay one-time costs (allocations, page faults) that no
@@ -88,6 +89,10 @@ def median_of_runs(runs, metric: str):
     return frame.median(axis=1)
 
 
+#: ``step_real_over_model`` further than this from 1 means the machine changed speed.
+MACHINE_DRIFT = 0.05
+
+
 @dataclass
 class AccuracyReport:
     """One row per workload: median absolute relative errors of TTFT and e2e (clock="wall"),
@@ -104,12 +109,26 @@ class AccuracyReport:
         return bool((t["ttft_err_median"] <= 0.05).all() and (t["e2e_err_median"] <= 0.05).all()
                     and t["schedule_identical"].all())
 
+    def machine_notes(self) -> list[str]:
+        """One line per workload whose real steps ran more than 5% off the cost model
+        (``step_real_over_model``): there the machine, not the model, moved."""
+        notes = []
+        for name, ratio in self.table["step_real_over_model"].items():
+            if abs(ratio - 1.0) > MACHINE_DRIFT:
+                pace = "slower" if ratio > 1 else "faster"
+                notes.append(f"{name}: the real steps took {ratio:.2f}x the cost model's time (median): this machine "
+                             f"ran {abs(ratio - 1):.0%} {pace} than when the model was calibrated, and the latency "
+                             "errors carry that.")
+        return notes
+
     def __repr__(self) -> str:
-        return "AccuracyReport\n" + self.table.to_string(float_format=lambda v: f"{v:.4g}")
+        return "\n".join(["AccuracyReport", self.table.to_string(float_format=lambda v: f"{v:.4g}"),
+                          *self.machine_notes()])
 
     def _repr_html_(self) -> str:
+        notes = "".join(f"<p>{html.escape(line)}</p>" for line in self.machine_notes())
         return "<b>AccuracyReport</b>" + self.table.to_html(float_format=lambda v: f"{v:.4g}") + \
-            f"<p>within 5% and identical schedules: {html.escape(str(self.ok))}</p>"
+            f"<p>within 5% and identical schedules: {html.escape(str(self.ok))}</p>" + notes
 
 
 def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
