@@ -159,7 +159,7 @@ def test_accuracy_report_on_a_tiny_workload():
     assert row["ttft_err_median"] >= 0 and row["e2e_p50_sim_s"] > 0
     assert 0 < row["step_real_over_model"] < 1  # a real step of the embedded model is < 10 ms
     assert "ttft_err_median" in repr(report) and "<table" in report._repr_html_()
-    assert "faster than when the model was calibrated" in repr(report)
+    assert "faster than the model describes" in repr(report)
 
 
 def test_machine_notes_name_the_workloads_whose_steps_ran_off_the_model():

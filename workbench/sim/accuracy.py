@@ -5,7 +5,7 @@ groups of requests sharing a prefix -- none of it what calibration ran) it runs 
 engine and the simulation with the same config:
 
 * ``clock="wall"``: per-request TTFT and e2e latency. A real run on this kind of machine is
-  itself noisy (two runs of one workload differ by 2-7% per request on the project's 2-vCPU
+  itself noisy (two runs of one workload differ by 2-10% per request on the project's 2-vCPU
   VM), so the real latency of a request is its median over ``repeats`` real runs; the error
   of a request is ``|simulated - real| / real``; the table gives the median over requests
   (target <= 5%), its signed median (the bias: < 0 when the simulation is fast), and the
@@ -117,8 +117,8 @@ class AccuracyReport:
             if abs(ratio - 1.0) > MACHINE_DRIFT:
                 pace = "slower" if ratio > 1 else "faster"
                 notes.append(f"{name}: the real steps took {ratio:.2f}x the cost model's time (median): this machine "
-                             f"ran {abs(ratio - 1):.0%} {pace} than when the model was calibrated, and the latency "
-                             "errors carry that.")
+                             f"ran {abs(ratio - 1):.0%} {pace} than the model describes (other load, another thread "
+                             "count, a model calibrated elsewhere), and the latency errors carry that.")
         return notes
 
     def __repr__(self) -> str:
