@@ -52,6 +52,9 @@ def test_constant_cost_by_hand_with_idle_jump():
     assert sim.wall_s == pytest.approx(0.120)
     assert sim.num_steps == 6  # 4 busy steps before the idle gap, 2 after
     assert sim.summary()["throughput_tok_s"] == pytest.approx(7 / 0.120)
+    # a simulated step's forward is the model's 10 ms; no stage is derived from it
+    assert all(min(r.timings.values()) >= 0 for r in sim.history)
+    assert all(r.timings["forward"] == 0.010 for r in sim.history if r.scheduler_output.scheduled)
 
 
 def test_the_first_step_after_idle_pays_the_wake_up_cost():

@@ -298,11 +298,8 @@ class LLMEngine:
         except BaseException:  # the batch as a whole failed: record the step, nothing sampled
             self._append_record(so, timings)
             raise
-        t2 = time.perf_counter()
         timings.update(result.timings)
-        # The runner's time outside forward and sample (its inputs, forgetting finished
-        # requests, entering inference mode) is preparation: the stages add up to the step.
-        timings["prepare"] = t2 - t1 - timings.get("forward", 0.0) - timings.get("sample", 0.0)
+        t2 = time.perf_counter()
         failed = result.failed
         if failed:  # these rows got no token: finish them before the scheduler wants one
             self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)

@@ -328,7 +328,6 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    @torch.inference_mode()
     def execute(
         self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request]
     ) -> RunnerOutput:
@@ -336,10 +335,22 @@ class ModelRunner:
 
         First forgets the per-request state (seeded generators) of the requests the
         scheduler finished since the previous step; an empty step does only that.
+        ``timings`` add up to the whole call: ``prepare`` is all of it outside ``forward``
+        and ``sample`` (inputs, forgetting finished requests, entering inference mode).
         """
+        start = time.perf_counter()
+        out = self._execute(scheduler_output, requests)
+        t = out.timings
+        t["prepare"] = time.perf_counter() - start - t.get("forward", 0.0) - t.get("sample", 0.0)
+        return out
+
+    @torch.inference_mode()
+    def _execute(
+        self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request]
+    ) -> RunnerOutput:
         if self.batch_invariant and not batch_invariant.enabled():
             with batch_invariant.batch_invariant_mode():
-                return self.execute(scheduler_output, requests)
+                return self._execute(scheduler_output, requests)
         for request_id in scheduler_output.finished_request_ids:
             self.sampler.remove(request_id)
         if not scheduler_output.scheduled:
@@ -349,7 +360,6 @@ class ModelRunner:
             if self.device.type == "cuda" and self.sync_timings
             else (lambda: None)
         )
-        t0 = time.perf_counter()
         batch = build_batch_inputs(scheduler_output, self.block_size, self.table_width)  # kept on the record
         inputs = batch.to(self.device)
         attn = AttentionMetadata(
@@ -383,7 +393,7 @@ class ModelRunner:
             sampled.pop(rid, None)
             logprobs.pop(rid, None)
         t3 = time.perf_counter()
-        timings = {"prepare": t1 - t0, "forward": t2 - t1, "sample": t3 - t2}
+        timings = {"forward": t2 - t1, "sample": t3 - t2}
         return RunnerOutput(sampled, logprobs, prompt_logprobs, failed, batch, timings)
 
     def _prompt_logprobs(
