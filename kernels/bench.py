@@ -10,7 +10,7 @@ timed with the split-KV variant switched off (``1-split ms``), to show what the 
 (``splits``) buys. The table is printed and written as Markdown to ``--out``.
 
 Without CUDA the benchmark prints why and exits with status 2: correctness is covered on the CPU
-by the interpreter tests (``tests/test_kernels.py``).
+by the interpreter tests (``tests/kernels/test_triton_kernels.py``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ commented), ``# %%`` a code cell. Edit the source, never the notebook, then rebu
 The stored outputs are what nbval compares in CI (``pytest --nbval``), so every checked cell
 must print the same thing on every run: seeds, greedy decoding, counts in steps rather than
 seconds, your own request ids. A cell whose output cannot be stable starts with
-``# NBVAL_IGNORE_OUTPUT``. ``tests/test_notebook_sources.py`` fails when a notebook's cells
+``# NBVAL_IGNORE_OUTPUT``. ``tests/notebooks/test_notebook_sources.py`` fails when a notebook's cells
 differ from its source (a rebuild was forgotten).
 """
 

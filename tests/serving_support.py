@@ -15,7 +15,8 @@ import torch
 import transformers
 
 from workbench import LLMEngine, default_model_path
-from workbench.serving import AsyncLLM, build_app
+from workbench.engine.async_llm import AsyncLLM
+from workbench.entrypoints.openai.api_server import build_app
 
 MODEL = "tiny-shakespeare"
 KEY = "sesame"

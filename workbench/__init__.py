@@ -9,24 +9,24 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "LLM": "workbench.llm",
-    "LLMEngine": "workbench.engine",
+    "LLM": "workbench.entrypoints.llm",
+    "LLMEngine": "workbench.engine.llm_engine",
     "EngineConfig": "workbench.config",
-    "EngineArgs": "workbench.engine_args",
+    "EngineArgs": "workbench.config",
     "SamplingParams": "workbench.sampling_params",
     "RequestOutput": "workbench.outputs",
     "CompletionOutput": "workbench.outputs",
     "default_model_path": "workbench.model.loader",
-    "Workload": "workbench.workload",
-    "WorkloadRequest": "workbench.workload",
-    "run_workload": "workbench.compare",
-    "RunResult": "workbench.run",
-    "compare_runs": "workbench.compare",
-    "Comparison": "workbench.compare",
-    "teaching_config": "workbench.teaching",
-    "simulate": "workbench.sim",
-    "CostModel": "workbench.sim",
-    "sweep": "workbench.sweep",
+    "Workload": "workbench.lab.workload",
+    "WorkloadRequest": "workbench.lab.workload",
+    "run_workload": "workbench.lab.compare",
+    "RunResult": "workbench.lab.run",
+    "compare_runs": "workbench.lab.compare",
+    "Comparison": "workbench.lab.compare",
+    "teaching_config": "workbench.config",
+    "simulate": "workbench.lab.sim",
+    "CostModel": "workbench.lab.sim",
+    "sweep": "workbench.lab.sweep",
     "BlockMap": "workbench.viz",
     "RequestTimeline": "workbench.viz",
     "StepPlayer": "workbench.viz",
@@ -51,6 +51,6 @@ def __dir__() -> list[str]:
 
 def load_ipython_extension(ipython) -> None:
     """``%load_ext workbench``: register the ``%llm`` magics."""
-    from workbench.magics import load_ipython_extension as load
+    from workbench.entrypoints.magics import load_ipython_extension as load
 
     load(ipython)

@@ -1,3 +1,3 @@
-from workbench.cli import main
+from workbench.entrypoints.cli import main
 
 raise SystemExit(main())

@@ -1,11 +1,24 @@
-"""EngineConfig: every knob of the engine in one place (vLLM's names where vLLM has one)."""
+"""The engine's configuration: EngineConfig (every knob once, vLLM's names where vLLM has one),
+EngineArgs (the same options with vLLM's argparse round trip) and teaching_config (a small
+engine on which serving effects show within seconds).
+
+``workbench serve``, ``workbench generate`` and the notebook magics share one set of flags::
+
+    parser = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(parser.parse_args(argv)))
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import typing
+from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from workbench.reprs import html_table
+from workbench.utils.reprs import html_table
 
 
 def option(default: Any, help: str, **cli: Any) -> Any:
@@ -16,7 +29,7 @@ def option(default: Any, help: str, **cli: Any) -> Any:
 
 @dataclass
 class EngineConfig:
-    """Configuration of an :class:`~workbench.engine.LLMEngine` (every field's help text is
+    """Configuration of an :class:`~workbench.engine.llm_engine.LLMEngine` (every field's help text is
     also its ``workbench serve`` / ``generate`` flag's help).
 
     ``None`` means "derive it" as each field's help says.
@@ -62,7 +75,7 @@ class EngineConfig:
     keep_warm_s: float = option(
         10.0, "CPU: while the engine waits for requests, keep torch's worker threads awake (they "
         "spin: about one core) this many seconds after the last step (a parked thread can add "
-        "~10 ms to the next step on a VM; see workbench/idle.py); 0: let them park at once")
+        "~10 ms to the next step on a VM; see workbench/engine/idle.py); 0: let them park at once")
     max_logprobs: int = option(20, "largest logprobs / prompt_logprobs a request may ask for")
     max_history: int = option(10_000, "StepRecords kept in engine.history")
     log_stats: bool = option(False, "log vLLM's periodic stats line")
@@ -123,3 +136,78 @@ def default_max_num_batched_tokens(device_type: str, enable_chunked_prefill: boo
     if device_type == "cuda":
         return 8192 if enable_chunked_prefill else max(8192, max_model_len)
     return 2048 if enable_chunked_prefill else max(2048, max_model_len)
+
+
+_SCALARS = (int, float, str)
+
+
+def _flag_type(hint: object) -> type:
+    """int / float / str for a field annotated ``T`` or ``T | None``; str otherwise (Any)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    return args[0] if len(args) == 1 and args[0] in _SCALARS else str
+
+
+@dataclasses.dataclass
+class EngineArgs(EngineConfig):
+    """The engine's options (see EngineConfig for each one's meaning and default)."""
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser, *, exclude: Collection[str] = (),
+                     keep_defaults: bool = True) -> argparse.ArgumentParser:
+        """Add one ``--flag-name`` per option (booleans also get ``--no-flag-name``).
+
+        ``exclude`` leaves options out (a caller that takes the model as a positional);
+        ``keep_defaults=False`` parses an absent flag as None, so only the flags given
+        override another base config (``%llm load`` over the teaching engine).
+        """
+        group = parser.add_argument_group("engine options")
+        hints = typing.get_type_hints(EngineConfig)
+        for f in dataclasses.fields(EngineConfig):
+            if f.name in exclude:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            meta = dict(f.metadata)
+            help_text = meta.pop("help", "")
+            default = f.default if keep_defaults else None
+            if default is not None:
+                help_text += " (default: %(default)s)"
+            if hints[f.name] is bool:
+                group.add_argument(flag, action=argparse.BooleanOptionalAction,
+                                   default=default, help=help_text)
+            else:
+                group.add_argument(flag, type=_flag_type(hints[f.name]), default=default,
+                                   help=help_text, **meta)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        """The EngineArgs of a namespace parsed with :meth:`add_cli_args` (other keys ignored)."""
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
+                      if hasattr(args, f.name)})
+
+    def create_engine_config(self) -> EngineConfig:
+        return EngineConfig(**self.to_kwargs())
+
+    def to_kwargs(self) -> dict:
+        """The options as keyword arguments (for ``LLM(**args.to_kwargs())``)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(EngineConfig)}
+
+
+#: A pool of 24 blocks of 4 tokens (96 token slots), 32 tokens per step, at most 4
+#: sequences: on a default ``Workload.poisson()`` (12 prompts of 8-40 tokens, 4-16 outputs)
+#: it fills the pool, chunks prefills, preempts and resumes from the prefix cache, within
+#: about 50 steps (a few seconds) of the embedded model.
+TEACHING_DEFAULTS = dict(
+    block_size=4,
+    num_kv_blocks=24,
+    max_num_batched_tokens=32,
+    max_num_seqs=4,
+    device="cpu",
+    dtype="float32",
+)
+
+
+def teaching_config(**overrides) -> EngineConfig:
+    """EngineConfig of the teaching engine (:data:`TEACHING_DEFAULTS`), with ``overrides``
+    (any EngineConfig field) applied."""
+    return EngineConfig(**{**TEACHING_DEFAULTS, **overrides})

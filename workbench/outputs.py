@@ -1,6 +1,6 @@
 """What a user gets back: RequestOutput / CompletionOutput / Logprob (vLLM's names).
 
-Built by :class:`workbench.output_processor.OutputProcessor`."""
+Built by :class:`workbench.engine.output_processor.OutputProcessor`."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ class SamplingParams:
     the field, the value and the allowed range (floats must be finite). ``temperature == 0``
     means greedy. What needs the model (token ids below the vocabulary size, ``logprobs``
     below ``max_logprobs``, ``bad_words`` tokenized into ``bad_words_token_ids``) is checked
-    by :class:`~workbench.inputs.InputProcessor` when the request is added.
+    by :class:`~workbench.engine.input_processor.InputProcessor` when the request is added.
 
     ``logit_bias`` ({token id: bias in [-100, 100]}) is added to the logits;
     ``allowed_token_ids`` masks every other token; ``bad_words`` bans the last token of each
@@ -201,7 +201,7 @@ class SamplingParams:
         return f"SamplingParams({', '.join(parts)})"
 
     def _repr_html_(self) -> str:
-        from workbench.reprs import html_table
+        from workbench.utils.reprs import html_table
 
         return html_table("SamplingParams (fields not at their defaults)",
                           self._changed() or {"(all defaults)": ""})

@@ -3,7 +3,7 @@
 #
 # Each step the model gives every request a vector of *logits*, one score per token of the
 # vocabulary. The sampler turns that vector into one token, in a fixed order (vLLM's, spelled
-# out at the top of `workbench/sampling.py`): the request's own logits processors and logit
+# out at the top of `workbench/worker/sampler.py`): the request's own logits processors and logit
 # bias, penalties for tokens already seen, temperature, then the truncations top-k, top-p and
 # min-p, then a random draw. This tutorial applies each stage to the real logits of one step
 # of the embedded model and draws what it does. You will see:
@@ -21,7 +21,7 @@ import torch
 
 from workbench import LLMEngine, SamplingParams
 from workbench.request import Request
-from workbench.sampling import apply_min_p, apply_penalties, apply_top_k_top_p
+from workbench.worker.sampler import apply_min_p, apply_penalties, apply_top_k_top_p
 
 engine = LLMEngine(block_size=8, num_kv_blocks=64)
 tokenizer = engine.tokenizer

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from workbench import EngineConfig, LLMEngine, SamplingParams, Workload, run_workload
-from workbench.sim import CalibrationGrid, CostModel, calibrate, simulate
-from workbench.sim.accuracy import latency_errors, schedule_of
-from workbench.sweep import sweep
+from workbench.lab.sim import CalibrationGrid, CostModel, calibrate, simulate
+from workbench.lab.sim.accuracy import latency_errors, schedule_of
+from workbench.lab.sweep import sweep
 from workbench.viz.pareto import pareto_figure, pareto_front
 
 shipped = CostModel.default()

@@ -1,6 +1,6 @@
 """ComparisonView: several engine configs on one workload, side by side.
 
-It shows a :class:`~workbench.compare.Comparison`: the table (p50/p90/p99 latencies,
+It shows a :class:`~workbench.lab.compare.Comparison`: the table (p50/p90/p99 latencies,
 throughput, preemptions, recomputed tokens per config), the CDF of a latency metric, the
 configs' request timelines on one step axis (each request on the same row and in the same
 colour in every panel) and a :class:`StepPlayer` over the run picked.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 import traitlets
 
-from workbench.compare import METRIC_LABELS
+from workbench.lab.compare import METRIC_LABELS
 from workbench.viz.figures import figure_png, new_figure, png_img
 from workbench.viz.player import StepPlayer
 from workbench.viz.timeline import draw_timeline, request_spans, timeline_height, timeline_legend

@@ -1,6 +1,6 @@
 """The Pareto front of a sweep: the configurations no other one beats on both axes.
 
-``pareto_front(frame)`` returns the rows of a :func:`workbench.sweep.sweep` DataFrame (any
+``pareto_front(frame)`` returns the rows of a :func:`workbench.lab.sweep.sweep` DataFrame (any
 DataFrame with the two columns) that are not dominated: no other row is at least as good on
 both ``x`` and ``y`` and strictly better on one. By default a lower ``x`` (p99 time to first
 token) and a higher ``y`` (throughput) are better. Rows whose ``x`` or ``y`` is NaN (failed

@@ -1,0 +1,43 @@
+"""``workbench bench throughput``: the workload generator, the table, bad input. A tiny run beside both
+transformers paths is part of the selftest's CI run (tests/benchmarks/test_selftest.py)."""
+
+from __future__ import annotations
+
+import argparse
+import pytest
+
+from workbench.benchmarks.throughput import ThroughputResult, format_table, main
+from workbench.benchmarks.datasets import parse_range, sample_requests
+
+
+def test_workload_is_seeded_exact_and_avoids_special_ids():
+    a = sample_requests(50, (3, 9), (2, 5), vocab_size=40, special_ids={0, 1, 2}, seed=7)
+    assert a == sample_requests(50, (3, 9), (2, 5), vocab_size=40, special_ids={0, 1, 2}, seed=7)
+    assert a != sample_requests(50, (3, 9), (2, 5), vocab_size=40, special_ids={0, 1, 2}, seed=8)
+    assert {len(r.prompt_token_ids) for r in a} == set(range(3, 10))  # both ends drawn
+    assert {r.output_len for r in a} == {2, 3, 4, 5}
+    assert all(3 <= t < 40 for r in a for t in r.prompt_token_ids)
+    assert repr(a[0]).startswith("BenchRequest(prompt_len=")
+
+
+def test_ranges_parse_and_name_the_rule():
+    assert parse_range("32:192") == (32, 192)
+    assert parse_range("64") == (64, 64)
+    for bad in ("0:4", "9:3", "a:b", "1:2:3"):
+        with pytest.raises(argparse.ArgumentTypeError, match="1 <= A <= B|A <= B"):
+            parse_range(bad)
+
+
+def test_table_ratios_are_ours_over_theirs():
+    rows = [ThroughputResult("workbench", 300, 1.0, 3), ThroughputResult("hf-generate", 300, 2.0, 3,
+                                                                           {"batch_size": 2})]
+    table = format_table(rows).splitlines()
+    assert table[1].split()[:5] == ["workbench", "300.0", "3.00", "1.00", "1.00"]
+    assert table[2].split()[:5] == ["hf-generate", "150.0", "1.50", "2.00", "2.00"]
+    assert rows[1].to_dict()["output_tokens_per_s"] == 150.0
+
+
+def test_requests_longer_than_the_model_are_refused(capsys):
+    assert main(["--num-prompts", "2", "--input-len-range", "1000:1000",
+                 "--output-len-range", "100:100"]) == 2
+    assert "max_model_len" in capsys.readouterr().err

@@ -1,0 +1,134 @@
+"""The %llm / %%llm magics in a real IPython shell, on the embedded model."""
+
+import pytest
+
+IPython = pytest.importorskip("IPython")
+
+from IPython.core.error import UsageError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def shell():
+    from IPython.testing.globalipapp import start_ipython
+
+    ip = start_ipython()
+    ip.run_line_magic("load_ext", "workbench")  # the package is the extension
+    ip.run_line_magic("llm", "load --as eng --num-kv-blocks 40")
+    return ip
+
+
+def test_load_binds_the_teaching_engine_under_the_name_given(shell):
+    from workbench.config import TEACHING_DEFAULTS
+
+    engine = shell.user_ns["eng"]
+    assert engine.kv_cache.num_blocks == 40  # the option given
+    assert engine.kv_cache.block_size == TEACHING_DEFAULTS["block_size"]  # the teaching default
+    assert engine.max_num_batched_tokens == TEACHING_DEFAULTS["max_num_batched_tokens"]
+
+
+def test_help_lists_every_command_from_the_parser(shell, capsys):
+    from workbench.entrypoints.magics import build_parser
+
+    shell.run_line_magic("llm", "")
+    out = capsys.readouterr().out
+    commands = next(a for a in build_parser()._actions if hasattr(a, "choices") and a.choices).choices
+    for name in commands:
+        assert f"%llm {name}" in out
+    assert "--max-tokens MAX_TOKENS" in out and "%%llm" in out
+
+
+@pytest.mark.parametrize("line, message", [
+    ("frobnicate", "invalid choice: 'frobnicate'"),
+    ("step many", "invalid int value: 'many'"),
+    ("show everything", "invalid choice: 'everything'"),
+    ("load --block-size big", "argument --block-size: invalid int value"),
+    ("add", "the following arguments are required: prompt"),
+    ("replay nothing_here", "no variable 'nothing_here'"),
+    ("add " + "word " * 300, "num_blocks=40"),  # refused by the engine: too long for the pool
+])
+def test_bad_arguments_are_a_usage_line(shell, line, message):
+    with pytest.raises(UsageError, match=message) as error:
+        shell.run_line_magic("llm", line)
+    assert "Traceback" not in str(error.value)
+
+
+def test_line_and_cell_generate_print_the_prompt_and_continuation(shell, capsys):
+    shell.run_line_magic("llm", "generate --max-tokens 6 ROMEO:")
+    line_out = capsys.readouterr().out
+    shell.run_cell_magic("llm", "--max-tokens 6", "ROMEO:\n")
+    cell_out = capsys.readouterr().out
+    assert line_out.startswith("ROMEO:") and line_out == cell_out
+
+
+def test_add_step_run_show(shell, capsys):
+    engine = shell.user_ns["eng"]
+    with pytest.raises(UsageError, match="priority: got 2, but the scheduling policy 'fcfs'"):
+        shell.run_line_magic("llm", "add JULIET: --id q1 --priority 2")  # as vLLM: fcfs has no priorities
+    assert not engine.has_unfinished_requests()
+    shell.run_line_magic("llm", "add JULIET: --id q1 --max-tokens 5 --temperature 0.7")
+    shell.run_line_magic("llm", "add ROMEO: --max-tokens 3")
+    request = engine.scheduler.requests["q1"]
+    assert (request.sampling_params.max_tokens, request.sampling_params.temperature) == (5, 0.7)
+    made_up = [rid for rid in engine.scheduler.requests if rid != "q1"]
+    assert len(made_up) == 1
+    record = shell.run_line_magic("llm", "step")
+    assert {c.request_id for c in record.scheduler_output.scheduled} == {"q1", made_up[0]}
+    shell.run_line_magic("llm", "run")
+    assert not engine.has_unfinished_requests()
+    frame = shell.run_line_magic("llm", "show requests")
+    assert frame.set_index("request_id").loc["q1", "num_output_tokens"] <= 5
+    blocks = shell.run_line_magic("llm", "show blocks")
+    assert sum(blocks.summary.values()) == 40
+    timeline = shell.run_line_magic("llm", "show timeline")
+    assert set(timeline.rows) >= {"q1", made_up[0]}
+    stats = shell.run_line_magic("llm", "show stats")
+    assert len(stats) == len(engine.history)
+    player = shell.run_line_magic("llm", "player")
+    assert player.step == engine.history[-1].step
+    player.close()
+    capsys.readouterr()
+
+
+def test_replay_a_workload_variable(shell):
+    from workbench import Workload
+
+    shell.user_ns["wl"] = Workload.poisson(num_requests=3, rate=2.0, input_len=(4, 8), output_len=3, seed=3)
+    result = shell.run_line_magic("llm", "replay wl")
+    assert sorted(result.requests["request_id"]) == sorted(shell.user_ns["wl"].request_ids)
+    assert (result.requests["num_output_tokens"] == 3).all()
+    with pytest.raises(UsageError, match="is a int, not a Workload"):
+        shell.user_ns["n"] = 3
+        shell.run_line_magic("llm", "replay n")
+
+
+def test_serve_from_a_notebook_then_stop(shell, capsys):
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = shell.run_line_magic("llm", f"serve --port {port}")
+    try:
+        assert url == f"http://127.0.0.1:{port}/v1"
+        with pytest.raises(UsageError, match="being served"):
+            shell.run_line_magic("llm", "step")
+        dashboard = shell.run_line_magic("llm", "dashboard")  # read-only: the server steps
+        assert [b.description for b in dashboard.buttons] == ["Refresh"]
+        history = shell.user_ns["eng"].history
+        last = history[-1].step if len(history) else -1
+        reply = httpx.post(f"{url}/completions", timeout=60,
+                           json={"model": "tiny-shakespeare", "prompt": "ROMEO:", "max_tokens": 4})
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] <= 4
+        deadline = time.monotonic() + 10  # the dashboard follows the server's steps by itself
+        while dashboard.updater.num_redraws == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert dashboard.updater.num_redraws >= 1 and dashboard.player.step > last
+        dashboard.close()
+    finally:
+        shell.run_line_magic("llm", "stop")
+    capsys.readouterr()
+    shell.run_line_magic("llm", "generate --max-tokens 3 ROMEO:")  # the engine is ours again
+    assert capsys.readouterr().out.startswith("ROMEO:")

@@ -1,0 +1,133 @@
+"""The "cpu" attention backend against the torch reference (fp32/fp16/bf16, NaN-poisoned caches).
+
+``build_batch`` (tests/kernels/test_triton_kernels.py) fills every cache slot the kernel must not read with NaN
+and shuffles the block tables, so a read past a length or an unwritten output fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_triton_kernels import SETTINGS, _tol, attention_cases, build_batch
+
+from workbench import kernels
+from workbench.kernels import cpu_attention, reference
+
+
+def check_cpu(batch, *, sliding_window=None, softcap=None, plan=None):
+    query, key_cache, value_cache, block_tables, qsl, seq_lens = batch
+    scale = query.shape[-1] ** -0.5
+    expected = reference.paged_attention(query, key_cache, value_cache, block_tables, qsl,
+                                         seq_lens, scale, sliding_window=sliding_window,
+                                         softcap=softcap)
+    out = torch.full_like(query, float("nan"))
+    got = kernels.paged_attention(query, key_cache, value_cache, block_tables, qsl, seq_lens,
+                                  scale, sliding_window=sliding_window, softcap=softcap, out=out,
+                                  backend="cpu", plan=plan)
+    assert got is out
+    assert not out.isnan().any(), "an output element was not written (or read a poisoned slot)"
+    torch.testing.assert_close(out, expected, **_tol(query.dtype))
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(case=attention_cases(max_seqs=6, max_q=40, max_ctx=200),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+       sliding_window=st.one_of(st.none(), st.integers(1, 70)),
+       softcap=st.one_of(st.none(), st.floats(2.0, 30.0)))
+def test_cpu_backend_matches_reference(case, dtype, sliding_window, softcap):
+    check_cpu(build_batch(**{**case, "dtype": dtype}), sliding_window=sliding_window,
+              softcap=softcap)
+
+
+@settings(max_examples=20, **SETTINGS)
+@given(ctx=st.lists(st.integers(0, 400), min_size=2, max_size=40),
+       block_size=st.sampled_from([1, 16, 32]), seed=st.integers(0, 2**16))
+def test_many_decodes_of_spread_lengths(ctx, block_size, seed):
+    """All-decode steps, where sequences are cut into length groups; one plan, two layers'
+    worth of calls (with and without a window), as the model reuses it."""
+    batch = build_batch([1] * len(ctx), ctx, num_kv_heads=2, group=3, head_dim=32,
+                        block_size=block_size, dtype=torch.float32, seed=seed)
+    _, _, _, block_tables, qsl, seq_lens = batch
+    plan = kernels.plan_attention(block_tables, qsl, seq_lens, block_size, backend="cpu")
+    assert sum(g.rows.numel() for g in plan.decode_groups) == len(ctx)
+    check_cpu(batch, plan=plan)
+    check_cpu(batch, plan=plan, sliding_window=50)
+
+
+def test_length_groups_cut_padding():
+    """Sequences of 1 and 20 blocks are not padded to one length: two groups, sorted, each as
+    long as its longest sequence."""
+    lens = [16] * 10 + [320] * 10
+    batch = build_batch([1] * 20, [n - 1 for n in lens], num_kv_heads=1, group=1, head_dim=32,
+                        block_size=16, dtype=torch.float32, seed=0)
+    _, _, _, block_tables, qsl, seq_lens = batch
+    plan = cpu_attention.plan_attention(block_tables, qsl, seq_lens, 16)
+    assert [(g.rows.numel(), g.length) for g in plan.decode_groups] == [(10, 16), (10, 320)]
+    assert plan.prefills == []
+    check_cpu(batch, plan=plan)
+
+
+def test_only_small_savings_keep_one_group():
+    lens = [300, 310, 320]
+    batch = build_batch([1, 1, 1], [n - 1 for n in lens], num_kv_heads=1, group=1, head_dim=32,
+                        block_size=16, dtype=torch.float32, seed=0)
+    plan = cpu_attention.plan_attention(*batch[3:], 16)
+    assert [(g.rows.numel(), g.length) for g in plan.decode_groups] == [(3, 320)]
+
+
+def test_plan_repr_is_plain():
+    batch = build_batch([1, 5], [20, 0], num_kv_heads=1, group=2, head_dim=32, block_size=16,
+                        dtype=torch.float32, seed=0)
+    plan = cpu_attention.plan_attention(*batch[3:], 16)
+    assert repr(plan) == "AttentionPlan(decode_groups(seqs, length)=[(1, 21)], prefills=[(5, 5)])"
+
+
+def test_unknown_backend_is_named():
+    batch = build_batch([1], [3], num_kv_heads=1, group=1, head_dim=32, block_size=16,
+                        dtype=torch.float32, seed=0)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        kernels.paged_attention(*batch, 1.0, backend="fast")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("skip_one", [False, True])
+def test_write_kv_cache_matches_reference(dtype, skip_one):
+    gen = torch.Generator().manual_seed(1)
+    key = torch.randn(9, 2, 8, generator=gen)
+    value = torch.randn(9, 2, 8, generator=gen)
+    slots = torch.randperm(40, generator=gen)[:9]
+    if skip_one:
+        slots[4] = -1
+    caches = [torch.full((5, 8, 2, 8), float("nan"), dtype=dtype) for _ in range(4)]
+    kernels.write_kv_cache(key, value, caches[0], caches[1], slots, backend="cpu")
+    reference.write_kv_cache(key, value, caches[2], caches[3], slots)
+    torch.testing.assert_close(caches[0], caches[2], atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(caches[1], caches[3], atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_embedding_equals_reference_on_fused_qkv_views(dtype):
+    """Bit for bit (fp32) on strided views of one fused QKV output, as the model calls it; the
+    plan's tables, built by the first call, serve a second layer's call unchanged."""
+    from workbench.model.rotary import build_cos_sin_cache
+
+    gen = torch.Generator().manual_seed(2)
+    heads, kv_heads, dim, tokens = 6, 3, 32, 11
+    cos_sin = build_cos_sin_cache(dim, 64, 10000.0)
+    positions = torch.randint(0, 64, (tokens,), generator=gen)
+    plan = cpu_attention.plan_attention(torch.zeros((1, 1), dtype=torch.int32),
+                                        torch.tensor([0, tokens], dtype=torch.int32),
+                                        torch.tensor([tokens], dtype=torch.int32), 16)
+    for _layer in range(2):
+        qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen).to(dtype)
+        q_ref = qkv[:, :heads * dim].reshape(tokens, heads, dim).clone()
+        k_ref = qkv[:, heads * dim:(heads + kv_heads) * dim].reshape(tokens, kv_heads, dim).clone()
+        reference.rotary_embedding(positions, q_ref, k_ref, cos_sin)
+        q, k, _ = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+        q, k = q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim)
+        kernels.rotary_embedding(positions, q, k, cos_sin, backend="cpu", plan=plan)
+        torch.testing.assert_close(q, q_ref, atol=0, rtol=0)
+        torch.testing.assert_close(k, k_ref, atol=0, rtol=0)
+    assert len(plan.rotary) == (1 if dtype == torch.float32 else 0)

@@ -1,0 +1,274 @@
+"""The views show what the engine recorded: each view is checked against an independent record
+(the scheduler's per-step batch, the live KV pool, a hand-worked schedule), not its own output."""
+
+import html
+import threading
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from workbench import LLMEngine, SamplingParams  # noqa: E402
+from workbench.viz import (  # noqa: E402
+    BlockMap, EngineDashboard, RequestTimeline, StepPlayer, plot_kv_blocks, plot_kv_usage, plot_step_tokens,
+)
+from workbench.viz.block_map import never_used_blocks  # noqa: E402
+from workbench.viz.colors import request_color  # noqa: E402
+from workbench.viz.live import LiveUpdater  # noqa: E402
+from workbench.viz.timeline import request_spans  # noqa: E402
+
+PROMPTS = ["ROMEO:", "JULIET:\nO Romeo, Romeo!", "HAMLET:\nTo be, or not to be", "KING LEAR:\nBlow, winds"]
+
+
+def tight_engine(**overrides):
+    """12 blocks of 4 tokens for 4 requests growing to 12 output tokens: preemption happens."""
+    config = dict(device="cpu", block_size=4, num_kv_blocks=12, max_num_batched_tokens=16, max_num_seqs=4)
+    return LLMEngine(**{**config, **overrides})
+
+
+@pytest.fixture(scope="module")
+def run():
+    engine = tight_engine()
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    return engine
+
+
+def test_never_used_blocks_is_the_untouched_front_run_of_the_free_queue():
+    assert never_used_blocks([3, 4, 5], 6) == {3, 4, 5}
+    assert never_used_blocks([4, 5, 0, 2], 6) == {4, 5}  # 0 and 2 were freed after use
+    assert never_used_blocks([0, 1], 6) == set()  # block 5 was handed out once
+    assert never_used_blocks([], 6) == set()
+
+
+def test_hand_worked_timeline_of_one_request():
+    # Ample pool and budget: step 0 computes the 3-token prompt (prefill) and samples token 1;
+    # steps 1 and 2 decode tokens 2 and 3; max_tokens=3 finishes it ("length") in step 2.
+    engine = LLMEngine(device="cpu", block_size=4, num_kv_blocks=16)
+    prompt = engine.tokenizer("ROMEO:").input_ids
+    engine.add_request("solo", prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    rows, spans = request_spans(engine.history[:])
+    assert rows == ["solo"]
+    assert [(s["kind"], s["start"], s["end"], s["tokens"]) for s in spans] == [
+        ("prefill", 0, 1, len(prompt)), ("decode", 1, 3, 2), ("finish", 2, 3, 3)]
+    assert spans[-1]["reason"] == "length"
+
+
+def test_timeline_agrees_with_the_scheduler_batches(run):
+    rows, spans = request_spans(run.history[:])
+    assert rows == ["r0", "r1", "r2", "r3"]
+    for rid in rows:
+        ran = {r.step for r in run.history for c in r.scheduler_output.scheduled if c.request_id == rid}
+        drawn = {s for span in spans if span["request_id"] == rid and span["kind"] in ("prefill", "recompute", "decode")
+                 for s in range(span["start"], span["end"])}
+        assert drawn == ran, rid
+        preempted = [r.step for r in run.history if rid in r.scheduler_output.preempted_request_ids]
+        assert [s["start"] for s in spans if s["request_id"] == rid and s["kind"] == "preempted"] == preempted
+        resumed = [r.step for r in run.history if rid in r.scheduler_output.resumed_request_ids]
+        recompute = [s["start"] for s in spans if s["request_id"] == rid and s["kind"] == "recompute"]
+        assert recompute[:1] == resumed[:1]  # the first chunk after a resume recomputes
+    assert any(s["kind"] == "preempted" for s in spans), "the tight pool must preempt"
+    timeline = RequestTimeline(run)
+    assert timeline.rows == rows and bytes(timeline.image.value).startswith(b"\x89PNG")
+    window = RequestTimeline(run, last=5)  # the last 5 steps and the requests active in them
+    first = run.history[-5].step
+    assert window.rows == [r for r in rows if any(s["request_id"] == r and s["end"] > first for s in spans)]
+    assert window.rows != rows and min(s["start"] for s in window.spans) == first
+    timeline.select_request("r2")
+    text = run.tokenizer.decode([r.sampled_token_ids["r2"] for r in run.history if "r2" in r.sampled_token_ids])
+    assert "finished (length)" in timeline.details.value and "ttft_s" in timeline.details.value
+    assert html.escape(repr(text)) in timeline.details.value
+
+
+def test_block_map_cells_follow_the_pool_and_zoom_to_the_used_range():
+    engine = LLMEngine(device="cpu", block_size=4, num_kv_blocks=2000)
+    scene = "ROMEO:\nBut soft, what light through yonder window breaks?"
+    engine.add_request("a", scene, SamplingParams(temperature=0, max_tokens=4))
+    engine.step()  # a's full prompt blocks enter the prefix cache
+    engine.add_request("b", scene, SamplingParams(temperature=0, max_tokens=4))
+    engine.step()  # b shares them
+    view = BlockMap(engine)
+    live = engine.kv_cache
+    for cell in view.cells:
+        block = live.blocks[cell["block_id"]]
+        assert cell["ref_count"] == block.ref_count and cell["owners"] == list(block.owners)
+    shared = [c["block_id"] for c in view.cells if c["state"] == "shared"]
+    assert shared and shared == sorted(set(live.block_table("a")) & set(live.block_table("b")))
+    used = len(set(live.block_table("a")) | set(live.block_table("b")))
+    assert view.summary["never used"] == 2000 - used and sum(view.summary.values()) == 2000
+    assert view.grid.value.count('class="wb-block"') == 16  # the used range, padded to a row
+    assert "never used" in view.grid.value
+    view.select_request("b")
+    assert view.block_table("b") == live.block_table("b")
+    assert f'data-block="{live.block_table("b")[0]}"' in view.grid.value and "[0]" in view.grid.value
+    first = live.block_table("a")[0]
+    view.select_block(first)
+    assert html.escape(repr(engine.tokenizer.decode(live.blocks[first].token_ids))) in view.details.value
+    assert plt.get_fignums() == []  # views never touch pyplot's registry
+
+
+def test_player_shows_each_step_as_recorded(run):
+    player = StepPlayer(run, live_updates=False)
+    assert player.slider.min == run.history[0].step and player.slider.max == run.history[-1].step
+    for record in run.history:
+        player.slider.value = record.step
+        assert [r["request_id"] for r in player.batch_rows] == [c.request_id for c in record.scheduler_output.scheduled]
+        assert [r["num_new_tokens"] for r in player.batch_rows] == [
+            c.num_new_tokens for c in record.scheduler_output.scheduled]
+        assert len(player.queues["running"]) == record.num_running
+        assert len(player.queues["waiting"]) == record.num_waiting
+        assert f"<b>{record.num_scheduled_tokens}</b> / 16 tokens" in player.batch.value
+        assert player.block_map.step == record.step
+        assert player.block_map.summary["used"] + player.block_map.summary["shared"] == round(
+            record.kv_usage * 12)
+        why = [n for n in player.notes if "kept waiting" in n]
+        assert bool(why) == bool(record.num_waiting)
+        if why and "token budget was spent" in why[0]:
+            assert record.num_scheduled_tokens == 16
+        if why and "preempted" in why[0]:
+            assert record.scheduler_output.preempted_request_ids
+    preempt = next(r for r in run.history if r.scheduler_output.preempted_request_ids)
+    victim = preempt.scheduler_output.preempted_request_ids[0]
+    lost = run.history.kv_state(preempt.step - 1).block_table(victim)  # its table a step before
+    player.show(preempt.step)
+    note = next(n for n in player.notes if n.startswith(f"{victim} preempted"))
+    assert f"lost blocks {lost}" in note and "none was free" in note
+    assert set(player.block_map.marked) == set(lost)
+
+
+def test_dashboard_buttons_drive_the_engine_and_report_errors():
+    engine = tight_engine()
+    dashboard = EngineDashboard(engine)
+    buttons = {b.description: b for b in dashboard.buttons}
+    assert dashboard.player.buttons == []  # one set of drive buttons: the dashboard's
+    dashboard.prompt.value, dashboard.request_id.value = "ROMEO:", "mine"
+    dashboard.max_tokens.value, dashboard.temperature.value, dashboard.priority.value = 5, 0.5, 3
+    buttons["Add request"].click()  # fcfs refuses priorities (vLLM's rule): an error in the panel
+    assert "priority: got 3" in dashboard.status.value and not engine.has_unfinished_requests()
+    dashboard.priority.value = 0
+    buttons["Add request"].click()
+    request = engine.scheduler.requests["mine"]
+    assert (request.sampling_params.max_tokens, request.sampling_params.temperature) == (5, 0.5)
+    dashboard.prompt.value = "word " * 300  # more blocks than the pool has
+    buttons["Add request"].click()
+    assert "num_blocks=12" in dashboard.status.value and "mine" in engine.scheduler.requests
+    assert not any(b.disabled for b in dashboard.buttons)
+    buttons["Step"].click()
+    assert len(engine.history) == 1 and dashboard.player.step == 0 and "ready" in dashboard.status.value
+    buttons["Run to the end"].click()
+    assert not engine.has_unfinished_requests() and [o.request_id for o in dashboard.outputs] == ["mine"]
+    assert "mine" in dashboard.requests.value and "mine" in dashboard.finished.value
+    buttons["Reset"].click()
+    assert len(engine.history) == 0 and dashboard.player.step is None
+    dashboard.add("JULIET:", max_tokens=3)  # step numbers go on after a reset: the range moves up
+    buttons["Run to the end"].click()
+    assert "ready" in dashboard.status.value
+    assert (dashboard.player.slider.min, dashboard.player.step) == (engine.history[0].step, engine.history[-1].step)
+    assert engine.history[0].step > 0
+    engine.add_request("elsewhere", "HAMLET:", SamplingParams(max_tokens=2))
+    engine.step()  # stepped outside the dashboard: a live redraw touches only the tab on show
+    dashboard.refresh(all_tabs=False)
+    assert dashboard.player.step == engine.history[-1].step and "elsewhere" not in dashboard.timeline.rows
+    dashboard.tabs.selected_index = 1  # picking the timeline redraws it
+    assert "elsewhere" in dashboard.timeline.rows
+    dashboard.close()
+    assert engine.on_step == []
+    assert plt.get_fignums() == []
+
+
+def test_live_updates_are_throttled_and_run_off_the_stepping_thread():
+    engine = tight_engine()
+    engine.add_request("x", "ROMEO:", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    threads = []
+    updater = LiveUpdater(engine, lambda: threads.append(threading.current_thread()), interval=0.5)
+    start = time.monotonic()
+    for _ in range(4):
+        engine.step()
+    elapsed = time.monotonic() - start
+    time.sleep(0.8)
+    # At most one redraw per interval (plus the trailing one), none on the stepping thread.
+    assert 1 <= len(threads) <= 1 + elapsed / 0.5
+    assert threading.current_thread() not in threads
+    before = len(threads)
+    for _ in range(200):  # a burst of steps far faster than the interval: one redraw
+        for hook in engine.on_step:
+            hook(engine.history[-1])
+    time.sleep(0.8)
+    assert len(threads) == before + 1
+    updater.close()
+    assert engine.on_step == []
+
+
+def test_one_colour_per_request_across_views(run):
+    colours = {request_color(f"r{i}") for i in range(150)}
+    assert len(colours) == 150
+    ax = plot_step_tokens(run.history)
+    bar_colours = {matplotlib.colors.to_hex(p.get_facecolor()) for p in ax.patches}
+    assert bar_colours == {request_color(f"r{i}") for i in range(4)}
+    plt.close("all")
+
+
+def test_step_plot_scales_to_the_bars_and_keeps_the_budget_as_a_reference(run):
+    ax = plot_step_tokens(run.history)
+    per_step = {}
+    for patch in ax.patches:
+        step = round(patch.get_x() + patch.get_width() / 2)
+        per_step[step] = per_step.get(step, 0) + patch.get_height()
+    assert per_step == {r.step: r.num_scheduled_tokens for r in run.history if r.num_scheduled_tokens}
+    assert ax.get_ylim()[1] >= 16 and any(line.get_ydata()[0] == 16 for line in ax.get_lines())
+    plt.close("all")
+    engine = LLMEngine(device="cpu", block_size=4, num_kv_blocks=16, max_num_batched_tokens=512)
+    engine.add_request("d", "ROMEO:", SamplingParams(temperature=0, max_tokens=3))
+    while engine.has_unfinished_requests():
+        engine.step()
+    ax = plot_step_tokens(engine.history)
+    tallest = max(r.num_scheduled_tokens for r in engine.history)
+    assert ax.get_ylim()[1] < 2 * tallest
+    assert any("512 (off scale)" in t.get_text() for t in ax.get_legend().get_texts())
+    plot_kv_usage(engine.history)
+    ax = plot_kv_blocks(engine.kv_cache, max_blocks=8)
+    assert len(ax.patches) == 8 and ax.get_title().endswith("(first 8 drawn)")
+    plt.close("all")
+
+
+def test_comparison_view_shows_each_run_side_by_side():
+    from workbench import Workload, compare_runs
+    from workbench.config import teaching_config
+    from workbench.viz import ComparisonView
+
+    workload = Workload.burst(num_requests=4, input_len=(10, 20), output_len=(3, 5), seed=4)
+    comparison = compare_runs(workload, {p: teaching_config(policy=p) for p in ("fcfs", "spf")})
+    view = ComparisonView(comparison)
+    for name, result in comparison.results.items():
+        assert f"<th>{name}</th>" in view.table_html
+        frame = result.requests
+        assert frame["num_preemptions"].sum() == comparison.table.loc[name, "num_preemptions"]
+    assert bytes(view.cdf.value).startswith(b"\x89PNG") and bytes(view.timelines.value).startswith(b"\x89PNG")
+    view.metric_picker.value = "e2e_steps"
+    assert view.metric == "e2e_steps"
+    view.run_picker.value = "spf"
+    player = view.player_box.children[0]
+    assert ComparisonView(comparison, metric="tpot_steps").metric_picker.value == "tpot_steps"
+    view.show_metric("ttft_s")
+    assert (view.metric, view.metric_picker.value) == ("ttft_s", "ttft_s")
+    assert player.source.run is comparison.results["spf"] and player.step == comparison.results["spf"].history[-1].step
+    assert plt.get_fignums() == []
+
+
+def test_views_have_deterministic_plain_reprs_and_static_html(run):
+    views = [BlockMap(run), RequestTimeline(run), StepPlayer(run, live_updates=False)]
+    for view in views:
+        assert repr(view) == repr(view) and "0x" not in repr(view)
+        assert view._repr_html_().strip()
+    final = run.history.kv_state()  # every request finished: all blocks free, some still cached
+    assert repr(views[0]) == (f"BlockMap(step={run.history[-1].step}, used=0, shared=0, "
+                              f"cached={final.num_cached_blocks}, free={12 - final.num_cached_blocks}, never used=0)")
+    assert '<img src="data:image/png;base64,' in views[1]._repr_html_()

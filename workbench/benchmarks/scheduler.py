@@ -1,0 +1,133 @@
+"""Benchmark: per-step cost of ``schedule()`` + ``update_from_output()`` at N running decode requests.
+
+No model: a fake runner samples a fixed token for every sampling chunk. The N requests
+first prefill (not timed); then ``--steps`` pure decode steps are timed, each scheduling
+all N requests one token (blocks are allocated as they fill, and, with prefix caching on,
+newly full blocks are hashed and cached). Prints one table row per N and event recording
+setting: with ``events on`` the KV cache and scheduler log their block and request events and
+each step drains them, as the engine does; ``--events both`` (default) measures the two side
+by side::
+
+    workbench bench scheduler                      # N = 256 and 1024
+    workbench bench scheduler --num-running 64 256 --steps 300 --events on
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from workbench.core.kv_cache_manager import KVCacheManager, cdiv
+from workbench.core.sched.scheduler import Scheduler
+from workbench.request import Request
+from workbench.sampling_params import SamplingParams
+
+FAKE_TOKEN = 7
+
+
+def _build(n: int, args: argparse.Namespace, record_events: bool) -> Scheduler:
+    budget = max(n, args.max_num_batched_tokens)
+    # Room for the prefill steps (early finishers decode meanwhile) and the timed steps,
+    # so that no request finishes while timed.
+    total_len = args.prompt_len + cdiv(n * args.prompt_len, budget) + args.steps + 8
+    num_blocks = n * cdiv(total_len, args.block_size)
+    kv = KVCacheManager(
+        num_blocks, args.block_size, enable_prefix_caching=not args.no_prefix_caching, record_events=record_events
+    )
+    sched = Scheduler(
+        kv,
+        max_num_seqs=n,
+        max_num_batched_tokens=budget,
+        max_model_len=total_len + 1,
+        policy=args.policy,
+        record_events=record_events,
+    )
+    params = SamplingParams(max_tokens=None, ignore_eos=True)
+    for i in range(n):
+        prompt = [i * 100_003 + j for j in range(args.prompt_len)]  # distinct: no prefix sharing
+        sched.add_request(Request(f"r{i}", prompt, params, arrival_time=float(i)))
+    return sched
+
+
+def _fake_runner(out) -> dict[str, int]:
+    return {c.request_id: FAKE_TOKEN for c in out.scheduled if c.samples}
+
+
+def _measure(n: int, args: argparse.Namespace, record_events: bool) -> dict:
+    sched = _build(n, args, record_events)
+    # Prefill (untimed) until every request is decoding.
+    while True:
+        out = sched.schedule()
+        sched.update_from_output(out, _fake_runner(out))
+        if all(r.num_computed_tokens >= r.num_prompt_tokens for r in sched.running) and len(sched.running) == n:
+            break
+    t_sched, t_update, totals = [], [], []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        out = sched.schedule()
+        t1 = time.perf_counter()
+        sampled = _fake_runner(out)
+        t2 = time.perf_counter()
+        sched.update_from_output(out, sampled)
+        if record_events:
+            sched.kv_cache.take_events()
+            sched.take_events()
+        t3 = time.perf_counter()
+        assert len(out.scheduled) == n and not any(c.is_prefill for c in out.scheduled)
+        t_sched.append(t1 - t0)
+        t_update.append(t3 - t2)
+        totals.append((t1 - t0) + (t3 - t2))
+    us = 1e6
+    return {
+        "running": n,
+        "events": "on" if record_events else "off",
+        "schedule_us": statistics.fmean(t_sched) * us,
+        "update_us": statistics.fmean(t_update) * us,
+        "total_us": statistics.fmean(totals) * us,
+        "p50_us": statistics.median(totals) * us,
+        "per_req_us": statistics.fmean(totals) * us / n,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="workbench bench scheduler",
+        description="Per-step cost of Scheduler.schedule() + update_from_output() with N running "
+        "decode requests and a fake runner (no model).",
+    )
+    parser.add_argument("--num-running", type=int, nargs="+", default=[256, 1024], metavar="N",
+                        help="running decode requests per step (default: 256 1024)")
+    parser.add_argument("--steps", type=int, default=200, help="timed decode steps (default: 200)")
+    parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per request")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--policy", default="fcfs", help="fcfs | priority | spf")
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--events", choices=("off", "on", "both"), default="both",
+                        help="record block and request events (default: both, side by side)")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.prompt_len < 1 or args.block_size < 1 or min(args.num_running) < 1:
+        parser.error("--steps, --prompt-len, --block-size and --num-running must be >= 1")
+
+    print(
+        f"scheduler step cost: {args.steps} decode steps, prompt {args.prompt_len} tokens, "
+        f"block_size {args.block_size}, policy {args.policy}, "
+        f"prefix caching {'off' if args.no_prefix_caching else 'on'}"
+    )
+    header = f"{'running':>8} {'events':>7} {'schedule us':>12} {'update us':>10} {'total us':>9} {'p50 us':>8} {'us/request':>11}"
+    print(header)
+    print("-" * len(header))
+    settings = {"off": (False,), "on": (True,), "both": (False, True)}[args.events]
+    for n in args.num_running:
+        for record_events in settings:
+            r = _measure(n, args, record_events)
+            print(
+                f"{r['running']:>8} {r['events']:>7} {r['schedule_us']:>12.1f} {r['update_us']:>10.1f} "
+                f"{r['total_us']:>9.1f} {r['p50_us']:>8.1f} {r['per_req_us']:>11.2f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,279 @@
+"""Offline throughput: the workbench engine beside transformers, on the same requests.
+
+``workbench bench throughput [--num-prompts 96 --input-len-range 32:192 --output-len-range
+32:128 --compare hf --batch-invariant --output-json PATH]``. Every request generates exactly its
+output length, greedily. Each system runs in its own (spawned) process, one after the other, so
+memory and threads do not interfere. Peers (``--compare hf``):
+
+* ``hf-generate``: transformers ``generate`` on left-padded static batches, in request order;
+  a batch runs until its longest request is done (``min_new_tokens == max_new_tokens``), but
+  only the requested tokens count. Every batch size of ``--hf-batch-sizes`` is timed on the
+  whole workload and the best is reported.
+* ``hf-generate_batch``: transformers continuous batching (the manager behind
+  ``generate_batch``), each request with its own ``max_new_tokens``, its paged cache sized
+  to the workload; the manager's setup and warm-up are not timed.
+
+``--batch-invariant`` adds the engine with ``batch_invariant=True`` on the same requests (row
+``workbench-batch-invariant``; its "ours / it" is the mode's slowdown).
+
+Output tokens/s = requested output tokens / wall time of the timed run. Every system first runs
+the whole workload once untimed (first-touch allocations, caches), so no one's figure carries
+one-time costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from workbench.benchmarks.datasets import BenchRequest, add_workload_args, sample_requests
+
+
+@dataclass
+class ThroughputResult:
+    """One system's figures on the workload (``engine``: workbench | hf-generate | hf-generate_batch)."""
+
+    engine: str
+    output_tokens: int
+    total_s: float
+    num_requests: int
+    details: dict = field(default_factory=dict)
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.total_s
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.num_requests / self.total_s
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "output_tokens_per_s": round(self.output_tokens_per_s, 1),
+                "requests_per_s": round(self.requests_per_s, 3)}
+
+
+def _setup(threads: int | None) -> None:
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def _run_workbench(spec: dict, requests: list[BenchRequest]) -> ThroughputResult:
+    _setup(spec["threads"])
+    import torch
+
+    from workbench import LLM, SamplingParams
+
+    llm = LLM(model=spec["model"], load_format=spec["load_format"], dtype=spec["dtype"],
+              device=spec["device"], **spec["engine_kwargs"])
+    prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
+    params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    llm.generate(prompts, params, use_tqdm=False)  # warm-up: the whole workload, untimed
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - t0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    expected = sum(r.output_len for r in requests)
+    if tokens != expected:
+        raise RuntimeError(f"workbench generated {tokens} tokens, the workload asks for {expected}.")
+    engine = llm.engine
+    name = "workbench-batch-invariant" if engine.runner.batch_invariant else "workbench"
+    return ThroughputResult(name, tokens, elapsed, len(requests), details={
+        "attention_backend": engine.attention_backend, "device": str(engine.device),
+        "max_num_seqs": engine.scheduler.max_num_seqs,
+        "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
+        "num_kv_blocks": engine.kv_cache.num_blocks, "threads": torch.get_num_threads()})
+
+
+def _hf_model(spec: dict, model_path: str):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = {"auto": torch.float32, "float32": torch.float32, "float16": torch.float16,
+             "bfloat16": torch.bfloat16}[spec["dtype"]]
+    if spec["load_format"] == "dummy":
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path), dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    return model.to(spec["device"]).eval()
+
+
+def _run_hf_generate(spec: dict, requests: list[BenchRequest], model_path: str) -> ThroughputResult:
+    _setup(spec["threads"])
+    import torch
+
+    model = _hf_model(spec, model_path)
+    pad = 0
+
+    def run(batch: list[BenchRequest]) -> None:
+        width = max(len(r.prompt_token_ids) for r in batch)
+        new = max(r.output_len for r in batch)
+        ids = torch.tensor([[pad] * (width - len(r.prompt_token_ids)) + list(r.prompt_token_ids)
+                            for r in batch], device=model.device)
+        mask = (torch.arange(width)[None, :] >= torch.tensor(
+            [width - len(r.prompt_token_ids) for r in batch])[:, None]).long().to(model.device)
+        out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new,
+                             min_new_tokens=new, pad_token_id=pad, eos_token_id=None)
+        if out.shape[1] != width + new:
+            raise RuntimeError(f"transformers generated {out.shape[1] - width} tokens, asked {new}.")
+
+    timings = {}
+    with torch.inference_mode():
+        warm = min(max(spec["hf_batch_sizes"]), len(requests))
+        for i in range(0, len(requests), warm):  # warm-up: the whole workload, untimed
+            run(requests[i:i + warm])
+        for bs in spec["hf_batch_sizes"]:
+            bs = min(bs, len(requests))
+            if bs in timings:
+                continue
+            t0 = time.perf_counter()
+            for i in range(0, len(requests), bs):
+                run(requests[i:i + bs])
+            timings[bs] = time.perf_counter() - t0
+    best = min(timings, key=timings.get)
+    tokens = sum(r.output_len for r in requests)
+    return ThroughputResult("hf-generate", tokens, timings[best], len(requests), details={
+        "batch_size": best, "tokens_per_s_by_batch_size": {
+            str(bs): round(tokens / s, 1) for bs, s in timings.items()},
+        "attn_implementation": model.config._attn_implementation,
+        "threads": torch.get_num_threads()})
+
+
+def _run_hf_generate_batch(spec: dict, requests: list[BenchRequest], model_path: str) -> ThroughputResult:
+    _setup(spec["threads"])
+    import torch
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+    from transformers.generation.continuous_batching.utils import WorkloadHints
+
+    model = _hf_model(spec, model_path)
+    longest_out = max(r.output_len for r in requests)
+    gen = GenerationConfig(do_sample=False, max_new_tokens=longest_out, eos_token_id=-1, pad_token_id=0)
+    # Its KV cache sized to the workload (its default sizes from free memory: seconds of setup
+    # on a CPU); the setup and warm-up happen on entering the context, before the clock starts.
+    page = ContinuousBatchingConfig().page_size
+    blocks = sum(-(-(len(r.prompt_token_ids) + r.output_len) // page) for r in requests)
+    cb_config = ContinuousBatchingConfig(num_blocks=blocks + 8)
+    hints = WorkloadHints(max(len(r.prompt_token_ids) for r in requests), longest_out, len(requests))
+    with model.continuous_batching_context_manager(
+        generation_config=gen, continuous_batching_config=cb_config, workload_hints=hints, warmup=True,
+    ) as manager:
+        t0 = time.perf_counter()
+        for i, r in enumerate(requests):
+            manager.add_request(list(r.prompt_token_ids), request_id=f"r{i}",
+                                max_new_tokens=r.output_len, eos_token_id=-1)
+        tokens, done = 0, 0
+        while done < len(requests):
+            result = manager.get_result(timeout=60)
+            if result is None:
+                raise RuntimeError("transformers continuous batching returned no result for 60 s.")
+            if result.is_finished():
+                done += 1
+                tokens += len(result.generated_tokens)
+        elapsed = time.perf_counter() - t0
+    return ThroughputResult("hf-generate_batch", tokens, elapsed, len(requests), details={
+        "attn_implementation": model.config._attn_implementation, "num_blocks": blocks + 8,
+        "page_size": page, "threads": torch.get_num_threads()})
+
+
+def _in_own_process(fn, *args):
+    """Run ``fn(*args)`` in a fresh spawned interpreter and return its result."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def format_table(results: list[ThroughputResult]) -> str:
+    """The printed table; the ratio column is the workbench's throughput over each system's."""
+    ours = next((r for r in results if r.engine == "workbench"), None)
+    lines = [f"{'engine':<26}{'output tok/s':>14}{'requests/s':>12}{'total s':>10}{'ours / it':>11}"]
+    for r in results:
+        ratio = f"{ours.output_tokens_per_s / r.output_tokens_per_s:>11.2f}" if ours else f"{'':>11}"
+        note = f"  (batch {r.details['batch_size']})" if "batch_size" in r.details else ""
+        lines.append(f"{r.engine:<26}{r.output_tokens_per_s:>14.1f}{r.requests_per_s:>12.2f}"
+                     f"{r.total_s:>10.2f}{ratio}{note}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workbench bench throughput", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_args(parser)
+    parser.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads in every process (default: torch's choice)")
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="engine option (default: the engine's)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--attention-backend", default=None, help="engine option (default: the engine's)")
+    parser.add_argument("--compare", choices=["hf"], default=None,
+                        help="also run transformers generate and generate_batch on the same requests")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="also run the engine with batch_invariant=True (its cost: a second row)")
+    parser.add_argument("--hf-batch-sizes", default="16,32,64,96",
+                        help="batch sizes tried for transformers generate (default 16,32,64,96)")
+    parser.add_argument("--output-json", default=None, help="write the results here as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from workbench.model.loader import resolve_model_path
+    from workbench.model.model_config import ModelConfig
+
+    model_path = str(resolve_model_path(args.model))
+    config = ModelConfig.from_pretrained(model_path)
+    from transformers import AutoTokenizer
+
+    special = set(AutoTokenizer.from_pretrained(model_path).all_special_ids)
+    try:
+        requests = sample_requests(args.num_prompts, args.input_len_range, args.output_len_range,
+                                   config.vocab_size, special, args.seed)
+        batch_sizes = [int(b) for b in args.hf_batch_sizes.split(",")]
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    longest = max(len(r.prompt_token_ids) + r.output_len for r in requests)
+    if longest > config.max_model_len:
+        print(f"error: a request needs {longest} tokens, more than the model's max_model_len "
+              f"{config.max_model_len}; shorten --input-len-range/--output-len-range.", file=sys.stderr)
+        return 2
+    engine_kwargs = {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
+                                       ("max_num_batched_tokens", args.max_num_batched_tokens),
+                                       ("attention_backend", args.attention_backend)) if v is not None}
+    spec = {"model": args.model, "load_format": args.load_format, "dtype": args.dtype,
+            "device": args.device or _default_device(), "threads": args.threads,
+            "engine_kwargs": engine_kwargs, "hf_batch_sizes": batch_sizes}
+    results = [_in_own_process(_run_workbench, spec, requests)]
+    if args.batch_invariant:
+        invariant = {**spec, "engine_kwargs": {**engine_kwargs, "batch_invariant": True}}
+        results.append(_in_own_process(_run_workbench, invariant, requests))
+    if args.compare == "hf":
+        results.append(_in_own_process(_run_hf_generate, spec, requests, model_path))
+        results.append(_in_own_process(_run_hf_generate_batch, spec, requests, model_path))
+    lo_in, hi_in = args.input_len_range
+    lo_out, hi_out = args.output_len_range
+    print(f"model: {config.architecture} ({config.path.name}, {args.load_format} weights, "
+          f"dtype {args.dtype}), device: {spec['device']}, {len(requests)} requests, input "
+          f"U[{lo_in},{hi_in}], output U[{lo_out},{hi_out}] exact, greedy, seed {args.seed}, "
+          f"{results[0].details['threads']} threads")
+    print(format_table(results))
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump({"workload": {"num_prompts": len(requests), "input_len_range": [lo_in, hi_in],
+                                    "output_len_range": [lo_out, hi_out], "seed": args.seed,
+                                    "model": model_path, "load_format": args.load_format,
+                                    "dtype": args.dtype, "device": spec["device"]},
+                       "results": [r.to_dict() for r in results]}, f, indent=1)
+    return 0
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,532 @@
+"""Scheduler: vLLM v1's unified step over a paged KV cache.
+
+There is no prefill or decode phase. Each ``schedule()`` moves requests'
+``num_computed_tokens`` toward their ``num_tokens`` within a token budget
+(``max_num_batched_tokens``) and a sequence cap (``max_num_seqs``):
+
+1. Running requests, in order, each get ``min(num_tokens - num_computed_tokens, budget)``
+   tokens. When the KV cache cannot hold them, the policy picks a victim among the running
+   requests, which is preempted by recompute (blocks freed, ``num_computed_tokens = 0``,
+   status PREEMPTED, back to the front of the waiting queue); a victim scheduled earlier
+   in this step is unscheduled and its tokens return to the budget. If the victim is the
+   request itself, the running pass stops.
+2. Only if nothing was preempted: waiting requests in policy order, while the budget and
+   ``max_num_seqs`` allow. A request (re)entering looks up the prefix cache first; the
+   rest of its tokens are chunked to the budget (chunked prefill), or -- with chunked
+   prefill off -- it is admitted only when all of them fit this step's remaining budget.
+   The pass stops at the first request that does not fit (no overtaking).
+
+A chunk samples (``samples``) iff it reaches the last known token. ``is_prefill`` is True
+iff the chunk holds a prompt token or more than one token; a decode chunk is exactly one
+generated token. ``update_from_output`` appends sampled tokens, caches newly full blocks,
+applies the stop conditions that need no text and frees finished requests.
+
+Invariants (``check_invariants``, between steps): running and waiting are disjoint and
+hold exactly the unfinished requests; a running request has ``1 <= num_computed_tokens <
+num_tokens`` and a block table of ``ceil(num_computed_tokens / block_size)`` blocks; a
+waiting one has no blocks and ``num_computed_tokens == 0``; plus the KV cache's own.
+Per-step work is O(scheduled requests + their block tables), never O(all blocks).
+
+With ``record_events`` the scheduler logs each request's life (arrival, chunks, prefix
+hits, preemptions, resumes, first token, finish: :mod:`workbench.core.request_events`);
+``take_events()`` drains the log.
+"""
+
+from __future__ import annotations
+
+import heapq
+import html
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+
+from workbench.core.kv_cache_manager import KVCacheManager
+from workbench.core.sched.request_queue import SchedulingPolicy, get_policy
+from workbench.core.request_events import (
+    RequestArrived,
+    RequestEvent,
+    RequestFinished,
+    RequestFirstToken,
+    RequestPrefixHit,
+    RequestPreempted,
+    RequestResumed,
+    RequestScheduled,
+)
+from workbench.core.sched.output import ScheduledRequest, SchedulerOutput
+from workbench.request import Request, RequestStatus
+
+
+class WaitingQueue:
+    """Waiting (and preempted) requests in the order the policy serves them.
+
+    Without a policy key: a deque, arrivals at the back, preempted requests at the front.
+    With one: a heap on ``(sort_key(request), insertion number)``, the key taken when the
+    request enters. Front access is O(1), insertion O(1) / O(log n); ``remove`` (aborts)
+    is O(n). Iteration yields the serving order.
+    """
+
+    def __init__(self, policy: SchedulingPolicy):
+        self._policy = policy
+        self._keyed = type(policy).sort_key is not SchedulingPolicy.sort_key
+        self._deque: deque[Request] = deque()
+        self._heap: list[tuple[object, int, Request]] = []
+        self._seq = itertools.count()
+
+    def add(self, request: Request) -> None:
+        if self._keyed:
+            heapq.heappush(self._heap, (self._policy.sort_key(request), next(self._seq), request))
+        else:
+            self._deque.append(request)
+
+    def add_preempted(self, request: Request) -> None:
+        """Front of the queue (FCFS order), or the key's place for keyed policies."""
+        if self._keyed:
+            self.add(request)
+        else:
+            self._deque.appendleft(request)
+
+    def peek(self) -> Request:
+        return self._heap[0][2] if self._keyed else self._deque[0]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[2] if self._keyed else self._deque.popleft()
+
+    def remove(self, request: Request) -> None:
+        if self._keyed:
+            self._heap = [e for e in self._heap if e[2] is not request]
+            heapq.heapify(self._heap)
+        else:
+            self._deque.remove(request)
+
+    def __len__(self) -> int:
+        return len(self._heap) if self._keyed else len(self._deque)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __iter__(self) -> Iterator[Request]:
+        if self._keyed:
+            return (e[2] for e in sorted(self._heap, key=lambda e: e[:2]))
+        return iter(self._deque)
+
+    def __repr__(self) -> str:
+        return f"WaitingQueue([{', '.join(r.request_id for r in self)}])"
+
+
+class Scheduler:
+    """Decides each step's batch; owns the waiting and running queues (see module docstring)."""
+
+    def __init__(
+        self,
+        kv_cache: KVCacheManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_chunked_prefill: bool = True,
+        policy: str | SchedulingPolicy = "fcfs",
+        record_events: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        for name, value in (
+            ("max_num_seqs", max_num_seqs),
+            ("max_num_batched_tokens", max_num_batched_tokens),
+            ("max_model_len", max_model_len),
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2 (a prompt token and an output), got {max_model_len}.")
+        self.kv_cache = kv_cache
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.policy = get_policy(policy)
+        self.waiting = WaitingQueue(self.policy)
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.step_count = 0  # schedule() calls so far; the next output's step index
+        self._finished_ids: list[str] = []  # since the last schedule()
+        self._events: list[RequestEvent] | None = [] if record_events else None
+        #: Source of every timestamp the scheduler writes (requests' scheduled / first-token /
+        #: finished times, events): ``time.monotonic`` for a real engine, a simulated clock
+        #: for a simulated one.
+        self.clock = clock
+
+    def take_events(self) -> tuple[RequestEvent, ...]:
+        """The request events since the previous call, oldest first (empty unless recording)."""
+        if not self._events:
+            return ()
+        events, self._events = tuple(self._events), []
+        return events
+
+    # -------------------------------------------------------------- requests
+    def add_request(self, request: Request) -> None:
+        """Queue a new request, or raise ValueError if it can never be served.
+
+        Rejected: an empty prompt; a prompt of ``>= max_model_len`` tokens (one position is
+        needed for an output); with chunked prefill off, a prompt longer than
+        ``max_num_batched_tokens``; a request whose largest KV footprint -- prompt plus
+        ``max_tokens - 1`` generated tokens, capped by ``max_model_len - 1`` -- needs more
+        blocks than the whole pool (it could never finish, even alone).
+        """
+        rid = request.request_id
+        if rid in self.requests:
+            raise ValueError(f"request_id {rid!r} is already in the scheduler.")
+        if request.status is not RequestStatus.WAITING or request.num_computed_tokens or request.output_token_ids:
+            raise ValueError(f"request {rid!r} must be fresh (WAITING, nothing computed or generated).")
+        n_prompt = request.num_prompt_tokens
+        if n_prompt == 0:
+            raise ValueError(f"request {rid!r}: the prompt must contain at least one token.")
+        if n_prompt >= self.max_model_len:
+            raise ValueError(
+                f"request {rid!r}: the prompt has {n_prompt} tokens but max_model_len="
+                f"{self.max_model_len} allows at most {self.max_model_len - 1} prompt tokens "
+                f"(one position is needed for the first generated token)."
+            )
+        if not self.enable_chunked_prefill and n_prompt > self.max_num_batched_tokens:
+            raise ValueError(
+                f"request {rid!r}: the prompt has {n_prompt} tokens but max_num_batched_tokens="
+                f"{self.max_num_batched_tokens} and chunked prefill is disabled; enable chunked "
+                f"prefill or raise max_num_batched_tokens."
+            )
+        kv = self.kv_cache
+        if kv.num_blocks_for(n_prompt) > kv.num_blocks:
+            raise ValueError(
+                f"request {rid!r}: the prompt has {n_prompt} tokens, which need "
+                f"{kv.num_blocks_for(n_prompt)} KV blocks of {kv.block_size}, but the KV cache has "
+                f"num_blocks={kv.num_blocks}."
+            )
+        max_tokens = request.sampling_params.max_tokens
+        final_len = self.max_model_len if max_tokens is None else min(n_prompt + max_tokens, self.max_model_len)
+        kv_tokens = final_len - 1  # the last sampled token's K/V is never computed
+        if kv.num_blocks_for(kv_tokens) > kv.num_blocks:
+            raise ValueError(
+                f"request {rid!r}: prompt ({n_prompt} tokens) plus up to {final_len - n_prompt} "
+                f"generated tokens (max_tokens={max_tokens}, max_model_len={self.max_model_len}) "
+                f"needs up to {kv.num_blocks_for(kv_tokens)} KV blocks of {kv.block_size}, but the "
+                f"KV cache has num_blocks={kv.num_blocks}; lower max_tokens or enlarge the cache."
+            )
+        kv.update_block_hashes(request)
+        self.requests[rid] = request
+        self.waiting.add(request)
+        if self._events is not None:
+            self._events.append(
+                RequestArrived(rid, self.step_count, request.arrival_time, n_prompt, request.priority)
+            )
+
+    def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
+        """Finish requests in any state (stop strings, aborts) and free their blocks.
+        Unknown or already finished ids are ignored."""
+        if not status.is_finished:
+            raise ValueError(f"status must be a finished status, got {status.name}.")
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            if request.status is RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._finish(request, status, self.step_count - 1)
+
+    def abort_request(self, request_id: str) -> None:
+        self.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # -------------------------------------------------------------- the step
+    def schedule(self) -> SchedulerOutput:
+        """Decide this step's batch (see the module docstring) and allocate its KV slots."""
+        kv = self.kv_cache
+        pool = kv.pool
+        allocated0, evicted0 = pool.num_allocated, pool.num_evicted
+        budget = self.max_num_batched_tokens
+        running = self.running
+        running_chunks: dict[Request, int] = {}  # request -> new tokens, running order
+        preempted: list[str] = []
+
+        i = 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while kv.allocate_slots(request, num_new) is None:
+                victim = self.policy.pick_victim(running)
+                del running[running.index(victim)]
+                if victim in running_chunks:
+                    budget += running_chunks.pop(victim)
+                    i -= 1
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is request:
+                    break
+            else:
+                running_chunks[request] = num_new
+                budget -= num_new
+                i += 1
+                continue
+            break
+
+        admitted: list[tuple[Request, int, int]] = []  # (request, new tokens, prefix-hit tokens)
+        new_ids: list[str] = []
+        resumed_ids: list[str] = []
+        while not preempted and self.waiting and budget > 0 and len(running) < self.max_num_seqs:
+            request = self.waiting.peek()
+            hit_blocks, num_hit = kv.get_computed_blocks(request)
+            num_new = request.num_tokens - num_hit
+            if self.enable_chunked_prefill:
+                num_new = min(num_new, budget)
+            else:
+                # Whole, or -- a resumed request longer than any step -- one full-budget step.
+                num_new = min(num_new, self.max_num_batched_tokens)
+                if num_new > budget:
+                    break
+            if kv.allocate_slots(request, num_new, hit_blocks) is None:
+                break
+            self.waiting.pop()
+            resumed = request.status is RequestStatus.PREEMPTED
+            (resumed_ids if resumed else new_ids).append(request.request_id)
+            if self._events is not None:
+                self._log_admission(request, resumed, num_hit, hit_blocks)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = self.clock()
+                request.num_cached_tokens = num_hit
+            running.append(request)
+            admitted.append((request, num_new, num_hit))
+            budget -= num_new
+
+        scheduled = [self._chunk(r, n, 0) for r, n in running_chunks.items()]
+        scheduled += [self._chunk(r, n, hit) for r, n, hit in admitted]
+        output = SchedulerOutput(
+            step=self.step_count,
+            scheduled=tuple(scheduled),
+            new_request_ids=tuple(new_ids),
+            resumed_request_ids=tuple(resumed_ids),
+            preempted_request_ids=tuple(preempted),
+            finished_request_ids=tuple(self._finished_ids),
+            token_budget=self.max_num_batched_tokens,
+            num_blocks_allocated=pool.num_allocated - allocated0,
+            num_blocks_evicted=pool.num_evicted - evicted0,
+            num_prefix_cache_hit_tokens=sum(hit for _, _, hit in admitted),
+            num_free_blocks=kv.num_free_blocks,
+            kv_usage=kv.usage,
+            extra={"num_running": len(running), "num_waiting": len(self.waiting)},
+        )
+        if self._events is not None:
+            now, step = self.clock(), output.step
+            self._events.extend([
+                RequestScheduled(c.request_id, step, now, c.num_computed_tokens, c.num_new_tokens,
+                                 c.is_prefill, c.samples)
+                for c in scheduled
+            ])
+        self._finished_ids = []
+        self.step_count += 1
+        return output
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, sampled_token_ids: dict[str, int]
+    ) -> list[Request]:
+        """Apply a computed step: advance ``num_computed_tokens`` of every scheduled request,
+        cache newly full blocks, append the sampled token of each sampling chunk and apply
+        eos / stop_token_ids (once ``min_tokens`` are out), ``max_tokens`` and
+        ``max_model_len``. Finished requests leave ``running`` and free their blocks.
+        Requests finished or aborted since ``schedule()`` are skipped.
+
+        Returns the requests that got a token, in batch order.
+        """
+        kv = self.kv_cache
+        requests = self.requests
+        got_token: list[Request] = []
+        any_finished = False
+        for chunk in scheduler_output.scheduled:
+            request = requests.get(chunk.request_id)
+            start = chunk.num_computed_tokens
+            if request is None or request.status is not RequestStatus.RUNNING or request.num_computed_tokens != start:
+                continue
+            request.num_computed_tokens = num_computed = start + chunk.num_new_tokens
+            kv.cache_blocks(request, num_computed)
+            if not chunk.samples:
+                continue
+            try:
+                token = sampled_token_ids[chunk.request_id]
+            except KeyError:
+                raise ValueError(
+                    f"sampled_token_ids has no token for request {chunk.request_id!r}, which "
+                    f"sampled at step {scheduler_output.step}."
+                ) from None
+            request.output_token_ids.append(token)
+            if request.first_token_time is None:
+                request.first_token_time = self.clock()
+                if self._events is not None:
+                    self._events.append(
+                        RequestFirstToken(request.request_id, scheduler_output.step, request.first_token_time)
+                    )
+            kv.update_block_hashes(request)
+            status = self._check_stop(request, token)
+            if status is not None:
+                self._finish(request, status, scheduler_output.step)
+                any_finished = True
+            got_token.append(request)
+        if any_finished:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return got_token
+
+    # -------------------------------------------------------------- helpers
+    def _chunk(self, request: Request, num_new: int, num_hit: int) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        end = start + num_new
+        num_prompt = len(request.prompt_token_ids)
+        return ScheduledRequest(
+            request_id=request.request_id,
+            num_computed_tokens=start,
+            num_new_tokens=num_new,
+            token_ids=tuple(request.token_ids_slice(start, end)),
+            block_ids=self.kv_cache.block_ids(request.request_id),
+            is_prefill=num_new > 1 or start < num_prompt,
+            samples=end == num_prompt + len(request.output_token_ids),
+            num_cached_tokens=num_hit,
+        )
+
+    def _log_admission(self, request: Request, resumed: bool, num_hit: int, hit_blocks) -> None:
+        rid, now = request.request_id, self.clock()
+        if resumed:
+            self._events.append(RequestResumed(rid, self.step_count, now, num_hit))
+        if num_hit:
+            self._events.append(
+                RequestPrefixHit(rid, self.step_count, now, num_hit, tuple(b.block_id for b in hit_blocks))
+            )
+
+    def _preempt(self, request: Request) -> None:
+        if self._events is not None:
+            self._events.append(
+                RequestPreempted(
+                    request.request_id, self.step_count, self.clock(),
+                    self.kv_cache.block_ids(request.request_id), request.num_computed_tokens,
+                )
+            )
+        self.kv_cache.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.add_preempted(request)
+
+    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.sampling_params
+        num_output = len(request.output_token_ids)
+        if num_output >= params.min_tokens:
+            if not params.ignore_eos and request.eos_token_id is not None and token == request.eos_token_id:
+                return RequestStatus.FINISHED_STOPPED
+            if token in params.stop_token_ids:
+                request.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if params.max_tokens is not None and num_output >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        if len(request.prompt_token_ids) + num_output >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        return None
+
+    def _finish(self, request: Request, status: RequestStatus, step: int) -> None:
+        """Mark finished (at ``step``), forget, free blocks. The caller removes it from its queue."""
+        request.status = status
+        request.finished_time = self.clock()
+        if self._events is not None:
+            self._events.append(
+                RequestFinished(request.request_id, step, request.finished_time, status.finish_reason,
+                                request.num_output_tokens)
+            )
+        del self.requests[request.request_id]
+        self.kv_cache.free(request)
+        self._finished_ids.append(request.request_id)
+
+    # ------------------------------------------------------------ invariants
+    def check_invariants(self, scheduler_output: SchedulerOutput | None = None) -> None:
+        """Raise AssertionError naming the first broken invariant. Call between steps, or
+        right after ``schedule()`` passing its output (tables then cover the scheduled tokens)."""
+        scheduled = (
+            {c.request_id: c.num_new_tokens for c in scheduler_output.scheduled} if scheduler_output else {}
+        )
+        self.kv_cache.check_invariants(self.requests.values(), scheduled)
+        running = [r.request_id for r in self.running]
+        waiting = [r.request_id for r in self.waiting]
+        assert len(set(running)) == len(running), f"a request is twice in running: {running}"
+        assert len(set(waiting)) == len(waiting), f"a request is twice in waiting: {waiting}"
+        both = set(running) & set(waiting)
+        assert not both, f"requests both running and waiting: {sorted(both)}"
+        assert set(running) | set(waiting) == set(self.requests), (
+            f"running+waiting {sorted(set(running) | set(waiting))} != unfinished {sorted(self.requests)}"
+        )
+        assert len(running) <= self.max_num_seqs, f"{len(running)} running > max_num_seqs={self.max_num_seqs}"
+        for r in self.running:
+            assert r.status is RequestStatus.RUNNING, f"{r.request_id!r} in running with status {r.status.name}"
+            lo = 0 if r.request_id in scheduled else 1
+            assert lo <= r.num_computed_tokens < r.num_tokens, (
+                f"running {r.request_id!r}: num_computed_tokens={r.num_computed_tokens} not in "
+                f"[{lo}, num_tokens={r.num_tokens})"
+            )
+        for r in self.waiting:
+            assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), (
+                f"{r.request_id!r} in waiting with status {r.status.name}"
+            )
+            assert r.num_computed_tokens == 0, f"waiting {r.request_id!r} has {r.num_computed_tokens} computed tokens"
+            assert not self.kv_cache.block_table(r.request_id), f"waiting {r.request_id!r} holds blocks"
+        for r in self.requests.values():
+            assert r.num_tokens < self.max_model_len, (
+                f"{r.request_id!r} has {r.num_tokens} tokens >= max_model_len={self.max_model_len} but is unfinished"
+            )
+            mt = r.sampling_params.max_tokens
+            assert mt is None or r.num_output_tokens < mt, (
+                f"{r.request_id!r} has {r.num_output_tokens} >= max_tokens={mt} outputs but is unfinished"
+            )
+
+    # ------------------------------------------------------------------ repr
+    _REPR_MAX = 16
+
+    def _queue_repr(self, requests: Iterable[Request]) -> str:
+        items = [f"{r.request_id}:{r.num_computed_tokens}/{r.num_tokens}" for r in requests]
+        more = len(items) - self._REPR_MAX
+        shown = items[: self._REPR_MAX] + ([f"... +{more} more"] if more > 0 else [])
+        return "[" + ", ".join(shown) + "]"
+
+    def __repr__(self) -> str:
+        return (
+            f"Scheduler(policy={self.policy.name}, step={self.step_count}, "
+            f"max_num_seqs={self.max_num_seqs}, max_num_batched_tokens={self.max_num_batched_tokens}, "
+            f"running={self._queue_repr(self.running)}, waiting={self._queue_repr(self.waiting)}, "
+            f"free_blocks={self.kv_cache.num_free_blocks}/{self.kv_cache.num_blocks})"
+        )
+
+    _HTML_MAX_ROWS = 50
+
+    def _repr_html_(self) -> str:
+        """The running and waiting queues as one table (computed / total tokens, blocks)."""
+        rows = []
+        for queue, requests in (("running", self.running), ("waiting", list(self.waiting))):
+            for r in requests[: self._HTML_MAX_ROWS]:
+                table = self.kv_cache.block_table(r.request_id)
+                cells = (
+                    queue, r.request_id, r.status.name, r.priority, r.num_prompt_tokens,
+                    r.num_output_tokens, f"{r.num_computed_tokens}/{r.num_tokens}",
+                    " ".join(map(str, table)) if len(table) <= 16 else f"{len(table)} blocks",
+                )
+                rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+            if len(requests) > self._HTML_MAX_ROWS:
+                rows.append(f'<tr><td colspan="8"><i>... {len(requests) - self._HTML_MAX_ROWS} more {queue}</i></td></tr>')
+        head = "".join(
+            f"<th>{h}</th>" for h in ("queue", "request", "status", "priority", "prompt", "output", "computed", "blocks")
+        )
+        return (
+            f"<div><b>Scheduler</b> policy={html.escape(self.policy.name)}, step {self.step_count}, "
+            f"{len(self.running)} running / {len(self.waiting)} waiting, "
+            f"free blocks {self.kv_cache.num_free_blocks}/{self.kv_cache.num_blocks}"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+        )

@@ -1,0 +1,329 @@
+"""AsyncLLM: an LLMEngine driven by one background thread, one async stream per request.
+
+The engine is not thread-safe, so exactly one thread (the *engine thread*) ever calls into
+it. Everything else reaches the engine by submitting a callable that the engine thread runs
+between two steps (:meth:`AsyncLLM.call`). Outputs go back to each request's asyncio loop with
+``loop.call_soon_threadsafe`` into a per-request ``asyncio.Queue``.
+
+Input processing (tokenization, chat templates, decoding for echo) runs on a separate
+*input thread*, so a huge prompt never pauses the running streams: the engine thread only
+receives token ids that were already validated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import dataclasses
+import functools
+import html
+import os
+import threading
+import weakref
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+from workbench.engine.llm_engine import LLMEngine
+from workbench.engine.input_processor import PromptType
+from workbench.outputs import RequestOutput
+from workbench.sampling_params import RequestOutputKind, SamplingParams
+
+T = TypeVar("T")
+_INPUT_NICENESS = 10  # the input thread's nice value: below the engine thread's priority
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped (shutdown, or a step raised): no request can be served."""
+
+
+def _lower_priority() -> None:
+    """Make the calling thread yield the CPU to the engine thread (Linux: per-thread nice).
+
+    Tokenizing a huge prompt takes a core for seconds; on a small CPU box the engine's
+    intra-op threads would otherwise wait for it and every running stream would stutter.
+    """
+    if hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _INPUT_NICENESS)
+        except OSError:  # not permitted here: run at normal priority
+            pass
+
+
+class RequestStream:
+    """Async iterator over one request's delta RequestOutputs, ending after the finished one.
+
+    ``finished`` turns True with the request's final output; ``close()`` before that aborts
+    the request (so does cancelling a pending ``__anext__``) and ends the iteration.
+    """
+
+    def __init__(self, owner: AsyncLLM, request_id: str, queue: asyncio.Queue) -> None:
+        self.request_id = request_id
+        self.finished = False
+        self.closed = False
+        self.aborted = False  # close() aborted the request before it finished
+        self._owner = owner
+        self._queue = queue
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished or self.closed:
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except BaseException:  # cancelled while waiting: the consumer is gone
+            self.close()
+            raise
+        if isinstance(item, BaseException):
+            self.closed = True  # the engine thread already dropped the request
+            raise item
+        self.finished = item.finished
+        return item
+
+    def close(self) -> None:
+        """Abort the request unless it already finished (idempotent)."""
+        if not (self.finished or self.closed):
+            self.aborted = True
+            self._owner.abort(self.request_id)
+        self.closed = True
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "finished" if self.finished else "aborted" if self.aborted else \
+            "closed" if self.closed else "open"
+        return f"RequestStream(request_id={self.request_id!r}, {state})"
+
+    def _repr_html_(self) -> str:
+        return f"<b>RequestStream</b> <code>{html.escape(repr(self))}</code>"
+
+
+def _stop_at_exit(ref: weakref.ref) -> None:
+    llm = ref()
+    if llm is not None and llm._thread.is_alive():
+        llm._request_stop()
+        llm._thread.join(timeout=5)
+
+
+class AsyncLLM:
+    """Serve an :class:`LLMEngine` to asyncio code.
+
+    Invariants: only the engine thread touches ``engine`` (and ``_streams``); the thread
+    sleeps on a condition while there is neither work nor a pending call (waking every few ms
+    for a while to keep a CPU's worker threads awake: ``engine.idle``); a request whose
+    consumer stops iterating is aborted, so it frees its KV blocks.
+    """
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        # One input thread: the tokenizer is used by it and the engine thread, no more.
+        self._inputs = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="workbench-inputs", initializer=_lower_priority
+        )
+        self._cond = threading.Condition()
+        self._calls: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
+        self._stopping = False
+        self._error: BaseException | None = None
+        # request id -> (its consumer's loop, its queue); engine thread only.
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        #: Set when the engine thread has stopped (shutdown, or an error: see dead_error).
+        self.stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="workbench-engine", daemon=True)
+        self._thread.start()
+        # A program that exits without shutdown() stops the engine thread first: a daemon
+        # thread still calling into torch while the interpreter tears down can abort the
+        # process ("terminate called without an active exception").
+        atexit.register(_stop_at_exit, weakref.ref(self))
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def is_running(self) -> bool:
+        """True while the engine thread serves requests."""
+        return self._thread.is_alive() and self._error is None and not self._stopping
+
+    @property
+    def dead_error(self) -> BaseException | None:
+        """Why the engine thread stopped (None while it runs)."""
+        return self._error
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the engine thread between two steps; return or raise its result."""
+        return await asyncio.wrap_future(self.submit(fn))
+
+    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future:
+        """Queue ``fn()`` for the engine thread (between two steps); its future. Safe from
+        any thread; a dead engine fails the future with EngineDeadError."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._stopping or self._error is not None:
+                future.set_exception(EngineDeadError(self._dead_message()))
+                return future
+            self._calls.append((fn, future))
+            self._cond.notify_all()
+        return future
+
+    async def run_input(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` on the input thread (tokenizer work off the engine)."""
+        if not self.is_running:
+            raise EngineDeadError(self._dead_message())
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._inputs, functools.partial(fn, *args, **kwargs))
+
+    async def process_inputs(
+        self, prompt: PromptType, params: SamplingParams, *, add_special_tokens: bool = True
+    ) -> tuple[str | None, list[int], SamplingParams]:
+        """``InputProcessor.process`` on the input thread (raises its ValueError)."""
+        return await self.run_input(
+            self.engine.input_processor.process, prompt, params,
+            add_special_tokens=add_special_tokens,
+        )
+
+    async def render_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+        """``InputProcessor.render_chat`` on the input thread (raises its ValueError)."""
+        return await self.run_input(self.engine.input_processor.render_chat, messages, **kwargs)
+
+    async def decode(self, token_ids: list[int]) -> str:
+        return await self.run_input(self.engine.tokenizer.decode, token_ids)
+
+    async def add_request(
+        self, prompt: PromptType, params: SamplingParams, request_id: str, *, priority: int = 0
+    ) -> RequestStream:
+        """Validate and queue a request; return the stream of its delta RequestOutputs.
+
+        The prompt is processed on the input thread; the engine thread gets its token ids.
+        A ValueError from validation propagates unchanged and nothing is queued (requests
+        already in flight are untouched).
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        text, token_ids, params = await self.process_inputs(prompt, params)
+        processed = {"prompt": text, "prompt_token_ids": token_ids}
+        delta = dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
+
+        def add() -> None:
+            self.engine.add_request(request_id, processed, delta, priority=priority)
+            self._streams[request_id] = (loop, queue)
+
+        try:
+            await self.call(add)
+        except asyncio.CancelledError:  # the caller left while the engine thread added it
+            self.abort(request_id)
+            raise
+        return RequestStream(self, request_id, queue)
+
+    async def generate(
+        self, prompt: PromptType, params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield a request's delta RequestOutputs until the finished one (vLLM's shape).
+
+        Validation errors are raised at the first iteration; leaving the iteration early
+        (break + close, cancellation, an exception) aborts the request.
+        """
+        stream = await self.add_request(prompt, params, request_id)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.close()
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (no-op when unknown or finished); its blocks are freed on the
+        engine thread before its next step. Safe from any thread, does not wait."""
+
+        def do_abort() -> None:  # the final "abort" output reaches the stream next step
+            self.engine.abort_request(request_id)
+
+        if self.is_running:
+            self.submit(do_abort)
+
+    async def shutdown(self) -> None:
+        """Stop the engine thread and wait for it: requests in flight are aborted (their
+        blocks freed) and their streams raise EngineDeadError."""
+        self._request_stop()
+        await asyncio.to_thread(self._thread.join)
+        self._inputs.shutdown(wait=False, cancel_futures=True)
+
+    def _request_stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ engine thread
+    def _dead_message(self) -> str:
+        if self._error is not None:
+            return f"The engine stopped after an error: {self._error!r}"
+        return "The engine is shut down."
+
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while True:
+                with self._cond:
+                    while not (self._calls or self._stopping or engine.has_unfinished_requests()):
+                        if not self._cond.wait(engine.idle.timeout()):  # a tick: keep threads awake
+                            engine.idle.poke()
+                    calls, self._calls = self._calls, []
+                    stopping = self._stopping
+                for fn, future in calls:
+                    if future.set_running_or_notify_cancel():
+                        try:
+                            future.set_result(fn())
+                        except BaseException as exc:  # handed to the caller
+                            future.set_exception(exc)
+                if stopping:
+                    if self._streams:  # leave the engine clean: in-flight requests aborted
+                        engine.abort_request(list(self._streams))
+                        engine.step()
+                    break
+                if engine.has_unfinished_requests():
+                    self._deliver(engine.step())
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            with self._cond:
+                self._stopping = True
+                pending, self._calls = self._calls, []
+            dead = EngineDeadError(self._dead_message())
+            for _, future in pending:
+                if future.set_running_or_notify_cancel():
+                    future.set_exception(dead)
+            for loop, queue in self._streams.values():
+                self._put(loop, queue, dead)
+            self._streams.clear()
+            self.stopped.set()
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            streams = self._streams
+            target = streams.pop(out.request_id, None) if out.finished else streams.get(out.request_id)
+            if target is not None:
+                self._put(*target, out)
+
+    @staticmethod
+    def _put(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, item: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # that consumer's loop is closed: nobody is listening
+            pass
+
+    def __repr__(self) -> str:
+        s = self.engine.scheduler_stats  # replaced whole after each step: safe to read here
+        return (
+            f"AsyncLLM(running={s.num_running_reqs}, waiting={s.num_waiting_reqs}, "
+            f"kv_usage={s.kv_cache_usage:.2f}, alive={self.is_running})"
+        )
+
+    def _repr_html_(self) -> str:
+        from workbench.utils.reprs import html_table
+
+        s = self.engine.scheduler_stats
+        error = self.dead_error
+        return html_table("AsyncLLM", {
+            "engine thread": "running" if self.is_running
+            else f"stopped: {error!r}" if error else "shut down",
+            "running / waiting": f"{s.num_running_reqs} / {s.num_waiting_reqs}",
+            "KV cache used": f"{s.kv_cache_usage:.0%}",
+        })

@@ -1,0 +1,204 @@
+"""Input processing: prompts and chat messages -> validated token ids (vLLM's serving-layer wording)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
+
+from workbench.sampling_params import SamplingParams
+
+#: A prompt as vLLM accepts it: text, a list of token ids, or {"prompt_token_ids": [...]} / {"prompt": "..."}.
+PromptType = Union[str, Sequence[int], Mapping[str, Any]]
+
+
+class ChatTemplateError(ValueError):
+    """The chat template could not render the conversation (its own message kept)."""
+
+
+class InputProcessor:
+    """Tokenizes prompts, renders chats and validates a request against the model.
+
+    Invariant of every processed request: ``0 < len(prompt_token_ids) < max_model_len``, every
+    token id (prompt, ``logit_bias``, ``allowed_token_ids``) is below ``vocab_size``,
+    ``logprobs`` and ``prompt_logprobs`` are at most ``max_logprobs``, ``bad_words`` are
+    tokenized into ``bad_words_token_ids`` and ``max_tokens`` is filled in when it was None
+    (the rest of the context, as vLLM). ``prompt + max_tokens`` beyond the context is *not*
+    an error here (offline, the engine stops at the context with "length"); the server asks
+    :meth:`check_context_length` for vLLM's 400.
+    """
+
+    def __init__(self, tokenizer, max_model_len: int, vocab_size: int, max_logprobs: int = 20
+                 ) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.max_logprobs = max_logprobs
+
+    def process(
+        self, prompt: PromptType, params: SamplingParams, *, add_special_tokens: bool = True
+    ) -> tuple[str | None, list[int], SamplingParams]:
+        """Return (prompt text or None, prompt token ids, params completed and validated).
+
+        Raises ValueError (TypeError for a prompt of the wrong type) naming the field.
+        """
+        text, token_ids = self._tokenize(prompt, add_special_tokens)
+        k = params.truncate_prompt_tokens
+        if k is not None and k > self.max_model_len:
+            raise ValueError(
+                f"truncate_prompt_tokens value ({k}) is greater than max_model_len "
+                f"({self.max_model_len}). Please select a smaller truncation size."
+            )
+        if k is not None:  # keep the last k tokens (-1: as many as the context holds)
+            token_ids = token_ids[-(self.max_model_len - 1 if k == -1 else k):]
+            text = None if text is None else self.tokenizer.decode(token_ids)
+        return text, token_ids, self.validate(token_ids, params)
+
+    def validate(self, token_ids: list[int], params: SamplingParams) -> SamplingParams:
+        n, limit = len(token_ids), self.max_model_len
+        if n == 0:
+            raise ValueError("The prompt is empty: it must contain at least one token.")
+        if n >= limit:
+            raise ValueError(
+                f"This model's maximum context length is {limit} tokens. However, your request "
+                f"has {n} input tokens. Please reduce the length of the input messages."
+            )
+        self._check_ids(token_ids, "prompt_token_ids")
+        for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
+            wanted = getattr(params, name)
+            if wanted is not None and wanted > self.max_logprobs:
+                raise ValueError(
+                    f"{name}: Requested {kind} logprobs of {wanted}, which is greater than max "
+                    f"allowed: {self.max_logprobs}"
+                )
+        for name in ("logit_bias", "allowed_token_ids"):
+            self._check_ids(list(getattr(params, name) or ()), name)
+        changes: dict[str, Any] = {}
+        if params.max_tokens is None:
+            changes["max_tokens"] = limit - n
+        if params.bad_words:
+            changes["bad_words_token_ids"] = self._bad_words_token_ids(params.bad_words)
+        return dataclasses.replace(params, **changes) if changes else params
+
+    def check_context_length(self, num_prompt_tokens: int, max_tokens: int | None) -> None:
+        """vLLM's server check: ``prompt + max_tokens`` must fit the context (ValueError)."""
+        n, limit = num_prompt_tokens, self.max_model_len
+        if max_tokens is not None and n + max_tokens > limit:
+            raise ValueError(
+                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. "
+                f"This model's maximum context length is {limit} tokens and your request has "
+                f"{n} input tokens ({max_tokens} > {limit} - {n})."
+            )
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        chat_template: str | None = None,
+    ) -> str:
+        """Render a conversation with the tokenizer's chat template (or ``chat_template``).
+
+        Raises ValueError for malformed messages or options, ChatTemplateError (a ValueError)
+        with the template's own message when rendering fails (a role it rejects, say).
+        """
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or "role" not in m:
+                raise ValueError(f"messages[{i}] must be a dict with a 'role', got {m!r}.")
+        if add_generation_prompt and continue_final_message:
+            raise ValueError(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+            )
+        if continue_final_message and (not messages or messages[-1]["role"] != "assistant"):
+            raise ValueError(
+                "continue_final_message requires the last message to have role 'assistant'."
+            )
+        if chat_template is None and not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("This tokenizer has no chat template; pass chat_template=...")
+        kwargs = dict(chat_template_kwargs or {})
+        reserved = {"conversation", "messages", "tokenize", "chat_template",
+                    "add_generation_prompt", "continue_final_message"} & set(kwargs)
+        if reserved:
+            raise ValueError(
+                f"chat_template_kwargs may not set {sorted(reserved)}: they are request fields."
+            )
+        try:
+            return self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages],
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                chat_template=chat_template,
+                **kwargs,
+            )
+        except Exception as exc:  # jinja2's TemplateError, raise_exception(), bad kwargs...
+            raise ChatTemplateError(str(exc) or type(exc).__name__) from exc
+
+    def __repr__(self) -> str:
+        return (f"InputProcessor(max_model_len={self.max_model_len}, "
+                f"vocab_size={self.vocab_size}, max_logprobs={self.max_logprobs})")
+
+    def _repr_html_(self) -> str:
+        from workbench.utils.reprs import html_table
+
+        return html_table("InputProcessor", {
+            "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
+            "max_logprobs": self.max_logprobs,
+            "chat template": "yes" if getattr(self.tokenizer, "chat_template", None) else "no",
+        })
+
+    def _tokenize(self, prompt: PromptType, add_special_tokens: bool) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self._encode(prompt, add_special_tokens)
+        if isinstance(prompt, Mapping):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), self._as_ids(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                return self._tokenize(prompt["prompt"], add_special_tokens)
+            raise ValueError(
+                "A prompt dict must have 'prompt' (text) or 'prompt_token_ids' (list of ints); "
+                f"got keys {sorted(prompt)}."
+            )
+        if isinstance(prompt, Sequence):
+            return None, self._as_ids(prompt)
+        raise TypeError(
+            f"prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}."
+        )
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Token ids of ``text``. A fast tokenizer's Rust backend is called directly: it
+        releases the GIL while it works (a multi-megabyte prompt does not stall the engine
+        thread) and skips transformers' per-token Python bookkeeping."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids
+        (encoding,) = backend.encode_batch([text], add_special_tokens=add_special_tokens)
+        return encoding.ids
+
+    @staticmethod
+    def _as_ids(ids: Sequence[int]) -> list[int]:
+        ids = list(ids)
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise ValueError(f"prompt_token_ids must be integers, got {t!r}.")
+        return ids
+
+    def _check_ids(self, ids: Sequence[int], name: str) -> None:
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"{name} must be integers in [0, {self.vocab_size}) (the vocabulary's token "
+                f"ids), got {bad[0]!r}."
+            )
+
+    def _bad_words_token_ids(self, words: Sequence[str]) -> list[list[int]]:
+        """Each bad word tokenized alone and after a space (vLLM's two spellings), unique."""
+        out: list[list[int]] = []
+        for word in words:
+            for spelling in (word.lstrip(), " " + word.lstrip()):
+                ids = self.tokenizer(spelling, add_special_tokens=False).input_ids
+                if ids and ids not in out:
+                    out.append(ids)
+        return out

@@ -1,0 +1,446 @@
+"""LLMEngine: the steppable engine. One ``step()`` = schedule -> run the model -> sample -> outputs.
+
+Every step appends a :class:`~workbench.engine.history.StepRecord` to ``engine.history``, and the live
+objects (``engine.scheduler``, ``engine.kv_cache``) stay inspectable between steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+import torch
+
+from workbench.config import EngineConfig, default_max_num_batched_tokens, default_max_num_seqs
+from workbench.core.kv_cache_manager import KVCacheManager
+from workbench.core.sched.request_queue import FCFSPolicy, SchedulingPolicy, ShortestPromptFirstPolicy
+from workbench.core.sched.scheduler import Scheduler
+from workbench.core.sched.output import SchedulerOutput
+from workbench.engine.history import StepHistory, StepRecord
+from workbench.engine.idle import IdleWaiter
+from workbench.engine.input_processor import InputProcessor, PromptType
+from workbench.model.loader import resolve_model_path
+from workbench.model.model_config import ModelConfig
+from workbench.engine.output_processor import OutputProcessor
+from workbench.outputs import RequestOutput
+from workbench.engine.parallel_sampling import ParentRequest
+from workbench.request import RequestStatus
+from workbench.metrics.request_tracker import RequestTracker
+from workbench.worker.model_runner import ModelRunner
+from workbench.sampling_params import SamplingParams
+from workbench.metrics.stats import IterationStats, LoggingStatLogger, SchedulerStats, StatLoggerBase
+
+if TYPE_CHECKING:
+    from workbench.config import EngineArgs
+
+#: Built-in policies that ignore ``Request.priority``: a non-zero priority is an error there.
+_PRIORITY_BLIND = (SchedulingPolicy, FCFSPolicy, ShortestPromptFirstPolicy)
+
+
+logger = logging.getLogger(__name__)
+
+
+def _load_tokenizer(path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+class LLMEngine:
+    """A continuous-batching engine over a paged KV cache, advanced one ``step()`` at a time.
+
+    Invariants between steps: ``scheduler.requests`` holds exactly the unfinished requests
+    that were handed to the scheduler; ``output_processor.parents`` holds every request id
+    added and not yet reported finished (an id is never reused while it is there); finished,
+    failed and aborted requests own no KV blocks.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        make_runner: Callable[..., ModelRunner] | None = None,
+        clock: Callable[[], float] | None = None,
+        **overrides,
+    ) -> None:
+        """``make_runner`` builds the runner with ModelRunner's arguments (default
+        ``ModelRunner``; :class:`workbench.lab.sim.SimulatedRunner` predicts time instead);
+        ``clock`` is the source of every request timestamp (default ``time.monotonic``)."""
+        config = config or EngineConfig()
+        if overrides:
+            config = dataclasses.replace(config, **overrides)
+        self.config = config
+        model_path = resolve_model_path(config.model)
+        self.tokenizer = _load_tokenizer(config.tokenizer or model_path)
+        self.device = torch.device(
+            config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        )
+        self.model_config = ModelConfig.from_pretrained(
+            model_path, dtype=config.dtype, max_model_len=config.max_model_len, device=self.device
+        )
+        max_model_len = self.model_config.max_model_len
+        self.attention_backend = config.attention_backend or (
+            "triton" if self.device.type == "cuda" else "cpu"
+        )
+        self.max_num_batched_tokens = config.max_num_batched_tokens or default_max_num_batched_tokens(
+            self.device.type, config.enable_chunked_prefill, max_model_len
+        )
+        self.clock = clock or time.monotonic
+        self.runner = (make_runner or ModelRunner)(
+            self.model_config,
+            device=self.device,
+            block_size=config.block_size,
+            attention_backend=self.attention_backend,
+            load_format=config.load_format,
+            seed=config.seed,
+            batch_invariant=config.batch_invariant,
+        )
+        num_blocks = self.runner.determine_num_blocks(
+            num_kv_blocks=config.num_kv_blocks,
+            kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_kv_blocks=config.max_num_kv_blocks,
+        )
+        self.runner.allocate_kv_cache(num_blocks)
+        max_num_seqs = config.max_num_seqs or default_max_num_seqs(self.device.type)
+        if self.device.type == "cuda":  # compile every kernel variant before the first request
+            self.runner.warm_up(max_num_seqs, self.max_num_batched_tokens)
+        self.kv_cache = KVCacheManager(
+            num_blocks, config.block_size, config.enable_prefix_caching, record_events=True
+        )
+        self.scheduler = Scheduler(
+            self.kv_cache,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            policy=config.policy,
+            record_events=True,
+            clock=self.clock,
+        )
+        self.input_processor = InputProcessor(
+            self.tokenizer, max_model_len, self.model_config.vocab_size,
+            max_logprobs=config.max_logprobs,
+        )
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.history = StepHistory(config.max_history, initial_kv_state=self.kv_cache.snapshot())
+        self.request_tracker = RequestTracker()
+        #: Callables ``fn(record)`` run after every step, in order; one that raises is logged
+        #: and skipped, never breaking the step.
+        self.on_step: list[Callable[[StepRecord], object]] = []
+        #: Loggers fed every step (``record``) and on ``do_log_stats`` (``log``), by name.
+        self.stat_loggers: dict[str, StatLoggerBase] = (
+            {"logging": LoggingStatLogger()} if config.log_stats else {}
+        )
+        #: The scheduler and KV cache after the latest step (one snapshot type for all readers).
+        self.scheduler_stats = SchedulerStats(
+            num_free_blocks=num_blocks, kv_cache_usage=self.kv_cache.usage
+        )
+        self._last_log_time = time.monotonic()
+        self._prefix_mark = (0, 0)  # cumulative prefix-cache (queries, hits) at the last step
+        self._freed_mark = 0  # kv_cache.num_blocks_freed at the end of the previous step
+        self._pending_outputs: list[RequestOutput] = []  # aborts reported by the next step
+        self._step_end: float | None = None  # when the last step left unfinished work (perf_counter)
+        #: How a driver waits for requests: keeping a CPU's worker threads awake (workbench.engine.idle).
+        self.idle = IdleWaiter(self.device, config.keep_warm_s)
+        # The tokenizer's eos ends a request; other eos ids of generation_config.json join
+        # each request's stop_token_ids (as vLLM does), unless it ignores eos.
+        eos = self.model_config.eos_token_ids
+        self._eos_token_id = self.tokenizer.eos_token_id
+        if self._eos_token_id is None and eos:
+            self._eos_token_id = eos[0]
+        self._extra_eos_ids = [t for t in eos if t != self._eos_token_id]
+
+    @classmethod
+    def from_engine_args(
+        cls, engine_args: EngineArgs, stat_loggers: Mapping[str, StatLoggerBase] | None = None
+    ) -> LLMEngine:
+        """vLLM's constructor: an engine from :class:`~workbench.config.EngineArgs`,
+        with extra stat loggers by name."""
+        engine = cls(engine_args.create_engine_config())
+        for name, stat_logger in (stat_loggers or {}).items():
+            engine.add_logger(name, stat_logger)
+        return engine
+
+    # ------------------------------------------------------------------ accessors
+    def get_engine_config(self) -> EngineConfig:
+        """The EngineConfig this engine was built from (vLLM's ``get_vllm_config``)."""
+        return self.config
+
+    def get_model_config(self) -> ModelConfig:
+        return self.model_config
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    # ------------------------------------------------------------------ requests
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        lora_request: object | None = None,
+        tokenization_kwargs: dict | None = None,
+        trace_headers: Mapping[str, str] | None = None,
+        priority: int = 0,
+    ) -> None:
+        """Validate and queue a request (vLLM's signature). Raises ValueError, with nothing
+        queued, on bad input.
+
+        ``arrival_time`` is in the engine's ``clock`` seconds (``time.monotonic()``; default: now).
+        ``tokenization_kwargs`` may hold ``add_special_tokens``. ``params.n > 1`` makes n
+        child sequences ``"{i}_{request_id}"`` reported as one RequestOutput
+        (see :class:`~workbench.engine.parallel_sampling.ParentRequest`).
+        """
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}.")
+        if lora_request is not None:
+            raise ValueError("lora_request: LoRA adapters are not supported by this engine.")
+        if trace_headers:
+            raise ValueError("trace_headers: tracing is not supported by this engine.")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}.")
+        policy = self.scheduler.policy
+        if priority != 0 and not self.uses_priority:
+            raise ValueError(
+                f"priority: got {priority}, but the scheduling policy {policy.name!r} ignores "
+                "priority; create the engine with policy='priority'."
+            )
+        kwargs = dict(tokenization_kwargs or {})
+        unknown = sorted(set(kwargs) - {"add_special_tokens"})
+        if unknown:
+            raise ValueError(f"tokenization_kwargs: unsupported keys {unknown}; "
+                             "only 'add_special_tokens' is.")
+        if request_id in self.output_processor.parents:
+            raise ValueError(f"request_id {request_id!r} is already in flight.")
+        params = params or SamplingParams()
+        text, token_ids, params = self.input_processor.process(prompt, params, **kwargs)
+        if not params.ignore_eos and self._extra_eos_ids:
+            params = dataclasses.replace(
+                params, stop_token_ids=params.stop_token_ids + self._extra_eos_ids
+            )
+        parent = ParentRequest(
+            request_id, text, token_ids, params, eos_token_id=self._eos_token_id,
+            priority=priority,
+            arrival_time=self.clock() if arrival_time is None else arrival_time,
+        )
+        self.output_processor.add_request(parent)  # raises on an id in flight
+        try:
+            # Raises (nothing queued) if it can never fit. Its siblings join once it computed
+            # the prompt, to share the prompt's blocks through the prefix cache.
+            self.scheduler.add_request(parent.children[0])
+        except ValueError:
+            self.output_processor.discard(request_id)
+            raise
+
+    def abort_request(self, request_id: str | Iterable[str], *, report: bool = True) -> None:
+        """Abort requests (by the id given to add_request) in any state; frees their blocks.
+
+        Their final outputs (finish_reason "abort") come out of the next ``step()``, unless
+        ``report=False`` (a rollback of requests nobody has seen).
+        """
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        child_ids, outputs = self.output_processor.abort(ids)
+        self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
+        if report:
+            self._pending_outputs.extend(outputs)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests() or bool(self._pending_outputs)
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.output_processor.get_num_unfinished_requests()
+
+    @property
+    def uses_priority(self) -> bool:
+        """False under the built-in policies that ignore ``Request.priority`` (fcfs, spf):
+        there a non-zero priority is refused, as vLLM refuses it without its priority policy.
+        A policy class of your own counts as using it."""
+        return type(self.scheduler.policy) not in _PRIORITY_BLIND
+
+    def get_unfinished_request_ids(self) -> list[str]:
+        """The ids (as given to ``add_request``) of every request not finished yet."""
+        return list(self.output_processor.parents)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block's hash (only possible while no request holds blocks)."""
+        return self.kv_cache.reset_prefix_cache()
+
+    # ------------------------------------------------------------------ the step
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling + model step.
+
+        Returns a RequestOutput for every request that progressed (per its
+        ``SamplingParams.output_kind``: CUMULATIVE by default, DELTA, FINAL_ONLY) and the
+        final outputs of aborts since the last step. A request whose own processing raises
+        (sampling, logits processors, detokenization, stop strings) finishes with
+        finish_reason "error" and ``RequestOutput.error``; the others are unaffected. Only a
+        failure of the whole batch (the forward pass) propagates.
+        ``history[-1]`` records the step; its timings (TIMING_STAGES) add up to the whole
+        call, and its ``timings["driver"]`` is the caller's time since
+        the previous step returned (adding arrivals, reading outputs), kept only when that
+        step left unfinished work, so it holds no idle wait.
+        """
+        t0 = time.perf_counter()
+        so = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        timings = {"schedule": t1 - t0}
+        if self._step_end is not None:
+            timings["driver"] = t0 - self._step_end
+        try:
+            result = self.runner.execute(so, self.scheduler.requests)
+        except BaseException:  # the batch as a whole failed: record the step, nothing sampled
+            self._append_record(so, timings)
+            raise
+        timings.update(result.timings)
+        t2 = time.perf_counter()
+        failed = result.failed
+        if failed:  # these rows got no token: finish them before the scheduler wants one
+            self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)
+        updated = self.scheduler.update_from_output(so, result.sampled_token_ids)
+        iteration = IterationStats()
+        step_out = self.output_processor.process(
+            updated,
+            logprobs=result.logprobs,
+            prompt_logprobs=result.prompt_logprobs,
+            failed=failed,
+            stats=iteration,
+            now=self.clock(),
+        )
+        self.scheduler.finish_requests(step_out.stop_ids, RequestStatus.FINISHED_STOPPED)
+        self.scheduler.finish_requests(step_out.error_ids, RequestStatus.FINISHED_ERROR)
+        for sibling in self.output_processor.release_siblings():
+            self.scheduler.add_request(sibling)
+        outputs = self._pending_outputs + step_out.outputs
+        self._pending_outputs = []
+        t3 = time.perf_counter()
+        timings["output"] = t3 - t2
+        finished = [r.request_id for r in updated if r.is_finished]
+        finished += [rid for rid in (*failed, *step_out.stop_ids, *step_out.error_ids)
+                     if rid not in finished]
+        record = self._append_record(
+            so, timings, batch=result.batch, sampled_token_ids=result.sampled_token_ids,
+            finished_request_ids=tuple(dict.fromkeys(finished)),
+        )
+        self.scheduler_stats = self._make_scheduler_stats(so)
+        for stat_logger in self.stat_loggers.values():
+            stat_logger.record(self.scheduler_stats, iteration)
+        now = time.monotonic()
+        if self.config.log_stats and now - self._last_log_time >= self.config.log_stats_interval:
+            self.do_log_stats()
+        for hook in list(self.on_step):
+            try:
+                hook(record)
+            except Exception:
+                logger.exception("on_step hook %r failed at step %d", hook, record.step)
+        t4 = time.perf_counter()
+        timings["record"] = t4 - t3  # set after the hooks ran: they see the stages before it
+        self._step_end = t4 if self.has_unfinished_requests() else None
+        self.idle.mark_busy()
+        return outputs
+
+    def _append_record(self, so: SchedulerOutput, timings: dict[str, float], *, batch=None,
+                       sampled_token_ids: dict[str, int] | None = None,
+                       finished_request_ids: tuple[str, ...] = ()) -> StepRecord:
+        """Record step ``so`` with the state after it, draining the block and request events
+        gathered since the previous record (so the history replays without gaps)."""
+        record = StepRecord(
+            step=so.step,
+            scheduler_output=so,
+            batch=batch,
+            sampled_token_ids=sampled_token_ids or {},
+            finished_request_ids=finished_request_ids,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_free_blocks=self.kv_cache.num_free_blocks,
+            kv_usage=self.kv_cache.usage,
+            num_blocks_freed=self.kv_cache.num_blocks_freed - self._freed_mark,
+            timings=timings,
+            kv_events=self.kv_cache.take_events(),
+            request_events=self.scheduler.take_events(),
+        )
+        self._freed_mark = self.kv_cache.num_blocks_freed
+        self.history.append(record)
+        self.request_tracker.consume(record.request_events)
+        return record
+
+    # ------------------------------------------------------------ research layer
+    def requests_dataframe(self):
+        """One row per request seen (queue time, TTFT, TPOT, e2e latency in steps and
+        seconds, preemptions, recomputed and cached tokens): see
+        :class:`~workbench.metrics.request_tracker.RequestTracker`."""
+        return self.request_tracker.dataframe()
+
+    def replay(self, workload, *, clock: str = "steps", progress: bool = False):
+        """Drive this engine through ``workload`` (arrivals by step or wall clock) until every
+        request finished; returns a :class:`~workbench.lab.run.RunResult` of the steps it took."""
+        from workbench.lab.run import drive
+
+        return drive(self, workload, clock=clock, progress=progress)
+
+    def _make_scheduler_stats(self, so: SchedulerOutput) -> SchedulerStats:
+        prefix = self.kv_cache.prefix_cache_stats
+        queries, hits = self._prefix_mark
+        if prefix.queries < queries:  # reset_prefix_cache() zeroed the counters
+            queries = hits = 0
+        self._prefix_mark = (prefix.queries, prefix.hits)
+        return SchedulerStats(
+            num_running_reqs=len(self.scheduler.running),
+            num_waiting_reqs=len(self.scheduler.waiting),
+            kv_cache_usage=self.kv_cache.usage,
+            num_free_blocks=self.kv_cache.num_free_blocks,
+            prefix_cache_queries=prefix.queries - queries,
+            prefix_cache_hits=prefix.hits - hits,
+            num_preemptions=len(so.preempted_request_ids),
+        )
+
+    # ------------------------------------------------------------------ stat loggers
+    def add_logger(self, logger_name: str, logger: StatLoggerBase) -> None:
+        """Register a stat logger (vLLM's API); it sees every following step."""
+        if logger_name in self.stat_loggers:
+            raise KeyError(f"Logger with name {logger_name} already exists.")
+        self.stat_loggers[logger_name] = logger
+
+    def remove_logger(self, logger_name: str) -> None:
+        if logger_name not in self.stat_loggers:
+            raise KeyError(f"Logger with name {logger_name} does not exist.")
+        del self.stat_loggers[logger_name]
+
+    def do_log_stats(self) -> None:
+        """Ask every stat logger to emit (the periodic line logs what it saw since the last)."""
+        self._last_log_time = time.monotonic()
+        for stat_logger in self.stat_loggers.values():
+            stat_logger.log()
+
+    def _repr_html_(self) -> str:
+        mc, kv = self.model_config, self.kv_cache
+        rows = {
+            "model": f"{mc.architecture} ({html.escape(mc.path.name)}), {mc.num_layers} layers",
+            "device / attention": f"{self.device.type} / {self.attention_backend}"
+                                  + (", batch-invariant" if self.runner.batch_invariant else ""),
+            "KV cache": f"{kv.num_blocks} blocks x {kv.block_size} tokens, "
+                        f"{kv.num_free_blocks} free ({kv.usage:.0%} used)",
+            "budget": f"{self.max_num_batched_tokens} tokens, {self.scheduler.max_num_seqs} seqs "
+                      f"per step, policy {html.escape(self.scheduler.policy.name)}",
+            "queues": f"{len(self.scheduler.running)} running, {len(self.scheduler.waiting)} waiting",
+            "steps recorded": str(len(self.history)),
+        }
+        cells = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows.items())
+        return f"<b>LLMEngine</b><table>{cells}</table>"
+
+    def __repr__(self) -> str:
+        mc = self.model_config
+        return (
+            f"LLMEngine(model={mc.architecture}, layers={mc.num_layers}, device={self.device.type}, "
+            f"attention={self.attention_backend}, "
+            + ("batch_invariant=True, " if self.runner.batch_invariant else "")
+            + f"blocks={self.kv_cache.num_blocks}x"
+            f"{self.kv_cache.block_size}, running={len(self.scheduler.running)}, "
+            f"waiting={len(self.scheduler.waiting)}, steps={len(self.history)})"
+        )

@@ -1,0 +1,309 @@
+"""OutputProcessor: the step's new tokens -> text, stop strings, logprobs -> RequestOutputs.
+
+It is the registry of the requests in flight: a :class:`ParentRequest` per request id the
+user added, a :class:`SequenceState` per child sequence. Work on one request that raises
+(detokenization, stop strings, logprob conversion, building its output) finishes that
+request with finish_reason "error" and the message in ``RequestOutput.error``; the traceback
+is logged once and every other request goes on. The caller frees the failed requests'
+blocks (``StepOutputs.error_ids``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from workbench.engine.detokenizer import IncrementalDetokenizer
+from workbench.outputs import Logprob, RequestOutput
+from workbench.engine.parallel_sampling import ParentRequest
+from workbench.utils.reprs import html_table
+from workbench.request import Request, RequestStatus
+from workbench.engine.request_state import SequenceState, describe
+from workbench.metrics.stats import FinishedRequestStats, IterationStats
+
+if TYPE_CHECKING:
+    from workbench.worker.sampler import TokenLogprobs
+
+logger = logging.getLogger("workbench")
+
+
+@dataclass
+class StepOutputs:
+    """``outputs`` for the caller; ``stop_ids``: requests a stop string ended that the scheduler
+    still runs (finish them STOPPED); ``error_ids``: requests that failed (finish them ERROR)."""
+
+    outputs: list[RequestOutput] = field(default_factory=list)
+    stop_ids: list[str] = field(default_factory=list)
+    error_ids: list[str] = field(default_factory=list)
+
+
+class _NoText:
+    """The detokenizer of a request with ``detokenize=False``: no text, no stop strings."""
+
+    text = ""
+
+    def update(self, new_token_ids) -> None:
+        return None
+
+    def flush(self) -> None:
+        return None
+
+    def visible_text(self, finished: bool) -> str:
+        return ""
+
+    def get_delta(self, finished: bool) -> str:
+        return ""
+
+
+_NO_TEXT = _NoText()
+
+
+class OutputProcessor:
+    """Builds each step's RequestOutputs (see module docstring); owns no scheduling state."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.parents: dict[str, ParentRequest] = {}  # by the id given to add_request
+        self._sequences: dict[str, tuple[ParentRequest, SequenceState]] = {}  # by child id
+        self._aborted_stats: list[FinishedRequestStats] = []
+        self._deferring: dict[str, ParentRequest] = {}  # parents with siblings held back
+
+    # ------------------------------------------------------------------ registry
+    def add_request(self, parent: ParentRequest) -> None:
+        """Track a request and its children; ValueError (nothing tracked) if an id is in flight."""
+        clash = [parent.request_id] if parent.request_id in self.parents else []
+        clash += [c.request_id for c in parent.children if c.request_id in self._sequences]
+        if clash:
+            raise ValueError(f"request_id {clash[0]!r} is already in flight.")
+        for i, child in enumerate(parent.children):
+            wants_logprobs = child.sampling_params.logprobs is not None
+            wants_prompt = getattr(child.sampling_params, "prompt_logprobs", None) is not None
+            state = SequenceState(
+                request=child,
+                index=i,
+                detokenizer=IncrementalDetokenizer(self.tokenizer, child)
+                if child.sampling_params.detokenize else _NO_TEXT,
+                logprobs=[] if wants_logprobs else None,
+                cumulative_logprob=0.0 if wants_logprobs else None,
+                prompt_logprobs=[None] if wants_prompt else None,
+            )
+            parent.sequences.append(state)
+            self._sequences[child.request_id] = (parent, state)
+        self.parents[parent.request_id] = parent
+        if parent.deferred:
+            self._deferring[parent.request_id] = parent
+
+    def discard(self, request_id: str) -> None:
+        """Forget a request nobody has seen (its add was rolled back)."""
+        if request_id in self.parents:
+            self._forget(self.parents[request_id])
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.parents)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.parents)
+
+    def release_siblings(self) -> list[Request]:
+        """Deferred n > 1 siblings whose child 0 computed its prompt (see ParentRequest)."""
+        released = [r for p in self._deferring.values() for r in p.release_siblings()]
+        self._deferring = {rid: p for rid, p in self._deferring.items() if p.deferred}
+        return released
+
+    # ------------------------------------------------------------------ the step
+    def process(
+        self,
+        requests: Iterable[Request],
+        *,
+        logprobs: Mapping[str, TokenLogprobs] | None = None,
+        prompt_logprobs: Mapping[str, tuple[int, list[TokenLogprobs]]] | None = None,
+        failed: Mapping[str, str] | None = None,
+        stats: IterationStats | None = None,
+        now: float | None = None,
+    ) -> StepOutputs:
+        """Turn a step's results into outputs.
+
+        ``requests`` got a token this step; ``logprobs`` must cover those that asked for
+        them; ``prompt_logprobs[id] = (first prompt index, entries)`` for prefill chunks of
+        requests that asked; ``failed`` maps ids whose sampling raised to the message.
+        """
+        now = time.monotonic() if now is None else now
+        stats = IterationStats() if stats is None else stats
+        stats.finished_requests.extend(self._aborted_stats)
+        self._aborted_stats = []
+        result = StepOutputs()
+        touched: dict[str, ParentRequest] = {}
+
+        def fail(state: SequenceState, error: BaseException | str) -> None:
+            """Finish ``state`` with the error; an exception's traceback is logged once."""
+            if isinstance(error, BaseException):
+                logger.error("request %r failed and was finished with an error; the others "
+                             "go on", state.request.request_id, exc_info=error)
+                error = describe(error)
+            state.error = error
+            state.finish("error", None, now)
+            result.error_ids.append(state.request.request_id)
+
+        for rid, (start, entries) in (prompt_logprobs or {}).items():
+            parent, state = self._sequences[rid]
+            try:  # a prefill chunk alone makes no output (no token yet)
+                self._add_prompt_logprobs(state, start, entries)
+            except Exception as exc:  # noqa: BLE001 - isolate this request
+                fail(state, exc)
+                touched[parent.request_id] = parent
+        for rid, message in (failed or {}).items():
+            parent, state = self._sequences[rid]
+            touched[parent.request_id] = parent
+            if state.finish_reason is None:
+                fail(state, message)
+        for request in requests:
+            entry = self._sequences.get(request.request_id)
+            if entry is None:
+                raise KeyError(
+                    f"request_id {request.request_id!r} was never added (or already finished)."
+                )
+            parent, state = entry
+            touched[parent.request_id] = parent
+            if state.finish_reason is not None:
+                continue
+            try:
+                if self._update(state, request, logprobs or {}, stats, now):
+                    if not request.is_finished:
+                        result.stop_ids.append(request.request_id)
+            except Exception as exc:  # noqa: BLE001 - isolate this request
+                fail(state, exc)
+        for parent in touched.values():
+            try:
+                out = parent.make_output()
+            except Exception as exc:  # noqa: BLE001 - isolate this request
+                logger.error("building the output of request %r failed; it was finished with "
+                             "an error", parent.request_id, exc_info=exc)
+                for state in parent.sequences:
+                    if state.finish_reason is None:
+                        fail(state, describe(exc))
+                parent.deferred = []
+                out = parent.error_output(describe(exc))
+            if out is not None:
+                result.outputs.append(out)
+            for state in parent.sequences:
+                if state.finish_reason is not None and not state.stats_recorded:
+                    state.stats_recorded = True
+                    stats.finished_requests.append(state.finished_stats())
+            if parent.finished:
+                self._forget(parent)
+        return result
+
+    def abort(self, request_ids: Iterable[str]) -> tuple[list[str], list[RequestOutput]]:
+        """Finish requests (the ids given to add_request) with finish_reason "abort".
+
+        Returns (their child ids, for the scheduler to free; their final outputs).
+        Unknown or finished ids are ignored.
+        """
+        now = time.monotonic()
+        child_ids: list[str] = []
+        outputs: list[RequestOutput] = []
+        for rid in request_ids:
+            parent = self.parents.get(rid)
+            if parent is None:
+                continue
+            parent.deferred = []
+            for state in parent.sequences:
+                child_ids.append(state.request.request_id)
+                if state.finish_reason is None:
+                    state.detokenizer.flush()
+                    state.finish(RequestStatus.FINISHED_ABORTED.finish_reason, None, now)
+                    state.stats_recorded = True
+                    self._aborted_stats.append(state.finished_stats())
+            out = parent.make_output()
+            if out is not None:
+                outputs.append(out)
+            self._forget(parent)
+        return child_ids, outputs
+
+    def __repr__(self) -> str:
+        return f"OutputProcessor(unfinished={len(self.parents)})"
+
+    def _repr_html_(self) -> str:
+        return html_table("OutputProcessor: requests in flight",
+                          {rid: repr(p) for rid, p in self.parents.items()} or {"none": ""})
+
+    # ------------------------------------------------------------------ internals
+    def _forget(self, parent: ParentRequest) -> None:
+        del self.parents[parent.request_id]
+        self._deferring.pop(parent.request_id, None)
+        for state in parent.sequences:
+            del self._sequences[state.request.request_id]
+
+    def _update(
+        self,
+        state: SequenceState,
+        request: Request,
+        logprobs: Mapping[str, TokenLogprobs],
+        stats: IterationStats,
+        now: float,
+    ) -> bool:
+        """Feed the request's new tokens; True when a stop string ended its text."""
+        new_ids = request.output_token_ids[state.num_seen :]
+        state.num_seen = len(request.output_token_ids)
+        if new_ids:
+            if state.first_token_ts is None:
+                stats.time_to_first_tokens_iter.append(now - request.arrival_time)
+                stats.num_prompt_tokens += request.num_prompt_tokens
+            else:
+                stats.inter_token_latencies_iter.append(now - state.last_token_ts)
+            state.first_token_ts = state.first_token_ts or now
+            state.last_token_ts = now
+            stats.num_generation_tokens += len(new_ids)
+        detok = state.detokenizer
+        params = request.sampling_params
+        # A stop token (eos or stop_token_ids) ended the request: as vLLM, its text is
+        # left out unless include_stop_str_in_output.
+        stopped_by_token = request.status is RequestStatus.FINISHED_STOPPED
+        hide_last = stopped_by_token and new_ids and not params.include_stop_str_in_output
+        stop = detok.update(new_ids[:-1] if hide_last else new_ids)
+        if stop is None and request.is_finished:
+            stop = detok.flush()
+        if state.logprobs is not None and new_ids:
+            lp = logprobs.get(request.request_id)
+            if lp is None:
+                raise KeyError(
+                    f"request {request.request_id!r} asked for logprobs={params.logprobs} "
+                    "but the step brought none for it."
+                )
+            state.logprobs.append(self._convert_logprobs(lp))
+            state.cumulative_logprob += lp.logprob
+        if stop is not None:
+            state.finish("stop", stop, now)
+        elif request.is_finished:
+            state.finish(request.status.finish_reason, request.stop_reason, now)
+        state.num_processed, state.text_processed = state.num_seen, len(detok.text)
+        return stop is not None
+
+    def _add_prompt_logprobs(
+        self, state: SequenceState, start: int, entries: list[TokenLogprobs]
+    ) -> None:
+        """Append prompt positions not seen yet (a preempted request recomputes its prompt)."""
+        have = state.prompt_logprobs
+        if have is None:
+            raise KeyError(f"request {state.request.request_id!r} did not ask for prompt_logprobs.")
+        if start > len(have):
+            raise ValueError(
+                f"prompt logprobs of request {state.request.request_id!r} skip positions "
+                f"{len(have)}..{start - 1}."
+            )
+        have.extend(self._convert_logprobs(lp) for lp in entries[len(have) - start :])
+
+    def _convert_logprobs(self, lp: TokenLogprobs) -> dict[int, Logprob]:
+        """The chosen (or prompt) token first, then the top-k (rank = position, 1-based)."""
+        tok = getattr(self.tokenizer, "backend_tokenizer", self.tokenizer)
+
+        def decoded(token_id: int) -> str:
+            return tok.decode([token_id], skip_special_tokens=False)
+
+        out = {lp.token_id: Logprob(lp.logprob, lp.rank, decoded(lp.token_id))}
+        for rank, (token_id, value) in enumerate(lp.top, start=1):
+            out.setdefault(token_id, Logprob(value, rank, decoded(token_id)))
+        return out

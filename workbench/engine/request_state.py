@@ -1,0 +1,103 @@
+"""SequenceState: one child sequence's output state (detokenizer, logprobs, what was sent,
+its finish and timings), kept by the OutputProcessor and read by its ParentRequest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workbench.engine.detokenizer import IncrementalDetokenizer
+from workbench.outputs import CompletionOutput, Logprob
+from workbench.request import Request
+from workbench.metrics.stats import FinishedRequestStats
+
+
+def describe(exc: BaseException) -> str:
+    """``"ExcType: message"``, the form RequestOutput.error carries."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(eq=False)
+class SequenceState:
+    """One child sequence's output state: its detokenizer, logprobs and what was sent."""
+
+    request: Request
+    index: int
+    detokenizer: IncrementalDetokenizer
+    logprobs: list[dict[int, Logprob]] | None
+    cumulative_logprob: float | None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None  # [None, ...] as chunks arrive
+    num_seen: int = 0  # output tokens already fed to the detokenizer
+    num_tokens_sent: int = 0  # output tokens / logprob positions already in a DELTA output
+    final_sent: bool = False  # DELTA: the output carrying finish_reason went out
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    finished_time: float | None = None
+    error: str | None = None
+    first_token_ts: float | None = None
+    last_token_ts: float | None = None
+    stats_recorded: bool = False  # its FinishedRequestStats went into an IterationStats
+    num_processed: int = 0  # output tokens whose text and logprobs were built without error
+    text_processed: int = 0  # characters of the text at that point
+
+    def __repr__(self) -> str:
+        return (
+            f"SequenceState({self.request.request_id!r}, index={self.index}, "
+            f"tokens={self.num_seen}, sent={self.num_tokens_sent}, "
+            f"finish_reason={self.finish_reason!r}, error={self.error!r})"
+        )
+
+    def completion(self, delta: bool) -> CompletionOutput | None:
+        """The sequence so far, or (``delta``) what is new since the last delta; None when a
+        delta has nothing new."""
+        done = self.finish_reason is not None
+        token_ids = self.request.output_token_ids
+        failed = self.error is not None
+        if failed:  # only what was processed before the failure
+            token_ids = token_ids[: self.num_processed]
+        if delta:
+            n_ids = len(token_ids)
+            if self.num_tokens_sent == n_ids and (self.final_sent or not done):
+                return None
+            start, self.num_tokens_sent, self.final_sent = self.num_tokens_sent, n_ids, done
+            text = self.detokenizer.get_delta(done)
+            if failed:  # the delta ends the text; keep its part from before the failure
+                text = text[: max(0, self.text_processed - len(self.detokenizer.text) + len(text))]
+        else:
+            start = 0
+            text = self.detokenizer.visible_text(done)
+            if failed:
+                text = text[: self.text_processed]
+        return CompletionOutput(
+            index=self.index,
+            text=text,
+            token_ids=list(token_ids[start:]),
+            cumulative_logprob=self.cumulative_logprob,
+            logprobs=None if self.logprobs is None else self.logprobs[start : len(token_ids)],
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+        )
+
+    def finish(self, reason: str, stop_reason: int | str | None, now: float) -> None:
+        self.finish_reason, self.stop_reason = reason, stop_reason
+        self.finished_time = now if self.request.finished_time is None else self.request.finished_time
+
+    def finished_stats(self) -> FinishedRequestStats:
+        r = self.request
+        end = self.finished_time or 0.0
+        scheduled = r.first_scheduled_time if r.first_scheduled_time is not None else end
+        first = self.first_token_ts if self.first_token_ts is not None else end
+        last = self.last_token_ts if self.last_token_ts is not None else first
+        n_gen = r.num_output_tokens
+        decode = last - first
+        return FinishedRequestStats(
+            finish_reason=self.finish_reason or "abort",
+            e2e_latency=end - r.arrival_time,
+            time_to_first_token=first - r.arrival_time,
+            queued_time=scheduled - r.arrival_time,
+            prefill_time=first - scheduled,
+            decode_time=decode,
+            inference_time=last - scheduled,
+            num_prompt_tokens=r.num_prompt_tokens,
+            num_generation_tokens=n_gen,
+            mean_time_per_output_token=decode / (n_gen - 1) if n_gen > 1 else 0.0,
+        )

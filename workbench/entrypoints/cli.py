@@ -1,0 +1,160 @@
+"""The ``workbench`` command line (also ``python -m workbench``)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from workbench.config import EngineArgs
+
+
+def _generate(args: argparse.Namespace) -> int:
+    """One prompt streams its text as it is generated; several are batched and printed in order."""
+    from workbench import LLM, SamplingParams
+    from workbench.config import EngineArgs
+
+    try:
+        params = SamplingParams(
+            temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens
+        )
+        llm = LLM(**EngineArgs.from_cli_args(args).to_kwargs())
+        if len(args.prompts) == 1:
+            return _stream_one(llm.engine, args.prompts[0], params)
+        outputs = llm.generate(args.prompts, params, use_tqdm=False)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for out in outputs:
+        print(f"{out.prompt}{out.outputs[0].text}")
+        print("-" * 40)
+    return 0
+
+
+def _stream_one(engine, prompt: str, params) -> int:
+    from workbench.sampling_params import RequestOutputKind
+
+    engine.add_request("cli", prompt, dataclasses.replace(params, output_kind=RequestOutputKind.DELTA))
+    print(prompt, end="", flush=True)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            print(out.outputs[0].text if out.outputs else "", end="", flush=True)
+    print()
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.what == "scheduler":
+        from workbench.benchmarks.scheduler import main as run
+    elif args.what == "kernels":
+        from workbench.kernels.bench import main as run
+    elif args.what == "serve":
+        from workbench.benchmarks.serve import main as run
+    else:
+        from workbench.benchmarks.throughput import main as run
+    return run(args.rest)
+
+
+def _selftest(args: argparse.Namespace) -> int:
+    from workbench.benchmarks.selftest import run
+
+    return run(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """Run the OpenAI-compatible server (uvicorn) over one engine until interrupted."""
+    import asyncio
+
+    from workbench import LLMEngine
+    from workbench.config import EngineArgs
+    from workbench.engine.async_llm import AsyncLLM
+    from workbench.entrypoints.openai.api_server import build_app
+    from workbench.entrypoints.openai.api_server import make_server
+
+    async_llm = AsyncLLM(LLMEngine.from_engine_args(EngineArgs.from_cli_args(args)))
+    name = args.served_model_name or args.model or "tiny-shakespeare"
+    app = build_app(async_llm, model_name=name, api_key=args.api_key)
+    print(f"Serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    try:
+        # Exits by itself when the engine dies after an error (vLLM's behaviour).
+        make_server(app, async_llm, host=args.host, port=args.port, log_level=args.log_level).run()
+    finally:
+        asyncio.run(async_llm.shutdown())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="workbench",
+        description="A steppable re-implementation of vLLM's serving path, for notebooks.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    gen = sub.add_parser("generate", help="generate text for one or more prompts")
+    gen.add_argument("prompts", nargs="+", help="prompt text(s)")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.8,
+                     help="0 for greedy (default 0.8; --seed makes sampling reproducible)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    EngineArgs.add_cli_args(gen)
+    gen.set_defaults(func=_generate)
+
+    serve = sub.add_parser(
+        "serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, ...)"
+    )
+    serve.add_argument("--served-model-name", default=None,
+                       help="the name clients send as 'model' (default: --model, or tiny-shakespeare)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize")
+    serve.add_argument("--log-level", default="info")
+    EngineArgs.add_cli_args(serve)
+    serve.set_defaults(func=_serve)
+
+    bench = sub.add_parser(
+        "bench",
+        help="benchmarks that print a table: scheduler | kernels | throughput | serve",
+        description="Run `workbench bench WHAT --help` for each benchmark's options.",
+    )
+    bench.add_argument("what", choices=["scheduler", "kernels", "throughput", "serve"])
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="options for that benchmark")
+    bench.set_defaults(func=_bench)
+
+    from workbench.benchmarks.selftest import __doc__ as selftest_doc
+    from workbench.benchmarks.selftest import add_arguments as selftest_arguments
+
+    selftest = sub.add_parser(
+        "selftest", help="bounded first-run check of a (GPU) machine: kernels, parity, benchmarks",
+        description=selftest_doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    selftest_arguments(selftest)
+    selftest.set_defaults(func=_selftest)
+
+    from workbench.lab.sim import commands as sim_commands
+
+    calibrate = sub.add_parser(
+        "calibrate", help="fit a simulator cost model to timed batches on the real engine (JSON)",
+        description="Runs a designed set of batches (decode x context, prefill x context, mixed) "
+                    "on the engine the flags describe, fits the cost model, prints it.",
+    )
+    sim_commands.add_calibrate_arguments(calibrate)
+    calibrate.set_defaults(func=sim_commands.calibrate_main)
+
+    simulate = sub.add_parser(
+        "simulate", help="simulate a workload on the real scheduler with a cost model; 'accuracy' checks it",
+        description="`workbench simulate` runs a workload with the simulated runner and prints its "
+                    "summary; `workbench simulate accuracy` compares simulated and real latencies.",
+    )
+    sim_commands.add_simulate_arguments(simulate)
+    simulate.set_defaults(func=sim_commands.simulate_main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    return args.func(args)

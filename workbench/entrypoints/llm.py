@@ -1,0 +1,128 @@
+"""LLM: vLLM's offline entry point (generate / chat) over a steppable LLMEngine."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping, Sequence
+
+from workbench.engine.llm_engine import LLMEngine
+from workbench.config import EngineArgs
+from workbench.utils.heap import frozen_heap
+from workbench.engine.input_processor import PromptType
+from workbench.outputs import RequestOutput
+from workbench.sampling_params import RequestOutputKind, SamplingParams
+
+Conversation = Sequence[Mapping[str, str]]
+
+
+class LLM:
+    """Offline batched generation. ``LLM()`` loads the embedded default model.
+
+    Keyword arguments are :class:`~workbench.config.EngineArgs` (EngineConfig) fields.
+    ``llm.engine`` is the LLMEngine behind it: step it yourself, or inspect
+    ``llm.engine.history`` after a run. ``generate``/``chat`` ask for FINAL_ONLY outputs.
+    """
+
+    def __init__(self, model: str | None = None, **kwargs) -> None:
+        self.engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
+        self._ids = itertools.count()
+
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """vLLM's name for :attr:`engine`."""
+        return self.engine
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in input order.
+
+        A prompt is a string, a list of token ids, or ``{"prompt_token_ids": [...]}``.
+        ``sampling_params`` is one SamplingParams for all prompts or one per prompt.
+        If any prompt is invalid, a ValueError names it and nothing is generated.
+        """
+        if isinstance(prompts, (str, Mapping)) or (
+            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        prompts = list(prompts)
+        params = self._broadcast(sampling_params, len(prompts), "sampling_params")
+        priorities = self._broadcast(priority or 0, len(prompts), "priority")
+        return self._run(prompts, params, priorities, use_tqdm)
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them (the tokenizer's chat template)."""
+        conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        processor = self.engine.input_processor
+        prompts = []
+        for conversation in conversations:
+            text = processor.render_chat(
+                conversation, add_generation_prompt=add_generation_prompt, chat_template=chat_template
+            )
+            ids = self.engine.tokenizer(text, add_special_tokens=False).input_ids
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
+        params = self._broadcast(sampling_params, len(prompts), "sampling_params")
+        return self._run(prompts, params, [0] * len(prompts), use_tqdm)
+
+    @staticmethod
+    def _broadcast(value, n: int, name: str) -> list:
+        if value is None:
+            return [SamplingParams() for _ in range(n)]
+        if isinstance(value, (SamplingParams, int)):
+            return [value] * n
+        value = list(value)
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} entries but there are {n} prompts.")
+        return value
+
+    def _run(self, prompts, params, priorities, use_tqdm: bool) -> list[RequestOutput]:
+        from tqdm.auto import tqdm
+
+        engine = self.engine
+        params = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
+        for i, (prompt, p) in enumerate(zip(prompts, params)):  # validate all before adding any
+            try:
+                engine.input_processor.process(prompt, p)
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(f"prompts[{i}]: {exc}") from exc
+        ids = []
+        try:
+            for prompt, p, prio in zip(prompts, params, priorities):
+                request_id = f"gen-{next(self._ids)}"
+                engine.add_request(request_id, prompt, p, priority=prio)
+                ids.append(request_id)
+        except ValueError:
+            engine.abort_request(ids, report=False)
+            raise
+        wanted = set(ids)
+        results: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm) as bar, frozen_heap():
+            while len(results) < len(ids):
+                for out in engine.step():
+                    if out.finished and out.request_id in wanted:
+                        results[out.request_id] = out
+                        bar.update(1)
+        return [results[i] for i in ids]
+
+    def __repr__(self) -> str:
+        return f"LLM({self.engine!r})"
+
+    def _repr_html_(self) -> str:
+        return self.engine._repr_html_()

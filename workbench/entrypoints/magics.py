@@ -1,0 +1,324 @@
+"""IPython magics: ``%load_ext workbench``, then ``%llm COMMAND ...`` (``%llm`` alone lists
+them, generated from the argument definitions below) and ``%%llm`` (the cell is a prompt).
+
+``%llm load`` builds the teaching engine (:func:`workbench.config.teaching_config`: tens
+of blocks, a budget of tens of tokens) unless told otherwise, and binds its LLMEngine in the
+notebook as ``engine`` (``--as NAME`` for another name). Commands without a loaded engine
+load that default first. Bad arguments print a usage line (IPython's UsageError), never a
+traceback; so do errors the engine reports about a request (ValueError).
+
+While ``%llm serve`` serves the engine, its engine thread owns it: the commands that drive
+it (load, generate, chat, add, step, run, replay) refuse; the views show its live state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import itertools
+import threading
+import time
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.display import display
+
+from workbench.config import EngineConfig
+from workbench.config import EngineArgs
+from workbench.sampling_params import SamplingParams
+
+DRIVING_COMMANDS = ("load", "generate", "chat", "add", "step", "run", "replay")
+SHOW_CHOICES = ("blocks", "timeline", "requests", "scheduler", "stats")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError (one clean line in a notebook) instead of exiting."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message}\n{self.format_usage().strip()}")
+
+    def exit(self, status: int = 0, message: str | None = None):
+        raise UsageError(message or self.format_usage().strip())
+
+
+def _sampling_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
+    parser.add_argument("--max-tokens", type=int, default=max_tokens)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None)
+
+
+def build_parser() -> _Parser:
+    """The ``%llm`` command line: one subcommand per command, help from these definitions."""
+    parser = _Parser(prog="%llm", add_help=False,
+                     description="Drive and inspect a workbench engine from a notebook.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    load = sub.add_parser("load", add_help=False, help="build an engine (the teaching engine unless --no-teaching) "
+                          "and bind it in the notebook")
+    load.add_argument("model", nargs="?", default=None, help="HF directory or hub id (default: the embedded model)")
+    load.add_argument("--as", dest="name", default="engine", help="variable to bind the engine to (default: engine)")
+    load.add_argument("--no-teaching", action="store_true",
+                      help="start from EngineConfig() defaults instead of the small teaching engine")
+    EngineArgs.add_cli_args(load, exclude=("model",), keep_defaults=False)
+    gen = sub.add_parser("generate", add_help=False, help="generate a continuation and print it")
+    gen.add_argument("prompt", nargs="+")
+    _sampling_options(gen, 64)
+    chat = sub.add_parser("chat", add_help=False, help="one user turn through the chat template")
+    chat.add_argument("message", nargs="+")
+    _sampling_options(chat, 64)
+    add = sub.add_parser("add", add_help=False, help="queue a request without running it")
+    add.add_argument("prompt", nargs="+")
+    add.add_argument("--id", default=None, help="request id (default: one is made up)")
+    add.add_argument("--priority", type=int, default=0, help="smaller is served first under policy priority")
+    _sampling_options(add, 32)
+    step = sub.add_parser("step", add_help=False, help="advance the engine N steps (default 1); shows the last")
+    step.add_argument("n", nargs="?", type=int, default=1)
+    sub.add_parser("run", add_help=False, help="step until every request has finished")
+    show = sub.add_parser("show", add_help=False, help="a view of the engine")
+    show.add_argument("what", choices=SHOW_CHOICES)
+    sub.add_parser("player", add_help=False, help="the StepPlayer: scrub through the recorded steps")
+    sub.add_parser("dashboard", add_help=False, help="the EngineDashboard: drive the engine and watch it")
+    replay = sub.add_parser("replay", add_help=False, help="run a Workload (a notebook variable) on the engine")
+    replay.add_argument("workload", help="name of a Workload variable")
+    replay.add_argument("--clock", choices=["steps", "wall"], default="steps")
+    compare = sub.add_parser("compare", add_help=False,
+                             help="run a Workload under several configs (the engine's config, changed)")
+    compare.add_argument("workload", help="name of a Workload variable")
+    compare.add_argument("--policies", nargs="+", default=[], metavar="POLICY",
+                         help="one run per policy (fcfs, priority, spf)")
+    compare.add_argument("--configs", nargs="+", default=[], metavar="NAME=VAR",
+                         help="one run per EngineConfig or dict-of-overrides variable")
+    serve = sub.add_parser("serve", add_help=False, help="serve this engine over HTTP (OpenAI API)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None)
+    sub.add_parser("stop", add_help=False, help="stop serving; the engine is yours to step again")
+    return parser
+
+
+def help_text(parser: _Parser) -> str:
+    """``%llm`` alone: every command's usage line and summary, from the parser."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    summaries = {choice.dest: choice.help for choice in sub._choices_actions}
+    lines = [parser.description, ""]
+    for name, command in sub.choices.items():
+        usage = command.format_usage().strip().removeprefix("usage: ")
+        lines.append(f"{usage}\n    {summaries.get(name, '')}")
+    lines.append("%%llm [--max-tokens N] [--temperature T] [--seed S]\n    the cell body is the prompt")
+    return "\n".join(lines)
+
+
+@magics_class
+class WorkbenchMagics(Magics):
+    """Holds one LLM (``self.current``, its engine bound in the notebook) per IPython session."""
+
+    current = None
+    server = None  # (uvicorn.Server, its thread, AsyncLLM, url) while serving
+
+    def __init__(self, shell=None, **kwargs):
+        super().__init__(shell, **kwargs)
+        self.parser = build_parser()
+        self._ids = itertools.count()
+
+    # ------------------------------------------------------------ dispatch
+    @line_cell_magic
+    def llm(self, line: str, cell: str | None = None):
+        import shlex
+
+        try:
+            words = shlex.split(line)
+        except ValueError as error:
+            raise UsageError(f"%llm: {error}") from None
+        if cell is not None:
+            words = ["generate", *words, cell.strip()]
+        if not words:
+            print(help_text(self.parser))
+            return None
+        options = self.parser.parse_args(words)
+        if self.server is not None and options.command in DRIVING_COMMANDS:
+            raise UsageError(
+                f"the engine is being served at {self.server[3]}; `%llm stop` before `%llm {options.command}`"
+            )
+        try:
+            return getattr(self, f"_cmd_{options.command}")(options)
+        except (ValueError, KeyError) as error:
+            raise UsageError(f"%llm {options.command}: {error}") from None
+
+    @property
+    def engine(self):
+        return self._get_llm().engine
+
+    def _get_llm(self):
+        if self.current is None:
+            self._cmd_load(self.parser.parse_args(["load"]))
+        return self.current
+
+    def _variable(self, name: str):
+        try:
+            return self.shell.user_ns[name]
+        except KeyError:
+            raise UsageError(f"no variable {name!r} in the notebook") from None
+
+    # ------------------------------------------------------------ commands
+    def _cmd_load(self, options):
+        from workbench.entrypoints.llm import LLM
+        from workbench.config import teaching_config
+
+        overrides = {f.name: getattr(options, f.name) for f in dataclasses.fields(EngineConfig)
+                     if getattr(options, f.name, None) is not None}
+        overrides["model"] = options.model
+        config = EngineConfig(**overrides) if options.no_teaching else teaching_config(**overrides)
+        self.current = LLM(**dataclasses.asdict(config))
+        if self.shell is not None:
+            self.shell.user_ns[options.name] = self.current.engine
+        return self.current.engine
+
+    def _params(self, options) -> SamplingParams:
+        return SamplingParams(max_tokens=options.max_tokens, temperature=options.temperature, seed=options.seed)
+
+    def _cmd_generate(self, options):
+        prompt = " ".join(options.prompt)
+        out = self._get_llm().generate([prompt], self._params(options), use_tqdm=False)[0]
+        print(prompt + out.outputs[0].text)
+
+    def _cmd_chat(self, options):
+        message = {"role": "user", "content": " ".join(options.message)}
+        out = self._get_llm().chat([message], self._params(options), use_tqdm=False)[0]
+        print(out.outputs[0].text)
+
+    def _cmd_add(self, options):
+        engine = self.engine
+        request_id = options.id or self._new_id(engine)
+        engine.add_request(request_id, " ".join(options.prompt), self._params(options), priority=options.priority)
+        print(f"added {request_id!r}")
+        return None
+
+    def _new_id(self, engine) -> str:
+        taken = set(engine.scheduler.requests)
+        while (rid := f"req-{next(self._ids)}") in taken:
+            pass
+        return rid
+
+    def _cmd_step(self, options):
+        engine = self.engine
+        for _ in range(options.n):
+            if not engine.has_unfinished_requests():
+                break
+            for out in engine.step():
+                if out.finished:
+                    print(out)
+        return engine.history[-1] if len(engine.history) else None
+
+    def _cmd_run(self, options):
+        engine = self.engine
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    print(out)
+        return engine.history[-1] if len(engine.history) else None
+
+    def _cmd_show(self, options):
+        from workbench.viz import BlockMap, RequestTimeline
+        from workbench.viz.source import ViewSource
+
+        engine = self.engine
+        source = ViewSource(engine, live=self.server is None)
+        if options.what == "blocks":
+            return BlockMap(source)
+        if options.what == "timeline":
+            return RequestTimeline(source)
+        if options.what == "requests":
+            return engine.requests_dataframe()
+        if options.what == "scheduler":
+            display(engine.scheduler)
+            return engine.kv_cache
+        display(engine.scheduler_stats)
+        return engine.history.to_dataframe()
+
+    def _cmd_player(self, options):
+        from workbench.viz import StepPlayer
+        from workbench.viz.source import ViewSource
+
+        return StepPlayer(ViewSource(self.engine, live=self.server is None))
+
+    def _cmd_dashboard(self, options):
+        from workbench.viz import EngineDashboard
+
+        return EngineDashboard(self.engine, read_only=self.server is not None)
+
+    def _cmd_replay(self, options):
+        from workbench.lab.workload import Workload
+
+        workload = self._variable(options.workload)
+        if not isinstance(workload, Workload):
+            raise UsageError(f"{options.workload!r} is a {type(workload).__name__}, not a Workload")
+        return self.engine.replay(workload, clock=options.clock)
+
+    def _cmd_compare(self, options):
+        from workbench.lab.compare import compare_runs
+        from workbench.viz import ComparisonView
+        from workbench.lab.workload import Workload
+
+        workload = self._variable(options.workload)
+        if not isinstance(workload, Workload):
+            raise UsageError(f"{options.workload!r} is a {type(workload).__name__}, not a Workload")
+        base = self.engine.config
+        configs = {policy: dataclasses.replace(base, policy=policy) for policy in options.policies}
+        for item in options.configs:
+            name, _, var = item.partition("=")
+            value = self._variable(var or name)
+            if isinstance(value, dict):
+                value = dataclasses.replace(base, **value)
+            if not isinstance(value, EngineConfig):
+                raise UsageError(f"{var or name!r} is a {type(value).__name__}, not an EngineConfig or a dict")
+            configs[name] = value
+        if len(configs) < 2:
+            raise UsageError("compare needs at least two configs: --policies fcfs spf, or --configs a=A b=B")
+        return ComparisonView(compare_runs(workload, configs))
+
+    def _cmd_serve(self, options):
+        from workbench.engine.async_llm import AsyncLLM
+        from workbench.entrypoints.openai.api_server import build_app
+        from workbench.entrypoints.openai.api_server import make_server
+
+        if self.server is not None:
+            raise UsageError(f"already serving at {self.server[3]}; `%llm stop` first")
+        llm = self._get_llm()
+        async_llm = AsyncLLM(llm.engine)
+        name = llm.engine.model_config.path.name
+        app = build_app(async_llm, model_name=name, api_key=options.api_key)
+        server = make_server(app, async_llm, host=options.host, port=options.port, log_level="warning")
+        thread = threading.Thread(target=server.run, name="workbench-http", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not server.started:
+            server.should_exit = True
+            _shutdown(async_llm)
+            raise UsageError(f"the server did not start on {options.host}:{options.port}")
+        url = f"http://{options.host}:{options.port}/v1"
+        self.server = (server, thread, async_llm, url)
+        print(f"Serving {name!r} at {url}; `%llm dashboard` shows its scheduling, `%llm stop` ends it.")
+        return url
+
+    def _cmd_stop(self, options):
+        if self.server is None:
+            raise UsageError("nothing is being served")
+        server, thread, async_llm, url = self.server
+        server.should_exit = True
+        thread.join(timeout=30)
+        _shutdown(async_llm)
+        self.server = None
+        print(f"Stopped serving at {url}.")
+
+
+def _shutdown(async_llm) -> None:
+    """Stop AsyncLLM's engine thread from a cell (IPython's own event loop may be running)."""
+    worker = threading.Thread(target=lambda: asyncio.run(async_llm.shutdown()))
+    worker.start()
+    worker.join()
+
+
+def load_ipython_extension(ipython) -> None:
+    ipython.register_magics(WorkbenchMagics)

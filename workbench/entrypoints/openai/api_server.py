@@ -1,0 +1,125 @@
+"""The OpenAI-compatible HTTP server: ``build_app(async_llm, model_name=...)`` -> FastAPI app.
+
+Endpoints: ``POST /v1/completions`` (completion.py), ``POST /v1/chat/completions`` (chat.py),
+both JSON or SSE (``stream: true``: ``data: {json}\\n\\n`` chunks ending ``data: [DONE]\\n\\n``);
+``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize`` (tokenization.py); ``GET /health``;
+``GET /metrics`` (vLLM's ``vllm:`` series from the engine's PrometheusStatLogger). Errors are
+OpenAI-shaped (errors.py). A client that disconnects has its request aborted (blocks freed).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from workbench.metrics.prometheus import PrometheusStatLogger
+from workbench.engine.async_llm import AsyncLLM
+from workbench.entrypoints.openai.chat import chat_router
+from workbench.entrypoints.openai.completion import completion_router
+from workbench.entrypoints.openai.errors import error_response, install_error_handlers
+from workbench.entrypoints.openai.serving import OpenAIServing
+from workbench.entrypoints.openai.generation_defaults import load_generation_defaults
+from workbench.entrypoints.openai.tokenization import tokenization_router
+
+logger = logging.getLogger("workbench.entrypoints.openai")
+_PROTECTED = ("/v1/", "/tokenize", "/detokenize")
+_LOGGER_NAME = "prometheus"
+
+
+class _APIKeyMiddleware:
+    """ASGI middleware: /v1/*, /tokenize and /detokenize need ``Authorization: Bearer KEY``
+    (plain ASGI, so streaming responses and disconnects pass through untouched)."""
+
+    def __init__(self, app: Any, *, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if (scope["type"] == "http" and scope["method"] != "OPTIONS"
+                and scope["path"].startswith(_PROTECTED)):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                response = error_response(
+                    401, "Unauthorized: a valid API key is required (Authorization: Bearer <key>)."
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def prometheus_logger(async_llm: AsyncLLM, model_name: str) -> PrometheusStatLogger:
+    """The engine's PrometheusStatLogger for ``model_name`` (added on first use)."""
+    engine = async_llm.engine
+
+    def get_or_add() -> PrometheusStatLogger:
+        existing = engine.stat_loggers.get(_LOGGER_NAME)
+        if isinstance(existing, PrometheusStatLogger) and existing.model_name == model_name:
+            return existing
+        if existing is not None:
+            engine.remove_logger(_LOGGER_NAME)
+        logger = PrometheusStatLogger(model_name,
+                                      max_model_len=engine.model_config.max_model_len)
+        engine.add_logger(_LOGGER_NAME, logger)
+        return logger
+
+    return async_llm.submit(get_or_add).result()
+
+
+def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | None = None,
+              generation_config: str = "auto") -> FastAPI:
+    """The OpenAI-compatible app over ``async_llm``; ``api_key`` guards /v1/*, /tokenize and
+    /detokenize (``Authorization: Bearer <key>``); ``generation_config`` ("auto", "vllm" or
+    a folder) gives the sampling defaults, as vLLM's ``--generation-config``."""
+    defaults = load_generation_defaults(generation_config,
+                                        async_llm.engine.model_config.path)
+    serving = OpenAIServing(async_llm, model_name, defaults)
+    metrics = prometheus_logger(async_llm, model_name)
+    app = FastAPI(title="llm-workbench OpenAI-compatible server")
+    app.state.serving = serving
+    install_error_handlers(app)
+    if api_key is not None:
+        app.add_middleware(_APIKeyMiddleware, api_key=api_key)
+    app.include_router(completion_router(serving))
+    app.include_router(chat_router(serving))
+    app.include_router(tokenization_router(serving))
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not async_llm.is_running:
+            error = async_llm.dead_error
+            return error_response(503, f"The engine is not running: {error!r}" if error
+                                  else "The engine is shut down.")
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def show_metrics() -> Response:
+        return PlainTextResponse(generate_latest(metrics.registry),
+                                 media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def make_server(app: FastAPI, async_llm: AsyncLLM, **config: Any):
+    """A ``uvicorn.Server`` for ``app`` (``config``: uvicorn.Config's host, port, ...) that
+    exits by itself when the engine stops after an error, as vLLM's server does: streams in
+    flight get their error event and ``/health`` its 503 before the process stops serving."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, **config))
+
+    def stop_when_the_engine_dies() -> None:
+        async_llm.stopped.wait()
+        if async_llm.dead_error is not None:
+            logger.error("The engine stopped after an error (%r); shutting the server down.",
+                         async_llm.dead_error)
+            server.should_exit = True
+
+    threading.Thread(target=stop_when_the_engine_dies, name="workbench-engine-watch",
+                     daemon=True).start()
+    return server

@@ -1,0 +1,369 @@
+"""The path both generation endpoints share: check a request the way vLLM's OpenAIServing does,
+prepare its prompts off the engine thread, run one engine request per prompt (each with ``n``
+samples; choice ``i * n + j`` is prompt i, sample j) and answer it whole or as one SSE stream.
+
+The endpoints differ only in their :class:`ResponseFormat` (chunk and response shapes).
+A request whose processing fails inside the engine (``RequestOutput.error``) answers 500, or,
+streaming, an error event and ``[DONE]``; the engine and the other requests go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+
+from workbench.core.sched.request_queue import PriorityPolicy
+from workbench.engine.input_processor import PromptType
+from workbench.outputs import CompletionOutput, Logprob, RequestOutput
+from workbench.sampling_params import SamplingParams
+from workbench.entrypoints.openai import protocol as P
+from workbench.entrypoints.openai import responses as R
+from workbench.engine.async_llm import AsyncLLM, EngineDeadError, RequestStream
+from workbench.entrypoints.openai.errors import APIError, error_event
+
+logger = logging.getLogger("workbench.entrypoints.openai")
+
+
+@dataclass
+class PreparedPrompt:
+    """A prompt after input processing: its text (decoded for token prompts) and ids;
+    ``prompt_logprobs`` arrive with its first output when the request asked for them."""
+
+    text: str
+    token_ids: list[int]
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+
+
+@dataclass
+class ChoiceState:
+    """One choice accumulated from delta outputs (choice ``index`` of prompt ``prompt``)."""
+
+    index: int
+    prompt: PreparedPrompt
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    started: bool = False  # its first chunk went out (echo and role ride on it)
+
+
+class ResponseFormat:
+    """How one endpoint shapes its chunks and responses (see chat.py, completion.py)."""
+
+    def prelude(self, choices: Sequence[ChoiceState]) -> list[BaseModel]:
+        """Chunks sent before any token, one per choice (chat: each choice's role)."""
+        return []
+
+    def stream_choice(self, state: ChoiceState, delta: CompletionOutput) -> BaseModel | None:
+        """The chunk choice of one delta (None: nothing to say yet)."""
+        raise NotImplementedError
+
+    def chunk(self, choices: list[BaseModel], usage: R.UsageInfo | None) -> BaseModel:
+        raise NotImplementedError
+
+    def response(self, choices: Sequence[ChoiceState], usage: R.UsageInfo) -> BaseModel:
+        raise NotImplementedError
+
+
+def token_text(token_id: int, logprob: Logprob | None, as_token_ids: bool) -> str:
+    """A token as logprobs show it: its text, or ``token_id:N`` (return_tokens_as_token_ids)."""
+    if as_token_ids:
+        return f"token_id:{token_id}"
+    return (logprob.decoded_token if logprob is not None else None) or ""
+
+
+def prompt_logprobs_json(entries: list[dict[int, Logprob] | None] | None
+                         ) -> R.PromptLogprobs | None:
+    """vLLM's ``prompt_logprobs``: per prompt position, {token id: logprob}."""
+    if entries is None:
+        return None
+    return [
+        None if pos is None else {
+            t: R.PromptLogprob(logprob=v.logprob, rank=v.rank, decoded_token=v.decoded_token)
+            for t, v in pos.items()
+        }
+        for pos in entries
+    ]
+
+
+class OpenAIServing:
+    """Checks and runs generation requests for one app (vLLM's OpenAIServing, trimmed)."""
+
+    def __init__(self, async_llm: AsyncLLM, model_name: str,
+                 generation_defaults: dict[str, Any]) -> None:
+        self.llm = async_llm
+        self.engine = async_llm.engine
+        self.model_name = model_name
+        self.max_model_len = async_llm.engine.model_config.max_model_len
+        self.defaults = generation_defaults
+
+    # ------------------------------------------------------------------ checks
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist.", "model")
+
+    def check_request(self, req: P._CommonFields, raw: Request) -> str:
+        """Model, supported fields, priority; warn about unknown fields. Returns the base
+        request id: the X-Request-Id header, else the body's request_id, else a random one."""
+        self.check_model(req.model)
+        unknown = req.unknown_fields()
+        if unknown:
+            logger.warning("The following fields were present in the request but ignored: %s",
+                           unknown)
+        try:
+            req.check_supported()
+        except P.FieldError as exc:
+            raise APIError.bad_request(exc) from exc
+        if req.priority != 0 and not isinstance(self.engine.scheduler.policy, PriorityPolicy):
+            raise APIError(400, f"Got priority {req.priority} but Priority scheduling is not "
+                                "enabled.", "priority")
+        return raw.headers.get("X-Request-Id") or req.request_id or uuid.uuid4().hex
+
+    def sampling_params(self, req: P._CommonFields, *, max_tokens: int | None,
+                        logprobs: int | None, prompt_logprobs: int | None = None
+                        ) -> SamplingParams:
+        """The request's SamplingParams with the model's generation defaults (400 if bad)."""
+        try:
+            params = req.sampling_params(max_tokens=max_tokens, logprobs=logprobs,
+                                         defaults=self.defaults)
+        except ValueError as exc:
+            raise APIError.bad_request(exc, set(type(req).model_fields)) from exc
+        if prompt_logprobs is not None and params.prompt_logprobs is None:
+            params = dataclasses.replace(params, prompt_logprobs=prompt_logprobs)
+        return params
+
+    async def prepare(self, req: P._CommonFields, prompts: Sequence[PromptType],
+                      params: SamplingParams, *, requested_max_tokens: int | None
+                      ) -> tuple[list[PreparedPrompt], SamplingParams]:
+        """Tokenize and validate every prompt off the engine thread; check each against the
+        context as vLLM's server does. Returns the prompts and the params to run them with
+        (max_tokens capped by the model's generation config, as vLLM)."""
+        fields = set(type(req).model_fields)
+        prepared = []
+        for prompt in prompts:
+            try:
+                text, ids, _ = await self.llm.process_inputs(
+                    prompt, params, add_special_tokens=req.add_special_tokens
+                )
+            except (ValueError, TypeError) as exc:
+                raise APIError.bad_request(exc, fields) from exc
+            try:
+                self.engine.input_processor.check_context_length(len(ids), requested_max_tokens)
+            except ValueError as exc:
+                raise APIError(400, str(exc), req.max_tokens_field) from exc
+            if text is None:
+                text = await self.llm.decode(ids)
+            prepared.append(PreparedPrompt(text, ids))
+        cap = self.defaults.get("max_tokens")
+        if cap is not None:
+            room = self.max_model_len - max(len(p.token_ids) for p in prepared)
+            limit = room if requested_max_tokens is None else requested_max_tokens
+            params = dataclasses.replace(params, max_tokens=min(cap, limit))
+        return prepared, params
+
+    # ------------------------------------------------------------------ running
+    async def generate(self, raw: Request, req: P._CommonFields, base_id: str,
+                       response_id: str, prompts: list[PreparedPrompt],
+                       params: SamplingParams, fmt: ResponseFormat, *,
+                       echo_only: bool = False) -> Response:
+        """Run the prepared prompts as engine requests ``response_id`` (one prompt) or
+        ``{response_id}-{i}`` and answer: a JSON response, or an SSE stream; the
+        ``X-Request-Id`` header echoes ``base_id``. ``echo_only``: the generated tokens are
+        dropped (completions' echo with max_tokens 0)."""
+        run = _Run(self.llm, response_id, prompts, params, req.priority)
+        await run.start()
+        job = _Answer(run, req, fmt, echo_only)
+        headers = {"X-Request-Id": base_id}
+        if req.stream:
+            return _SSEResponse(job.events(), run, headers=headers)
+        try:
+            return await _until_disconnect(raw, job.full(), headers)
+        finally:
+            run.close()
+
+
+class _Run:
+    """The engine requests of one HTTP request (``{id}-{i}`` for prompt i), merged into one
+    stream of ``(prompt index, delta RequestOutput)``. ``close()`` aborts what is unfinished."""
+
+    def __init__(self, llm: AsyncLLM, request_id: str, prompts: list[PreparedPrompt],
+                 params: SamplingParams, priority: int) -> None:
+        self.llm, self.request_id, self.prompts = llm, request_id, prompts
+        self.params, self.priority = params, priority
+        self.streams: list[RequestStream] = []
+        self._pumps: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        single = len(self.prompts) == 1
+        try:
+            for i, p in enumerate(self.prompts):
+                engine_id = self.request_id if single else f"{self.request_id}-{i}"
+                self.streams.append(await self.llm.add_request(
+                    {"prompt": p.text, "prompt_token_ids": p.token_ids}, self.params,
+                    engine_id, priority=self.priority,
+                ))
+        except (ValueError, TypeError) as exc:
+            self.close()
+            raise APIError.bad_request(exc) from exc
+        except BaseException:
+            self.close()
+            raise
+
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, stream: RequestStream) -> None:
+            try:
+                async for out in stream:
+                    queue.put_nowait((i, out))
+            except BaseException as exc:  # handed to the consumer (EngineDeadError...)
+                queue.put_nowait((i, exc))
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+            else:
+                queue.put_nowait((i, None))
+
+        self._pumps = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(self.streams)]
+        remaining = len(self.streams)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+
+    def close(self) -> None:
+        """Abort every unfinished engine request of this run (idempotent)."""
+        for task in self._pumps:
+            task.cancel()
+        for stream in self.streams:
+            stream.close()
+
+
+class _Answer:
+    """Turns a run's delta outputs into the endpoint's chunks or its one response."""
+
+    def __init__(self, run: _Run, req: P._CommonFields, fmt: ResponseFormat,
+                 echo_only: bool) -> None:
+        self.run, self.req, self.fmt = run, req, fmt
+        self.n = req.n
+        self.echo_only = echo_only
+        self.choices = [ChoiceState(index=k, prompt=run.prompts[k // self.n])
+                        for k in range(len(run.prompts) * self.n)]
+
+    def update(self, i: int, out: RequestOutput) -> list[tuple[ChoiceState, CompletionOutput]]:
+        """Fold one delta into its choices; returns the (choice, delta) pairs."""
+        prompt = self.run.prompts[i]
+        if out.prompt_logprobs is not None and prompt.prompt_logprobs is None:
+            prompt.prompt_logprobs = out.prompt_logprobs
+        if out.error is not None:
+            raise APIError(500, f"The request failed while it was processed: {out.error}")
+        pairs = []
+        for c in out.outputs:
+            state = self.choices[i * self.n + c.index]
+            if self.echo_only:
+                c = CompletionOutput(c.index, "", [], None, [] if c.logprobs is not None
+                                     else None, "length" if c.finish_reason else None, None)
+            state.text += c.text
+            state.token_ids += c.token_ids
+            state.logprobs += c.logprobs or []
+            state.finish_reason, state.stop_reason = c.finish_reason, c.stop_reason
+            pairs.append((state, c))
+        return pairs
+
+    def usage(self, state: ChoiceState | None = None) -> R.UsageInfo:
+        """Whole-request usage; with ``state``, that choice's (continuous_usage_stats)."""
+        if state is None:
+            prompt = sum(len(p.token_ids) for p in self.run.prompts)
+            completion = sum(len(c.token_ids) for c in self.choices)
+        else:
+            prompt = len(state.prompt.token_ids)
+            completion = len(state.token_ids)
+        return R.UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
+                           total_tokens=prompt + completion)
+
+    async def full(self) -> Response:
+        async for i, out in self.run.outputs():
+            self.update(i, out)
+        body = self.fmt.response(self.choices, self.usage())
+        return JSONResponse(R.dump(body))
+
+    async def events(self) -> AsyncIterator[str]:
+        def sse(model: BaseModel) -> str:
+            return f"data: {json.dumps(R.dump(model), ensure_ascii=False)}\n\n"
+
+        continuous = self.req.continuous_usage_stats
+        try:
+            for state, chunk in zip(self.choices, self.fmt.prelude(self.choices)):
+                if continuous:
+                    chunk.usage = self.usage(state)
+                yield sse(chunk)
+            async for i, out in self.run.outputs():
+                for state, delta in self.update(i, out):
+                    choice = self.fmt.stream_choice(state, delta)
+                    if choice is not None:
+                        yield sse(self.fmt.chunk([choice], self.usage(state) if continuous
+                                                 else None))
+            if self.req.include_usage:
+                yield sse(self.fmt.chunk([], self.usage()))
+        except APIError as exc:
+            yield error_event(exc.status, exc.message)
+        except EngineDeadError as exc:
+            yield error_event(503, str(exc))
+        finally:
+            self.run.close()
+        yield "data: [DONE]\n\n"
+
+
+async def _until_disconnect(raw: Request, work, headers: dict[str, str]) -> Response:
+    """Await ``work`` unless the client disconnects first (then ``work`` is cancelled, which
+    aborts its requests, and an empty 499 response is returned to nobody)."""
+    task = asyncio.ensure_future(work)
+
+    async def listen() -> None:
+        while (await raw.receive())["type"] != "http.disconnect":
+            pass
+
+    listener = asyncio.ensure_future(listen())
+    try:
+        await asyncio.wait({task, listener}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        listener.cancel()
+    if task.done():
+        response = task.result()
+        response.headers.update(headers)
+        return response
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    return Response(status_code=499)
+
+
+class _SSEResponse(StreamingResponse):
+    """An SSE StreamingResponse that aborts its run however it ends, also when it is
+    cancelled before its body generator ever ran."""
+
+    def __init__(self, content: AsyncIterator[str], run: _Run, headers: dict[str, str]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self.run = run
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.run.close()

@@ -1,0 +1,18 @@
+"""Simulation on the real scheduler: a runner that predicts time, calibrated from real steps.
+
+``simulate(workload, config, cost_model)`` -> RunResult (as ``run_workload``); ``CostModel``
+(fit / predict / save / load); ``SimulatedRunner`` and ``SimClock`` (what an engine is built
+with for a simulation); ``calibrate`` (designed batches on a real engine -> CostModel);
+``accuracy`` (simulated vs real latencies on fresh workloads).
+"""
+
+from workbench.lab.sim.accuracy import AccuracyReport, accuracy
+from workbench.lab.sim.calibrate import CalibrationGrid, calibrate
+from workbench.lab.sim.clock import SimClock
+from workbench.lab.sim.cost_model import CostModel
+from workbench.lab.sim.features import FEATURES, step_features
+from workbench.lab.sim.simulate import simulate
+from workbench.lab.sim.simulated_runner import SimulatedRunner
+
+__all__ = ["FEATURES", "AccuracyReport", "CalibrationGrid", "CostModel", "SimClock", "SimulatedRunner",
+           "accuracy", "calibrate", "simulate", "step_features"]

@@ -1,0 +1,140 @@
+"""The command line of the simulator: ``workbench calibrate``, ``workbench simulate`` and
+``workbench simulate accuracy``. Engine options are EngineArgs' flags."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+
+
+def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
+    from workbench.config import EngineArgs
+
+    parser.add_argument("--output", "-o", default=None, help="save the cost model's JSON here")
+    parser.add_argument("--grid", choices=["default", "tiny"], default="default",
+                        help="default: about 1-2 min on a 2-core CPU with the embedded model; tiny: seconds")
+    parser.add_argument("--repeats", type=int, default=None, help="runs of each phase (default 3)")
+    parser.add_argument("--aggregate", choices=["median", "min"], default="median",
+                        help="a step's duration over its repeats: median (default), or min on a busy machine")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_threads_argument(parser)
+    EngineArgs.add_cli_args(parser)
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads of this process (default: torch's); a cost model describes "
+                             "the engine at one thread count, and one thread is the steadiest on a small VM")
+
+
+def set_threads(threads: int | None) -> None:
+    """``torch.set_num_threads(threads)`` unless None; ValueError names the flag below 1."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}.")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def calibrate_main(args: argparse.Namespace) -> int:
+    """Run the grid on the real engine, print the coefficient table, save the JSON."""
+    from workbench.config import EngineArgs
+    from workbench.lab.sim.calibrate import CalibrationGrid, calibrate, coefficient_table
+
+    grid = CalibrationGrid.tiny() if args.grid == "tiny" else CalibrationGrid()
+    try:
+        set_threads(args.threads)
+        if args.repeats is not None:
+            if args.repeats < 1:
+                raise ValueError(f"--repeats must be >= 1, got {args.repeats}.")
+            grid = dataclasses.replace(grid, repeats=args.repeats)
+        model = calibrate(EngineArgs.from_cli_args(args).create_engine_config(), grid, progress=not args.quiet,
+                          aggregate=args.aggregate)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    hw = model.hardware
+    print(f"{model.model.get('name')} on {hw.get('gpu') or hw.get('cpu')} "
+          f"({hw.get('threads')} threads, torch {hw.get('torch')})")
+    print(coefficient_table(model))
+    if args.output:
+        print(f"saved to {model.save(args.output)}")
+    return 0
+
+
+def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
+    from workbench.config import EngineArgs
+
+    parser.add_argument("mode", nargs="?", choices=["run", "accuracy"], default="run",
+                        help="run: simulate a workload and print its summary (default); "
+                             "accuracy: simulated vs real latencies on fresh workloads")
+    parser.add_argument("--cost-model", default=None,
+                        help="a cost model's JSON (default: the shipped CPU calibration of the embedded model)")
+    parser.add_argument("--workload", default=None, help="a Workload JSON (Workload.save); else a Poisson one:")
+    parser.add_argument("--num-requests", type=int, default=None,
+                        help="requests of the Poisson workload (default 100; accuracy: 40 per rate)")
+    parser.add_argument("--rate", type=float, default=4.0, help="arrivals per second (per step with --clock steps)")
+    parser.add_argument("--rates", type=float, nargs="+", default=[4.0, 12.0], help="accuracy: the Poisson rates")
+    parser.add_argument("--real-runs", type=int, default=3,
+                        help="accuracy: timed real runs per workload (a request's real latency is their median)")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="accuracy: calibrate on this machine first (default grid) instead of loading a cost model")
+    parser.add_argument("--input-len", type=int, nargs=2, default=[16, 256], metavar=("LOW", "HIGH"))
+    parser.add_argument("--output-len", type=int, nargs=2, default=[4, 128], metavar=("LOW", "HIGH"))
+    parser.add_argument("--token-ids", action="store_true", help="prompts as token ids (no text to tokenize)")
+    parser.add_argument("--workload-seed", type=int, default=1, help="seed of the Poisson workload")
+    parser.add_argument("--clock", choices=["wall", "steps"], default="wall")
+    parser.add_argument("--progress", action="store_true", help="a progress bar over requests")
+    add_threads_argument(parser)
+    EngineArgs.add_cli_args(parser)
+
+
+def simulate_main(args: argparse.Namespace) -> int:
+    from workbench.config import EngineArgs
+    from workbench.lab.sim.accuracy import accuracy, default_workloads
+    from workbench.lab.sim.cost_model import as_cost_model
+    from workbench.lab.sim.simulate import simulate
+    from workbench.lab.workload import Workload
+
+    try:
+        set_threads(args.threads)
+        config = EngineArgs.from_cli_args(args).create_engine_config()
+        if args.calibrate and (args.mode != "accuracy" or args.cost_model):
+            raise ValueError("--calibrate goes with `simulate accuracy` and without --cost-model.")
+        if args.real_runs < 1:
+            raise ValueError(f"--real-runs must be >= 1, got {args.real_runs}.")
+        if args.calibrate:
+            from workbench.lab.sim.calibrate import calibrate, coefficient_table
+
+            model = calibrate(config, progress=args.progress)
+            print(coefficient_table(model))
+        else:
+            model = as_cost_model(args.cost_model)
+        if args.mode == "accuracy":
+            report = accuracy(model, config, workloads=default_workloads(args.num_requests or 40, tuple(args.rates)),
+                              repeats=args.real_runs, progress=args.progress)
+            print(report)
+            print(f"within 5% and identical schedules: {report.ok}")
+            return 0
+        if args.workload:
+            workload = Workload.load(args.workload)
+        else:
+            workload = Workload.poisson(args.num_requests or 100, rate=args.rate, input_len=tuple(args.input_len),
+                                        output_len=tuple(args.output_len), seed=args.workload_seed, text=not args.token_ids)
+        start = time.perf_counter()
+        result = simulate(workload, config, model, clock=args.clock, progress=args.progress)
+        took = time.perf_counter() - start
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(result)
+    for key, value in result.summary().items():
+        print(f"  {key:<24} {value:.6g}" if isinstance(value, float) else f"  {key:<24} {value}")
+    print(f"simulated {len(workload)} requests in {took:.2f} s of wall time: "
+          f"{len(workload) / took:,.0f} requests/s, {result.num_steps / took:,.0f} steps/s; "
+          f"{result.wall_s:.2f} simulated seconds")
+    return 0

@@ -1,0 +1,43 @@
+"""The features of a step's batch that its duration is modelled from (see CostModel).
+
+All are read from the SchedulerOutput alone, so a real run's records and a simulated step
+give the same numbers:
+
+* ``step``: 1 for every step that runs a batch (fixed cost: launches, Python, the driver);
+* ``prefill_step``: 1 for a step with at least one prefill chunk (the prefill path's own
+  fixed cost: its attention plan, masks and kernels; about 1.2 ms for the embedded model on
+  CPU, against 0.8 ms for a whole one-sequence decode step);
+* ``prefill_tokens``: tokens of prefill chunks (weights x tokens: the matmuls);
+* ``prefill_chunks``: prefill chunks (each is its own attention call per layer, with its own
+  gathers and mask);
+* ``decode_seqs``: decode chunks, one token each (matmuls, sampling, per-row work);
+* ``decode_seqs_sqrt``: its square root -- a decode's cost per sequence falls as the batch
+  grows (one row is a matrix-vector product on one thread, many rows a matrix product on all),
+  so the cost is concave in the batch size;
+* ``decode_context``: KV tokens the decode rows attend to (sum of their ``seq_len``);
+* ``prefill_attention``: query x key pairs of the prefill chunks, ``q * (computed + (q + 1) / 2)``
+  per chunk (a chunk's tokens times the context they attend to, causal).
+"""
+
+from __future__ import annotations
+
+from workbench.core.sched.output import SchedulerOutput
+
+FEATURES = ("step", "prefill_step", "prefill_tokens", "prefill_chunks", "decode_seqs", "decode_seqs_sqrt", "decode_context", "prefill_attention")
+
+
+def step_features(so: SchedulerOutput) -> tuple[float, ...]:
+    """The FEATURES of ``so``, in order; all zero for an empty step."""
+    if not so.scheduled:
+        return (0.0,) * len(FEATURES)
+    prefill = chunks = decode = context = attention = 0
+    for s in so.scheduled:
+        if s.is_prefill:
+            q = s.num_new_tokens
+            prefill += q
+            chunks += 1
+            attention += q * (s.num_computed_tokens + (q + 1) / 2)
+        else:
+            decode += 1
+            context += s.num_computed_tokens + s.num_new_tokens
+    return (1.0, 1.0 if chunks else 0.0, float(prefill), float(chunks), float(decode), decode ** 0.5, float(context), float(attention))

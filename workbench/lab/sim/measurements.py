@@ -1,0 +1,75 @@
+"""What a measured step's duration is: the number a CostModel is fitted to and predicts.
+
+A real step produces its tokens at the end of its ``sample`` stage: that is when the scheduler
+stamps first tokens and finishes. So a step's duration is the wall time from the previous
+step's tokens to this step's tokens, as a driver (``run_workload``, ``LLMEngine.replay``, a
+serving loop) sees it: the previous step's ``output`` and ``record`` stages (detokenization,
+outputs; the history record, stats and hooks), the driver's own time between the two steps
+(``timings["driver"]``: adding arrivals, reading outputs), then this step's ``schedule``,
+``prepare``, ``forward`` and ``sample``.
+The engine records the driver's share only when the previous step left unfinished work, so an
+idle wait never counts; a step without it (the first of a run or after idle) is its own four
+stages only: what comes before it -- the wake-up, the arrival's input processing -- is the
+cost model's ``wake_s`` and ``input_s``. The simulated clock advances by exactly this duration
+per step (plus those) and stamps tokens at its end, as the real engine does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from workbench.core.request_events import RequestArrived
+from workbench.engine.history import TIMING_STAGES, StepRecord
+from workbench.lab.sim.features import step_features
+
+#: The stages of a step that come after its tokens: they count towards the next step.
+AFTER_TOKENS = ("output", "record")
+
+
+def records_of(source) -> list[StepRecord]:
+    """The StepRecords of a StepHistory, a RunResult, or an iterable of either / of records."""
+    if hasattr(source, "history") and not isinstance(source, StepRecord):
+        source = source.history
+    out: list[StepRecord] = []
+    for item in source:
+        if isinstance(item, StepRecord):
+            out.append(item)
+        else:
+            out.extend(records_of(item))
+    return out
+
+
+def measured_steps(records: Iterable[StepRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(features [n, F], durations [n], empty [n] bool)`` of every record with timings.
+
+    Raises ValueError when no record carries timings (a history that was not measured)."""
+    records = [r for r in records if r.timings]
+    if not records:
+        raise ValueError("no step with timings to fit: give the StepHistory of a real run "
+                         "(a simulated or empty history has none).")
+    features = np.array([step_features(r.scheduler_output) for r in records], dtype=np.float64)
+    durations = []
+    for i, r in enumerate(records):
+        t = r.timings
+        own = sum(t.get(k, 0.0) for k in TIMING_STAGES if k not in AFTER_TOKENS)
+        if "driver" in t and i and records[i - 1].step == r.step - 1:
+            own += t["driver"] + sum(records[i - 1].timings.get(k, 0.0) for k in AFTER_TOKENS)
+        durations.append(own)
+    durations = np.array(durations, dtype=np.float64)
+    empty = np.array([not r.scheduler_output.scheduled for r in records])
+    return features, durations, empty
+
+
+def driver_arrivals(records: Iterable[StepRecord]) -> np.ndarray:
+    """``[n, 3]``: per record with timings (the rows of :func:`measured_steps`), the driver's
+    time before it (NaN when not recorded: after idle), the requests that arrived for it and
+    their prompt tokens -- what the input processing of arrivals is fitted from."""
+    rows = []
+    for r in records:
+        if not r.timings:
+            continue
+        arrived = [e.num_prompt_tokens for e in r.request_events if isinstance(e, RequestArrived)]
+        rows.append((r.timings.get("driver", np.nan), len(arrived), sum(arrived)))
+    return np.array(rows, dtype=np.float64).reshape(-1, 3)

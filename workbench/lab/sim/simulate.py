@@ -1,0 +1,94 @@
+"""simulate(): a workload on the real scheduler and KV cache with a SimulatedRunner.
+
+Returns the same :class:`~workbench.lab.run.RunResult` as :func:`workbench.lab.compare.run_workload`
+(StepRecords, request metrics in simulated seconds), so plots, widgets and ``compare_runs``
+read it alike. Clocks (see :mod:`workbench.lab.run`): ``"wall"`` -- arrivals at their
+``arrival_time`` on the simulated clock, which each step advances by the cost model's
+duration and an idle engine jumps to the next arrival; ``"steps"`` -- arrivals by step, and
+the schedule is the one a real ``run_workload(..., clock="steps")`` makes.
+
+Every request is run with ``detokenize=False`` and ``output_kind=FINAL_ONLY`` (its tokens
+are fillers, so its text means nothing), unless it has stop strings (which need text).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from workbench.config import EngineConfig
+from workbench.engine.llm_engine import LLMEngine
+from workbench.utils.heap import rare_collections
+from workbench.lab.run import RunResult, drive, resolve_config
+from workbench.sampling_params import RequestOutputKind
+from workbench.lab.sim.clock import SimClock
+from workbench.lab.sim.cost_model import CostModel, as_cost_model
+from workbench.lab.sim.simulated_runner import SimulatedRunner
+from workbench.lab.workload import LengthSpec, Workload, WorkloadRequest, _lengths
+
+
+def simulate(
+    workload: Workload,
+    config: EngineConfig | dict | None = None,
+    cost_model: CostModel | str | None = None,
+    *,
+    clock: str = "wall",
+    progress: bool = False,
+    output_len: LengthSpec | None = None,
+    seed: int = 0,
+) -> RunResult:
+    """Simulate ``workload`` on an engine built from ``config`` (as ``run_workload``).
+
+    ``cost_model``: a CostModel, a path to its JSON, or None for the shipped calibration of
+    the embedded model on CPU. Output lengths: a request with ``ignore_eos`` runs to its
+    ``max_tokens``; the others need ``output_len`` (an int, a ``(low, high)`` range, one
+    length per request or ``fn(rng, n)``), drawn per request in workload order from
+    ``seed``, and end with eos at that length (or at ``max_tokens`` if shorter).
+    A top-level function of picklable arguments: process pools can run it.
+    """
+    if not isinstance(workload, Workload):
+        workload = Workload(workload)
+    config = resolve_config(config)
+    model = as_cost_model(cost_model)
+    lengths = _output_lengths(workload, output_len, seed)
+    sim_clock = SimClock()
+    engine = LLMEngine(
+        config,
+        make_runner=functools.partial(SimulatedRunner, cost_model=model, clock=sim_clock,
+                                      output_lengths=lengths),
+        clock=sim_clock,
+    )
+    engine.runner.tokenizer = engine.tokenizer
+    with rare_collections():
+        result = drive(engine, Workload([_lean(r) for r in workload], workload.info), clock=clock,
+                       progress=progress, exclusive=True)
+    return dataclasses.replace(result, workload=workload, simulated=True)
+
+
+def _output_lengths(workload: Workload, output_len: LengthSpec | None, seed: int) -> dict[str, int]:
+    """Drawn lengths of the requests that do not ignore eos; ValueError naming what is missing."""
+    for r in workload:
+        p = r.params
+        if p.logprobs is not None or p.prompt_logprobs is not None:
+            raise ValueError(f"request {r.request_id!r}: logprobs are not simulated (logprobs={p.logprobs}, "
+                             f"prompt_logprobs={p.prompt_logprobs}); leave them None for simulate().")
+    open_ended = [r for r in workload if not r.params.ignore_eos]
+    if not open_ended:
+        return {}
+    if output_len is None:
+        raise ValueError(
+            f"{len(open_ended)} request(s), the first {open_ended[0].request_id!r}, have no exact output "
+            "length: give them max_tokens with ignore_eos=True, or pass simulate(output_len=...) to draw one.")
+    drawn = _lengths("output_len", output_len, len(workload), np.random.default_rng(seed), low=1)
+    return {r.request_id: n for r, n in zip(workload, drawn) if not r.params.ignore_eos}
+
+
+def _lean(request: WorkloadRequest) -> WorkloadRequest:
+    """The request with no text made and one output (at the end), unless stop strings need text."""
+    p = request.params
+    if p.stop_strings or (not p.detokenize and p.output_kind is RequestOutputKind.FINAL_ONLY):
+        return request
+    params = dataclasses.replace(p, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+    return dataclasses.replace(request, params=params)

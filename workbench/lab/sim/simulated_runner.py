@@ -1,0 +1,147 @@
+"""SimulatedRunner: the ModelRunner's interface with no model: time is predicted, tokens are fillers.
+
+The engine builds it in place of the ModelRunner (``LLMEngine(make_runner=...)``), so the
+real Scheduler and KVCacheManager run unchanged. Each ``execute`` advances the simulated clock
+by the CostModel's duration for the batch and gives every sampling request one token:
+
+* a *filler* that can never end it by accident: not its eos, not one of its
+  ``stop_token_ids``, within ``allowed_token_ids`` when given, and (with a tokenizer bound)
+  sharing no character with its stop strings;
+* its eos (or first stop token id) when the request reaches its drawn output length
+  (``output_lengths``, for requests that do not ignore eos).
+
+A request with ``ignore_eos`` runs to ``max_tokens`` (the scheduler's length cap).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from workbench.core.sched.output import SchedulerOutput
+from workbench.model.model_config import ModelConfig
+from workbench.request import Request
+from workbench.worker.model_runner import RunnerOutput
+from workbench.lab.sim.clock import SimClock
+from workbench.lab.sim.cost_model import CostModel
+from workbench.lab.sim.features import step_features
+
+
+class SimulatedRunner:
+    """Predicts each step's duration with ``cost_model`` on ``clock``; holds no weights and
+    no KV tensors (pool sizing is the ModelRunner's, from the model's config.json shapes)."""
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        *,
+        device: torch.device,
+        block_size: int,
+        attention_backend: str,
+        load_format: str = "auto",
+        seed: int = 0,
+        batch_invariant: bool = False,
+        cost_model: CostModel,
+        clock: SimClock,
+        output_lengths: Mapping[str, int] | None = None,
+    ) -> None:
+        self.model_config = model_config
+        self.device = device
+        self.block_size = block_size
+        self.attention_backend = attention_backend
+        self.cost_model = cost_model
+        #: Nothing to compute, so nothing to keep invariant: a cost model calibrated on an
+        #: engine with ``batch_invariant=True`` prices that mode.
+        self.batch_invariant = batch_invariant
+        self.clock = clock
+        #: Output length per request id (children ``"{i}_{id}"`` of ``n > 1`` use their parent's).
+        self.output_lengths = dict(output_lengths or {})
+        #: Set to the engine's tokenizer so that fillers avoid stop strings' characters.
+        self.tokenizer = None
+        self.num_blocks = 0
+        self.sync_timings = False
+        self._fillers: dict[tuple, int] = {}  # (eos, stop ids, stop strings, allowed) -> filler
+
+    # ------------------------------------------------------------ ModelRunner's interface
+    def determine_num_blocks(self, *, num_kv_blocks: int | None, kv_cache_memory_bytes: int,
+                             gpu_memory_utilization: float, max_num_batched_tokens: int,
+                             max_num_kv_blocks: int = 2**18) -> int:
+        """``num_kv_blocks``, else ``kv_cache_memory_bytes`` // bytes per block of this model
+        (as on CPU; a simulated GPU has no memory to profile: give either), at most
+        ``max_num_kv_blocks``."""
+        if num_kv_blocks is not None:
+            return num_kv_blocks
+        per_block = self.model_config.kv_cache_bytes_per_block(self.block_size)
+        num_blocks = kv_cache_memory_bytes // per_block
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_memory_bytes={kv_cache_memory_bytes} holds no KV block "
+                             f"({per_block} bytes each); raise it or pass num_kv_blocks.")
+        return min(num_blocks, max_num_kv_blocks)
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks  # no tensors: nothing is computed
+
+    def warm_up(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        """Nothing to compile."""
+
+    def execute(self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request]) -> RunnerOutput:
+        """Advance the clock by the predicted duration, plus the wake-up cost for the first
+        batch after idle and the input processing of the text prompts that arrived since the
+        last step; one token per sampling request."""
+        if not scheduler_output.scheduled:
+            seconds = self.cost_model.empty_step_s
+            self.clock.advance(seconds)
+            return RunnerOutput(timings={"simulated": seconds})
+        model, clock = self.cost_model, self.clock
+        seconds = model.predict(step_features(scheduler_output))
+        if clock.idle_s:  # the first batch after the engine sat idle
+            seconds += model.wake_s
+            clock.idle_s = 0.0
+        if clock.text_prompt_tokens:  # the driver tokenized these prompts before this step
+            seconds += model.input_cost(clock.text_prompt_tokens)
+            clock.text_prompt_tokens = []
+        clock.advance(seconds)
+        sampled = {s.request_id: self._next_token(requests[s.request_id])
+                   for s in scheduler_output.scheduled if s.samples}
+        return RunnerOutput(sampled_token_ids=sampled, timings={"forward": seconds, "simulated": seconds})
+
+    # ------------------------------------------------------------ tokens
+    def _next_token(self, request: Request) -> int:
+        params = request.sampling_params
+        if not params.ignore_eos:
+            rid = request.request_id
+            target = self.output_lengths.get(rid)
+            if target is None and "_" in rid:
+                target = self.output_lengths.get(rid.split("_", 1)[1])
+            if target is not None and request.num_output_tokens + 1 >= max(target, params.min_tokens):
+                return request.eos_token_id if request.eos_token_id is not None else params.stop_token_ids[0]
+        key = (request.eos_token_id, tuple(params.stop_token_ids), params.stop_strings,
+               tuple(params.allowed_token_ids or ()))
+        token = self._fillers.get(key)
+        if token is None:
+            token = self._fillers[key] = self._filler(*key)
+        return token
+
+    def _filler(self, eos: int | None, stop_ids: tuple[int, ...], stops: tuple[str, ...],
+                allowed: tuple[int, ...]) -> int:
+        banned = set(stop_ids) | {eos}
+        stop_chars = set("".join(stops))
+        for token in allowed or range(self.model_config.vocab_size - 1, -1, -1):
+            if token in banned:
+                continue
+            if stop_chars and self.tokenizer is not None:
+                text = self.tokenizer.decode([token])
+                if not text or not stop_chars.isdisjoint(text):
+                    continue
+            return token
+        raise ValueError("no token can be simulated: every allowed token is a stop token or "
+                         "contains a character of a stop string.")
+
+    def __repr__(self) -> str:
+        return (f"SimulatedRunner(model={self.model_config.path.name}, blocks={self.num_blocks}x"
+                f"{self.block_size}, clock={self.clock.now:.6f})")
+
+    def _repr_html_(self) -> str:
+        return (f"<b>SimulatedRunner</b>: {self.model_config.path.name}, {self.num_blocks} blocks x "
+                f"{self.block_size}, simulated time {self.clock.now:.6f} s")

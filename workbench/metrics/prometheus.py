@@ -1,0 +1,146 @@
+"""PrometheusStatLogger: the engine's statistics as vLLM's ``vllm:`` Prometheus series.
+
+Names, types and labels follow vLLM, so dashboards and alerts written for vLLM resolve:
+every series carries ``model_name``; counters are exposed with the ``_total`` suffix;
+``vllm:request_success`` adds ``finished_reason``. Each logger owns its own
+``CollectorRegistry`` (``.registry``), so several engines in one process never clash;
+serve it with ``prometheus_client.generate_latest(logger.registry)``.
+No web framework is imported here.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from workbench.utils.reprs import html_table
+from workbench.metrics.stats import IterationStats, SchedulerStats, StatLoggerBase
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+def one_two_five(low: float, high: float) -> list[float]:
+    """Bucket bounds 1, 2, 5 times powers of ten from ``low`` up to ``high`` (inclusive)."""
+    bounds: list[float] = []
+    decade = low
+    while decade <= high:
+        for m in (1, 2, 5):
+            value = round(decade * m, 6)
+            if value <= high:
+                bounds.append(value)
+        decade *= 10
+    return bounds
+
+
+class PrometheusStatLogger(StatLoggerBase):
+    """Records every step into vLLM-named gauges, counters and histograms (see module doc).
+
+    ``log()`` does nothing: Prometheus pulls. Gauges show the latest step's state.
+    """
+
+    def __init__(self, model_name: str, *, max_model_len: int = 100_000) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        reg = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=reg).labels(model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=reg).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=reg).labels(model_name)
+
+        seconds = one_two_five(0.001, 1000.0)
+        tokens = one_two_five(1, max_model_len)
+        self.num_requests_running = gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.num_requests_waiting = gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_cache_usage_perc = gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_cache_queries = counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_cache_hits = counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.num_preemptions = counter(
+            "vllm:num_preemptions", "Cumulative number of preemptions from the engine.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.")
+        success = Counter(
+            "vllm:request_success", "Count of successfully processed requests.",
+            labels + ["finished_reason"], registry=reg,
+        )
+        self.request_success = {r: success.labels(model_name, r) for r in FINISH_REASONS}
+        self.time_to_first_token = histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+            seconds)
+        self.inter_token_latency = histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+            seconds)
+        self.time_per_output_token = histogram(
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds (the inter-token latencies).", seconds)
+        self.request_time_per_output_token = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.", seconds)
+        self.e2e_request_latency = histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+            seconds)
+        self.request_queue_time = histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.", seconds)
+        self.request_inference_time = histogram(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.", seconds)
+        self.request_prefill_time = histogram(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.", seconds)
+        self.request_decode_time = histogram(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.", seconds)
+        self.request_prompt_tokens = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
+        self.request_generation_tokens = histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens)
+        self.iteration_tokens = histogram(
+            "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+            [2.0**i for i in range(15)])
+
+    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
+        s, it = scheduler_stats, iteration_stats
+        self.num_requests_running.set(s.num_running_reqs)
+        self.num_requests_waiting.set(s.num_waiting_reqs)
+        self.kv_cache_usage_perc.set(s.kv_cache_usage)
+        self.prefix_cache_queries.inc(s.prefix_cache_queries)
+        self.prefix_cache_hits.inc(s.prefix_cache_hits)
+        self.num_preemptions.inc(s.num_preemptions)
+        self.prompt_tokens.inc(it.num_prompt_tokens)
+        self.generation_tokens.inc(it.num_generation_tokens)
+        if it.num_prompt_tokens or it.num_generation_tokens:
+            self.iteration_tokens.observe(it.num_prompt_tokens + it.num_generation_tokens)
+        for ttft in it.time_to_first_tokens_iter:
+            self.time_to_first_token.observe(ttft)
+        for itl in it.inter_token_latencies_iter:
+            self.inter_token_latency.observe(itl)
+            self.time_per_output_token.observe(itl)
+        for f in it.finished_requests:
+            self.request_success[f.finish_reason].inc()
+            self.e2e_request_latency.observe(f.e2e_latency)
+            self.request_queue_time.observe(f.queued_time)
+            self.request_inference_time.observe(f.inference_time)
+            self.request_prefill_time.observe(f.prefill_time)
+            self.request_decode_time.observe(f.decode_time)
+            self.request_prompt_tokens.observe(f.num_prompt_tokens)
+            self.request_generation_tokens.observe(f.num_generation_tokens)
+            self.request_time_per_output_token.observe(f.mean_time_per_output_token)
+
+    def __repr__(self) -> str:
+        return f"PrometheusStatLogger(model_name={self.model_name!r})"
+
+    def _repr_html_(self) -> str:
+        series = sorted({m.name for m in self.registry.collect()})
+        return html_table("PrometheusStatLogger", {
+            "model_name": self.model_name, "series": ", ".join(series)})

@@ -1,0 +1,156 @@
+"""Engine statistics as vLLM's stat loggers see them.
+
+Each ``LLMEngine.step()`` builds one :class:`SchedulerStats` (the queues and the KV cache
+after the step, and this step's prefix-cache and preemption counts) and one
+:class:`IterationStats` (tokens of the step, first-token and inter-token latencies of the
+requests that got tokens, and a :class:`FinishedRequestStats` per request that finished),
+and hands both to every registered :class:`StatLoggerBase` (``record``).
+``LLMEngine.do_log_stats()`` calls each logger's ``log``. Two loggers ship: the periodic
+log line (:class:`LoggingStatLogger`) and the Prometheus exporter
+(``workbench.metrics.prometheus.PrometheusStatLogger``). A notebook subclasses StatLoggerBase for its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+
+from workbench.utils.reprs import html_table
+
+logger = logging.getLogger("workbench")
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """The scheduler and KV cache after one step; counts marked "this step" are increments."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0  # in [0, 1]
+    num_free_blocks: int = 0
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache this step
+    prefix_cache_hits: int = 0  # of those, tokens found
+    num_preemptions: int = 0  # requests preempted this step
+
+    def _repr_html_(self) -> str:
+        return html_table("SchedulerStats", asdict(self))
+
+
+@dataclass(frozen=True)
+class FinishedRequestStats:
+    """One finished request (one sequence of an n > 1 request): its latencies in seconds."""
+
+    finish_reason: str
+    e2e_latency: float  # arrival -> finished
+    time_to_first_token: float  # arrival -> first token (e2e when none came)
+    queued_time: float  # arrival -> first scheduled
+    prefill_time: float  # first scheduled -> first token
+    decode_time: float  # first token -> last token
+    inference_time: float  # first scheduled -> last token
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    mean_time_per_output_token: float  # decode_time / (generation tokens - 1); 0 for one token
+
+    def __repr__(self) -> str:  # times vary from run to run: counts only
+        return (
+            f"FinishedRequestStats(finish_reason={self.finish_reason!r}, "
+            f"num_prompt_tokens={self.num_prompt_tokens}, "
+            f"num_generation_tokens={self.num_generation_tokens})"
+        )
+
+    def _repr_html_(self) -> str:
+        return html_table("FinishedRequestStats", {
+            k: f"{v:.4f} s" if isinstance(v, float) else v for k, v in asdict(self).items()})
+
+
+@dataclass
+class IterationStats:
+    """What one step did: tokens, per-token latencies, finished requests."""
+
+    num_prompt_tokens: int = 0  # prompt (and recomputed) tokens computed this step
+    num_generation_tokens: int = 0  # tokens sampled this step
+    time_to_first_tokens_iter: list[float] = field(default_factory=list)  # arrival -> first token
+    inter_token_latencies_iter: list[float] = field(default_factory=list)
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+
+    def __repr__(self) -> str:  # latencies vary from run to run: counts only
+        return (
+            f"IterationStats(num_prompt_tokens={self.num_prompt_tokens}, "
+            f"num_generation_tokens={self.num_generation_tokens}, "
+            f"first_tokens={len(self.time_to_first_tokens_iter)}, "
+            f"finished={[f.finish_reason for f in self.finished_requests]})"
+        )
+
+    def _repr_html_(self) -> str:
+        def ms(values: list[float]) -> str:
+            return ", ".join(f"{v * 1e3:.1f} ms" for v in values) or "-"
+
+        return html_table("IterationStats", {
+            "prompt tokens": self.num_prompt_tokens,
+            "generation tokens": self.num_generation_tokens,
+            "time to first token": ms(self.time_to_first_tokens_iter),
+            "inter-token latency": ms(self.inter_token_latencies_iter),
+            "finished": ", ".join(f.finish_reason for f in self.finished_requests) or "-",
+        })
+
+
+class StatLoggerBase:
+    """A consumer of engine statistics (vLLM's interface).
+
+    ``record`` is called once per step with that step's stats; ``log`` when the engine's
+    ``do_log_stats()`` runs (periodically with ``EngineConfig.log_stats``, or by hand).
+    """
+
+    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
+        raise NotImplementedError
+
+    def log(self) -> None:
+        """Emit what was recorded since the last call (default: nothing)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def _repr_html_(self) -> str:
+        return html_table(type(self).__name__, {"kind": "stat logger"})
+
+
+class LoggingStatLogger(StatLoggerBase):
+    """vLLM's periodic line: throughputs since the last line, queues, KV usage, prefix hit rate.
+
+    ``last_line`` keeps the most recent line (also sent to the "workbench" logger at INFO).
+    """
+
+    def __init__(self) -> None:
+        self.last_line: str | None = None
+        self._scheduler_stats = SchedulerStats()
+        self._reset(time.monotonic())
+
+    def _reset(self, now: float) -> None:
+        self._since = now
+        self._prompt_tokens = self._generation_tokens = 0
+        self._queries = self._hits = 0
+
+    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
+        self._scheduler_stats = scheduler_stats
+        self._prompt_tokens += iteration_stats.num_prompt_tokens
+        self._generation_tokens += iteration_stats.num_generation_tokens
+        self._queries += scheduler_stats.prefix_cache_queries
+        self._hits += scheduler_stats.prefix_cache_hits
+
+    def log(self) -> None:
+        now = time.monotonic()
+        elapsed = max(now - self._since, 1e-9)
+        s = self._scheduler_stats
+        hit_rate = self._hits / self._queries if self._queries else 0.0
+        self.last_line = (
+            f"Avg prompt throughput: {self._prompt_tokens / elapsed:.1f} tokens/s, "
+            f"Avg generation throughput: {self._generation_tokens / elapsed:.1f} tokens/s, "
+            f"Running: {s.num_running_reqs} reqs, Waiting: {s.num_waiting_reqs} reqs, "
+            f"KV cache usage: {s.kv_cache_usage:.1%}, Prefix cache hit rate: {hit_rate:.1%}"
+        )
+        logger.info(self.last_line)
+        self._reset(now)
+
+    def _repr_html_(self) -> str:
+        return html_table("LoggingStatLogger", {"last line": self.last_line or "(none yet)"})

@@ -1,0 +1,427 @@
+"""ModelRunner: turns a SchedulerOutput into a packed batch, runs the model and samples.
+
+The batch is packed: every scheduled token of every request sits in one flat tensor, so
+decode (1 token), prefill, chunked prefill and prefix-cache hits are all the same call.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
+import torch
+
+from workbench.core.sched.output import SchedulerOutput
+from workbench.kernels import batch_invariant
+from workbench.model.attention import AttentionMetadata
+from workbench.model.llama import allocate_kv_caches
+from workbench.model.loader import load_model
+from workbench.model.model_config import ModelConfig
+from workbench.request import Request
+from workbench.worker.sampler import Sampler, TokenLogprobs
+
+logger = logging.getLogger("workbench")
+
+
+@dataclass(frozen=True)
+class BatchInputs:
+    """The tensors one forward pass consumes (built on the CPU; ``to(device)`` for the model).
+
+    ``input_ids``/``positions``/``slot_mapping`` have one entry per scheduled token;
+    ``block_tables``/``seq_lens`` one row per scheduled request (``query_start_loc`` one more);
+    ``logits_indices`` selects the last token of each request that samples this step, in the
+    order of ``sample_request_ids``.
+    """
+
+    request_ids: tuple[str, ...]
+    sample_request_ids: tuple[str, ...]
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    logits_indices: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    def to(self, device) -> BatchInputs:
+        """The same batch with every tensor on ``device`` (itself when already there).
+
+        To CUDA, each tensor goes through pinned host memory with a non-blocking copy, so the
+        host does not wait for the transfer (this batch's own tensors stay as they are: the
+        step's record keeps them)."""
+        device = torch.device(device)
+        if self.input_ids.device == device:
+            return self
+        pin = device.type == "cuda"
+        moved = {
+            f.name: (t.pin_memory() if pin else t).to(device, non_blocking=True)
+            for f in fields(self)
+            if isinstance(t := getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **moved)
+
+    def __repr__(self) -> str:
+        return (
+            f"BatchInputs(num_seqs={len(self.request_ids)}, num_tokens={self.num_tokens}, "
+            f"query_lens={self.query_lens()}, seq_lens={self.seq_lens.tolist()}, "
+            f"sampling={list(self.sample_request_ids)})"
+        )
+
+    def query_lens(self) -> list[int]:
+        return (self.query_start_loc[1:] - self.query_start_loc[:-1]).tolist()
+
+    def _repr_html_(self) -> str:
+        rows = []
+        starts = self.query_start_loc.tolist()
+        for i, rid in enumerate(self.request_ids):
+            a, b = starts[i], starts[i + 1]
+            rows.append(
+                "<tr>"
+                f"<td>{html.escape(rid)}</td><td>{b - a}</td><td>{self.seq_lens[i].item()}</td>"
+                f"<td>{self.positions[a].item()}..{self.positions[b - 1].item()}</td>"
+                f"<td>{self.block_tables[i][self.block_tables[i] >= 0].tolist()}</td>"
+                f"<td>{'yes' if rid in self.sample_request_ids else ''}</td></tr>"
+            )
+        return (
+            f"<b>BatchInputs</b>: {len(self.request_ids)} sequences, {self.num_tokens} tokens"
+            "<table><tr><th>request</th><th>query len</th><th>seq len</th><th>positions</th>"
+            "<th>block table</th><th>samples</th></tr>" + "".join(rows) + "</table>"
+        )
+
+
+def build_batch_inputs(
+    scheduler_output: SchedulerOutput, block_size: int, table_width: int | None = None
+) -> BatchInputs:
+    """Pack the scheduled chunks into flat CPU tensors: plain Python lists, one tensor each.
+
+    ``block_tables`` has ``table_width`` columns (padding -1) when given, so that its shape
+    does not change from step to step (compiled kernels see one stride); else as many as the
+    longest table of the step.
+    """
+    scheduled = scheduler_output.scheduled
+    width = table_width or max(len(s.block_ids) for s in scheduled)
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    tables = np.full((len(scheduled), width), -1, dtype=np.int32)
+    query_start_loc = [0]
+    logits_indices: list[int] = []
+    for i, s in enumerate(scheduled):
+        blocks = s.block_ids
+        input_ids.extend(s.token_ids)
+        span = range(s.num_computed_tokens, s.seq_len)
+        positions.extend(span)
+        slots.extend(blocks[p // block_size] * block_size + p % block_size for p in span)
+        tables[i, :len(blocks)] = blocks
+        query_start_loc.append(query_start_loc[-1] + s.num_new_tokens)
+        if s.samples:
+            logits_indices.append(query_start_loc[-1] - 1)
+
+    def tensor(values, dtype):
+        return torch.tensor(values, dtype=dtype)
+
+    return BatchInputs(
+        request_ids=tuple(s.request_id for s in scheduled),
+        sample_request_ids=tuple(s.request_id for s in scheduled if s.samples),
+        input_ids=tensor(input_ids, torch.int64),
+        positions=tensor(positions, torch.int64),
+        slot_mapping=tensor(slots, torch.int64),
+        block_tables=torch.from_numpy(tables),
+        query_start_loc=tensor(query_start_loc, torch.int32),
+        seq_lens=tensor([s.seq_len for s in scheduled], torch.int32),
+        logits_indices=tensor(logits_indices, torch.int64),
+    )
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    """What one execute() produced, by request id: sampled tokens, their logprobs, prompt
+    logprobs ``(first prompt index, entries)`` of prefill chunks that asked, and the
+    requests whose sampling raised (``failed``: no token, the message); plus the batch
+    (None when nothing was scheduled) and timings (s)."""
+
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    batch: BatchInputs | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def token_logprobs(logits: torch.Tensor, targets: list[int], k: int) -> list[TokenLogprobs]:
+    """Raw logprobs (``log_softmax`` in fp32) of ``targets[i]`` under row ``i``: value, rank
+    (1 = most likely) and the ``k`` most likely tokens."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = torch.tensor(targets, device=logits.device).unsqueeze(1)
+    values = logprobs.gather(1, chosen)
+    ranks = ((logprobs > values).sum(dim=1) + 1).tolist()
+    top_lp, top_ids = logprobs.topk(min(k, logprobs.shape[1]), dim=-1)
+    return [
+        TokenLogprobs(token_id=t, logprob=v, rank=r, top=tuple(zip(ids, lps)))
+        for t, v, r, ids, lps in zip(
+            targets, values.squeeze(1).tolist(), ranks, top_ids.tolist(), top_lp.tolist()
+        )
+    ]
+
+
+class ModelRunner:
+    """Owns the model weights, the paged KV cache tensors and the sampler."""
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        *,
+        device: torch.device,
+        block_size: int,
+        attention_backend: str,
+        load_format: str = "auto",
+        seed: int = 0,
+        batch_invariant: bool = False,
+    ) -> None:
+        self.model_config = model_config
+        #: Run forward, logits and sampling in ``kernels.batch_invariant.batch_invariant_mode``:
+        #: a request's logits are bitwise the same in any batch, chunking or prefix-cache state.
+        self.batch_invariant = batch_invariant
+        self.device = device
+        self.block_size = block_size
+        self.attention_backend = attention_backend
+        torch.manual_seed(seed)
+        self.model = load_model(model_config, device=device, load_format=load_format, seed=seed)
+        self.model.eval()
+        self.sampler = Sampler(seed=seed)
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.num_blocks = 0
+        #: Compiled (Triton) kernels get block tables of one fixed width, the model length in
+        #: blocks, so that no step brings a new shape to compile for.
+        self.table_width = (
+            -(-model_config.max_model_len // block_size) if attention_backend == "triton" else None
+        )
+        #: On CUDA the host does not wait for the device except for the sampled tokens; so the
+        #: "forward" timing is launch time and the wait shows in "sample". True: synchronise
+        #: around the forward so that each timing is the device's (one more sync per step).
+        self.sync_timings = False
+
+    def determine_num_blocks(
+        self,
+        *,
+        num_kv_blocks: int | None,
+        kv_cache_memory_bytes: int,
+        gpu_memory_utilization: float,
+        max_num_batched_tokens: int,
+        max_num_kv_blocks: int = 2**18,
+    ) -> int:
+        """How many KV blocks to allocate: explicit, or from a memory budget (at most
+        ``max_num_kv_blocks``: every block is also a Python object in the block pool).
+
+        CPU: ``kv_cache_memory_bytes`` // bytes per block. CUDA: after a profiling forward
+        pass of ``max_num_batched_tokens`` tokens, the part of
+        ``gpu_memory_utilization * total`` that weights and activations leave free, and no
+        more than the device has free now (other processes may hold memory).
+        """
+        per_block = self.model_config.kv_cache_bytes_per_block(self.block_size)
+        if num_kv_blocks is not None:
+            return num_kv_blocks
+        if self.device.type != "cuda":
+            budget = kv_cache_memory_bytes
+            source = f"kv_cache_memory_bytes={kv_cache_memory_bytes}"
+        else:
+            peak = self._profile_peak_memory(max_num_batched_tokens)
+            free, total = torch.cuda.mem_get_info(self.device)
+            in_use = torch.cuda.memory_allocated(self.device)
+            budget = min(int(total * gpu_memory_utilization) - peak,
+                         free + torch.cuda.memory_reserved(self.device) - in_use
+                         - int(total * (1 - gpu_memory_utilization)))
+            source = (
+                f"gpu_memory_utilization={gpu_memory_utilization} of {total / 2**30:.1f} GiB, "
+                f"peak after profiling {peak / 2**30:.2f} GiB, free {free / 2**30:.1f} GiB"
+            )
+        num_blocks = budget // per_block
+        if num_blocks < 1:
+            raise ValueError(
+                f"No memory left for the KV cache ({source}; one block needs {per_block} bytes). "
+                "Raise the budget or pass num_kv_blocks."
+            )
+        if num_blocks > max_num_kv_blocks:
+            source += f"; capped by max_num_kv_blocks={max_num_kv_blocks} from {num_blocks}"
+            num_blocks = max_num_kv_blocks
+        logger.info("KV cache: %d blocks of %d tokens (%s)", num_blocks, self.block_size, source)
+        return num_blocks
+
+    @torch.inference_mode()
+    def _profile_peak_memory(self, num_tokens: int) -> int:
+        """Run one forward over ``num_tokens`` tokens with a throwaway cache; return peak bytes."""
+        num_tokens = min(num_tokens, self.model_config.max_model_len)
+        blocks = -(-num_tokens // self.block_size)
+        caches = allocate_kv_caches(self.model_config, blocks, self.block_size, self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        attn = AttentionMetadata(
+            slot_mapping=torch.arange(num_tokens, device=self.device),
+            block_tables=self._pad_table(torch.arange(blocks, dtype=torch.int32, device=self.device)[None]),
+            query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32, device=self.device),
+            seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=self.device),
+            backend=self.attention_backend,
+        )
+        ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
+        hidden = self.model(ids, torch.arange(num_tokens, device=self.device), caches, attn)
+        self.model.compute_logits(hidden[-1:])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        del caches, hidden
+        torch.cuda.empty_cache()
+        return peak
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.kv_caches = allocate_kv_caches(
+            self.model_config, num_blocks, self.block_size, self.device
+        )
+
+    def _pad_table(self, table: torch.Tensor) -> torch.Tensor:
+        """``table`` widened with -1 columns to ``table_width`` (unchanged without one)."""
+        if self.table_width is None or table.shape[1] >= self.table_width:
+            return table
+        return torch.nn.functional.pad(table, (0, self.table_width - table.shape[1]), value=-1)
+
+    @torch.inference_mode()
+    def warm_up(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        """Run the shapes of batch a serving run meets (decode of one and of many sequences, a
+        short and a long prefill, a mixed batch) once, so that compiled kernels are compiled
+        before the first request and never in the middle of a run. Writes no KV slot (slot -1);
+        reads block 0 only. Call it before any request holds blocks."""
+        if self.batch_invariant and not batch_invariant.enabled():  # compile the invariant variants
+            with batch_invariant.batch_invariant_mode():
+                return self.warm_up(max_num_seqs, max_num_batched_tokens)
+        max_len = self.model_config.max_model_len
+        n_decode = max(1, min(max_num_seqs, max_num_batched_tokens))
+        long_prefill = min(max_num_batched_tokens, max_len, 256)
+        shapes = [  # (query lengths, context lengths)
+            ([1], [min(max_len - 1, 4096)]),  # one long decode: split-KV on a GPU
+            ([1] * n_decode, [1] * n_decode),
+            ([min(16, max_len)], [0]),
+            ([long_prefill], [0]),
+            ([min(8, max_len - 1), 1], [1, 1]),
+        ]
+        for q_lens, ctx_lens in shapes:
+            seq_lens = [q + c for q, c in zip(q_lens, ctx_lens)]
+            num_tokens = sum(q_lens)
+            table = torch.zeros((len(q_lens), -(-max(seq_lens) // self.block_size)), dtype=torch.int32)
+            qsl = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+            attn = AttentionMetadata(
+                slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=self.device),
+                block_tables=self._pad_table(table).to(self.device),
+                query_start_loc=qsl.to(self.device),
+                seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=self.device),
+                backend=self.attention_backend,
+            )
+            positions = torch.cat([torch.arange(c, c + q) for q, c in zip(q_lens, ctx_lens)])
+            ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
+            hidden = self.model(ids, positions.to(self.device), self.kv_caches, attn)
+            self.model.compute_logits(hidden[qsl[1:].long().to(self.device) - 1])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def execute(
+        self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request]
+    ) -> RunnerOutput:
+        """Run one step's batch: prepare inputs, forward, sample the requests that need a token.
+
+        First forgets the per-request state (seeded generators) of the requests the
+        scheduler finished since the previous step; an empty step does only that.
+        ``timings`` add up to the whole call: ``prepare`` is all of it outside ``forward``
+        and ``sample`` (inputs, forgetting finished requests, entering inference mode).
+        """
+        start = time.perf_counter()
+        out = self._execute(scheduler_output, requests)
+        t = out.timings
+        t["prepare"] = time.perf_counter() - start - t.get("forward", 0.0) - t.get("sample", 0.0)
+        return out
+
+    @torch.inference_mode()
+    def _execute(
+        self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request]
+    ) -> RunnerOutput:
+        if self.batch_invariant and not batch_invariant.enabled():
+            with batch_invariant.batch_invariant_mode():
+                return self._execute(scheduler_output, requests)
+        for request_id in scheduler_output.finished_request_ids:
+            self.sampler.remove(request_id)
+        if not scheduler_output.scheduled:
+            return RunnerOutput()
+        sync = (
+            torch.cuda.synchronize
+            if self.device.type == "cuda" and self.sync_timings
+            else (lambda: None)
+        )
+        batch = build_batch_inputs(scheduler_output, self.block_size, self.table_width)  # kept on the record
+        inputs = batch.to(self.device)
+        attn = AttentionMetadata(
+            slot_mapping=inputs.slot_mapping,
+            block_tables=inputs.block_tables,
+            query_start_loc=inputs.query_start_loc,
+            seq_lens=inputs.seq_lens,
+            backend=self.attention_backend,
+        )
+        sync()
+        t1 = time.perf_counter()
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn)
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        sync()
+        t2 = time.perf_counter()
+        sampled: dict[str, int] = {}
+        logprobs: dict[str, TokenLogprobs] = {}
+        failed: dict[str, str] = {}
+        if batch.sample_request_ids:
+            rows = [requests[rid] for rid in batch.sample_request_ids]
+            out = self.sampler(logits, rows)
+            failed = dict(getattr(out, "failed", {}))
+            for rid, token, lp in zip(batch.sample_request_ids, out.token_ids, out.logprobs):
+                if rid in failed:
+                    continue
+                sampled[rid] = token
+                if lp is not None:
+                    logprobs[rid] = lp
+        prompt_logprobs = self._prompt_logprobs(scheduler_output, requests, hidden, failed)
+        for rid in failed:  # a request failed anywhere gets nothing else from this step
+            sampled.pop(rid, None)
+            logprobs.pop(rid, None)
+        t3 = time.perf_counter()
+        timings = {"forward": t2 - t1, "sample": t3 - t2}
+        return RunnerOutput(sampled, logprobs, prompt_logprobs, failed, batch, timings)
+
+    def _prompt_logprobs(
+        self,
+        scheduler_output: SchedulerOutput,
+        requests: Mapping[str, Request],
+        hidden: torch.Tensor,
+        failed: dict[str, str],
+    ) -> dict[str, tuple[int, list[TokenLogprobs]]]:
+        """Logprobs of the prompt tokens each chunk predicts, for requests that asked:
+        the chunk's position ``p`` predicts prompt token ``p + 1``. A request whose
+        computation raises goes into ``failed`` ("ExcType: message") instead."""
+        out: dict[str, tuple[int, list[TokenLogprobs]]] = {}
+        offset = 0
+        for chunk in scheduler_output.scheduled:
+            request = requests[chunk.request_id]
+            k = request.sampling_params.prompt_logprobs
+            # Positions start..last predict prompt tokens start+1..last+1.
+            start = chunk.num_computed_tokens
+            last = min(chunk.seq_len, request.num_prompt_tokens - 1) - 1
+            if k is not None and last >= start and chunk.request_id not in failed:
+                try:
+                    logits = self.model.compute_logits(hidden[offset : offset + last + 1 - start])
+                    targets = request.prompt_token_ids[start + 1 : last + 2]
+                    out[chunk.request_id] = (start + 1, token_logprobs(logits, targets, k))
+                except Exception as exc:  # noqa: BLE001 - isolate this request
+                    logger.error("prompt logprobs of request %r failed", chunk.request_id,
+                                 exc_info=exc)
+                    failed[chunk.request_id] = f"{type(exc).__name__}: {exc}"
+            offset += chunk.num_new_tokens
+        return out
