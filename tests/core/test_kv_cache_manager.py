@@ -10,6 +10,7 @@ import pytest
 
 from workbench.core.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock
 from workbench.core.kv_cache_manager import KVCacheManager
+from workbench.core.kv_events import BlockAllocated, BlockRemoved, describe
 from workbench.core.kv_cache_utils import ROOT_HASH, hash_block_tokens, hash_request_blocks
 from workbench.request import Request
 
@@ -60,7 +61,7 @@ def test_free_queue_order_and_o1_unlinking():
         q.append(blocks[3])
     for _ in range(3):
         q.popleft()
-    with pytest.raises(IndexError):
+    with pytest.raises(ValueError, match="^No free blocks available$"):  # vLLM's type and message
         q.popleft()
 
 
@@ -164,6 +165,23 @@ def test_cached_free_blocks_are_evicted_lazily_front_first():
     assert kv.pool.num_evicted == 2 and kv.num_cached_blocks == 0
     assert kv.blocks[0].block_hash is None and kv.blocks[0].token_ids == ()
     assert kv.get_computed_blocks(req("d", [1, 2, 3]))[1] == 0
+
+
+def test_each_evicted_block_is_one_block_removed_event():
+    # vLLM's KV-events consumers expect one BlockRemoved per block, in eviction order.
+    kv = KVCacheManager(num_blocks=4, block_size=2, record_events=True)
+    a = req("a", [1, 2, 3, 4, 5])  # blocks 0 ([1,2]) and 1 ([3,4]) cached, 2 holds [5]
+    run_prefill(kv, a)
+    kv.free(a)  # queue: 3, 2, 1, 0
+    kv.take_events()
+    h0 = hash_block_tokens(None, [1, 2])
+    h1 = hash_block_tokens(h0, [3, 4])
+    kv.allocate_slots(req("b", range(10, 18)), 8)  # all 4 blocks: 3, 2 (uncached), 1, 0 (cached)
+    assert kv.take_events() == (
+        BlockRemoved((h1,), (1,)), BlockRemoved((h0,), (0,)),
+        BlockAllocated(3, "b"), BlockAllocated(2, "b"), BlockAllocated(1, "b"), BlockAllocated(0, "b"),
+    )
+    assert describe(BlockRemoved((h1,), (1,))) == f"evicted from the prefix cache: 1:{h1.hex()[:8]}"
 
 
 def test_repeated_lookup_of_a_waiting_request_follows_the_cache():

@@ -19,9 +19,9 @@ from workbench.core.kv_events import (
     BlockRemoved,
     BlockStored,
     BlockWritten,
-    describe,
 )
-from workbench.core.kv_state import KVState
+from workbench.core.block_pool import KVCacheBlock
+from workbench.core.kv_state import BLOCK_STATES, BlockState, KVState, block_state, never_used_blocks
 from workbench.core.kv_cache_utils import hash_block_tokens
 from workbench.core.request_events import RequestPreempted, RequestPrefixHit, RequestResumed
 from workbench.core.sched.scheduler import Scheduler
@@ -136,9 +136,11 @@ def test_hand_worked_schedule_blocks_events_and_metrics():
     assert s2.blocks[2].token_ids == () and s2.blocks[2].state == "free"
     s3 = t.history.kv_state(3)
     assert s3.blocks[0].owners == ("B",) and s3.blocks[0].ref_count == 1
-    evicted = t.history.record(5).kv_events[0]
-    assert isinstance(evicted, BlockRemoved) and evicted.block_ids == (4, 1, 2)
-    assert describe(evicted).startswith("evicted from the prefix cache: 4:")
+    a1, b1 = h(h12, 3, 90), h(h12, 5, 90)
+    a2, b2 = h(a1, 91, 92), h(b1, 91, 92)  # A's block 4 and B's block 2, full after 4 outputs
+    assert t.history.record(5).kv_events[:3] == (  # one BlockRemoved per evicted block
+        BlockRemoved((a2,), (4,)), BlockRemoved((a1,), (1,)), BlockRemoved((b2,), (2,)),
+    )
 
     log = t.history.request_log("B")
     assert RequestPreempted("B", 2, block_ids=(2, 3), num_computed_tokens=4) in log
@@ -199,10 +201,31 @@ def test_bounded_history_still_replays_and_names_missing_steps():
         t.history.append(record)
 
 
+def test_block_state_classifies_live_and_recorded_blocks_alike():
+    live = KVCacheBlock(7)
+    assert block_state(live) == "free" and block_state(live, never_used=True) == "never used"
+    live.block_hash = b"h"
+    assert block_state(live) == "cached" == block_state(live, never_used=True)  # a hash was stored
+    for ref_count, expected in ((1, "used"), (2, "shared"), (3, "shared")):
+        live.ref_count = ref_count
+        assert block_state(live) == expected == BlockState(7, ref_count, b"h", (), ("a",) * ref_count).state
+    assert set(KVState.empty(2, 2).counts()) | {"never used"} == set(BLOCK_STATES)
+
+
+def test_never_used_blocks_is_the_untouched_front_run_of_the_free_queue():
+    assert never_used_blocks([3, 4, 5], 6) == {3, 4, 5}
+    assert never_used_blocks((4, 5, 0, 2), 6) == {4, 5}  # 0 and 2 were freed after use
+    assert never_used_blocks([0, 1], 6) == set()  # block 5 was handed out once
+    assert never_used_blocks([], 6) == set()
+
+
 def test_events_that_do_not_fit_are_refused_by_name():
     state = KVState.empty(3, 2)
     with pytest.raises(ValueError, match="BlockFreed.*does not fit"):
         state.apply([BlockFreed(1, "x")])
+    cached = state.apply([BlockAllocated(0, "x"), BlockStored((0,), (b"h",), None, (1, 2), 2)])
+    with pytest.raises(ValueError, match="BlockRemoved.*does not fit"):  # one event per block
+        cached.apply([BlockRemoved((b"h", b"g"), (0, 1))])
     with pytest.raises(ValueError, match="no starting KV snapshot"):
         StepHistory(5).kv_state()
 

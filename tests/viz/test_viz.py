@@ -16,7 +16,6 @@ from workbench import LLMEngine, SamplingParams  # noqa: E402
 from workbench.viz import (  # noqa: E402
     BlockMap, EngineDashboard, RequestTimeline, StepPlayer, plot_kv_blocks, plot_kv_usage, plot_step_tokens,
 )
-from workbench.viz.block_map import never_used_blocks  # noqa: E402
 from workbench.viz.colors import request_color  # noqa: E402
 from workbench.viz.live import LiveUpdater  # noqa: E402
 from workbench.viz.timeline import request_spans  # noqa: E402
@@ -38,13 +37,6 @@ def run():
     while engine.has_unfinished_requests():
         engine.step()
     return engine
-
-
-def test_never_used_blocks_is_the_untouched_front_run_of_the_free_queue():
-    assert never_used_blocks([3, 4, 5], 6) == {3, 4, 5}
-    assert never_used_blocks([4, 5, 0, 2], 6) == {4, 5}  # 0 and 2 were freed after use
-    assert never_used_blocks([0, 1], 6) == set()  # block 5 was handed out once
-    assert never_used_blocks([], 6) == set()
 
 
 def test_hand_worked_timeline_of_one_request():

@@ -56,10 +56,6 @@ class KVCacheBlock:
         """Ids of the requests whose block table holds this block, in the order they took it."""
         return tuple(self._owners)
 
-    @property
-    def is_free(self) -> bool:
-        return self.ref_count == 0
-
     def __repr__(self) -> str:
         h = self.block_hash.hex()[:8] if self.block_hash is not None else None
         return (
@@ -100,9 +96,11 @@ class FreeBlockQueue:
         return block.prev_free is not None
 
     def popleft(self) -> KVCacheBlock:
+        """Unlink and return the front block; ValueError("No free blocks available") when
+        empty (vLLM's type and message)."""
         block = self._head.next_free
         if block is self._tail:
-            raise IndexError("popleft from an empty FreeBlockQueue")
+            raise ValueError("No free blocks available")
         self.remove(block)
         return block
 
@@ -181,15 +179,19 @@ class BlockPool:
         return self.cached.get(block_hash)
 
     def get_new_blocks(self, n: int, owner: str) -> list[KVCacheBlock]:
-        """Take ``n`` blocks from the front of the free queue, evicting their cached content."""
+        """Take ``n`` blocks from the front of the free queue, evicting their cached content.
+
+        Records one ``BlockRemoved`` per evicted block (as vLLM does), in eviction order, then
+        one ``BlockAllocated`` per block handed out."""
         if n > len(self.free_queue):
             raise ValueError(f"cannot allocate {n} blocks: only {len(self.free_queue)} free.")
         out = []
-        evicted: list[tuple[bytes, int]] = []
+        events = self._events
         for _ in range(n):
             block = self.free_queue.popleft()
             if block.block_hash is not None:
-                evicted.append((block.block_hash, block.block_id))
+                if events is not None:
+                    events.append(BlockRemoved((block.block_hash,), (block.block_id,)))
                 del self.cached[block.block_hash]
                 block.block_hash = None
                 self.num_evicted += 1
@@ -199,11 +201,8 @@ class BlockPool:
             block._owners[owner] = None
             out.append(block)
         self.num_allocated += n
-        if self._events is not None:
-            if evicted:
-                hashes, ids = zip(*evicted)
-                self._events.append(BlockRemoved(hashes, ids))
-            self._events.extend(BlockAllocated(b.block_id, owner) for b in out)
+        if events is not None:
+            events.extend(BlockAllocated(b.block_id, owner) for b in out)
         return out
 
     def touch(self, blocks: Iterable[KVCacheBlock], owner: str) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from workbench.core.block_pool import BlockPool, KVCacheBlock
 from workbench.core.kv_events import KVEvent
-from workbench.core.kv_state import KVState
+from workbench.core.kv_state import KVState, block_state
 from workbench.core.kv_cache_utils import hash_block_tokens
 from workbench.request import Request
 
@@ -314,12 +314,7 @@ class KVCacheManager:
         colours = {"free": "#eeeeee", "cached": "#c8e6c9", "used": "#ffcc80", "shared": "#ef9a9a"}
         cells = []
         for b in self.pool.blocks[: self._HTML_MAX_BLOCKS]:
-            kind = (
-                "shared" if b.ref_count > 1
-                else "used" if b.ref_count == 1
-                else "cached" if b.block_hash is not None
-                else "free"
-            )
+            kind = block_state(b)
             title = (
                 f"block {b.block_id}: ref_count {b.ref_count}, {len(b.token_ids)} tokens"
                 + (f", hash {b.block_hash.hex()[:12]}" if b.block_hash else "")

@@ -85,11 +85,15 @@ class BlockWritten(_EventRepr):
 
 @dataclass(slots=True, unsafe_hash=True)
 class BlockRemoved(_EventRepr):
-    """Cached blocks were evicted (vLLM's ``BlockRemoved``): their hashes left the prefix
-    cache and their tokens were dropped, to serve the allocations that follow."""
+    """One cached block was evicted (vLLM's ``BlockRemoved``, one event per block): its hash
+    left the prefix cache and its tokens were dropped, to serve the allocation that follows.
 
-    block_hashes: tuple[bytes, ...]
-    block_ids: tuple[int, ...]
+    ``block_hashes == (hash,)`` and ``block_ids == (block_id,)``: one-element sequences, the
+    shape of vLLM's event, so its consumers read ``block_hashes[0]`` unchanged.
+    """
+
+    block_hashes: tuple[bytes]
+    block_ids: tuple[int]
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -112,9 +116,8 @@ def describe(event: KVEvent) -> str:
             return f"stored in the prefix cache: {stored}"
         case BlockWritten(block_id, token_ids):
             return f"block {block_id} holds {len(token_ids)} tokens"
-        case BlockRemoved(block_hashes, block_ids):
-            removed = ", ".join(f"{b}:{h.hex()[:8]}" for b, h in zip(block_ids, block_hashes))
-            return f"evicted from the prefix cache: {removed}"
+        case BlockRemoved((block_hash,), (block_id,)):
+            return f"evicted from the prefix cache: {block_id}:{block_hash.hex()[:8]}"
         case AllBlocksCleared():
             return "prefix cache cleared"
     raise TypeError(f"not a KV event: {event!r}")

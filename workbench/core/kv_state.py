@@ -9,7 +9,7 @@ step: same ref counts, owners, hashes, tokens, free-queue (eviction) order and b
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from workbench.core.kv_events import (
@@ -21,6 +21,35 @@ from workbench.core.kv_events import (
     BlockWritten,
     KVEvent,
 )
+
+
+BLOCK_STATES = ("used", "shared", "cached", "free", "never used")
+"""Every state a block can be in (see :func:`block_state`), in display order."""
+
+
+def block_state(block, never_used: bool = False) -> str:
+    """The state of ``block`` (a live ``KVCacheBlock`` or a :class:`BlockState`): "shared"
+    (ref_count > 1), "used" (ref_count 1), "cached" (free, evictable, still a prefix-cache
+    hit), else "free" (free, holds nothing) -- or "never used" when the caller says the free
+    block was never handed out (see :func:`never_used_blocks`). The one classification
+    every view of a pool uses."""
+    if block.ref_count > 1:
+        return "shared"
+    if block.ref_count == 1:
+        return "used"
+    if block.block_hash is not None:
+        return "cached"
+    return "never used" if never_used else "free"
+
+
+def never_used_blocks(free_queue: Sequence[int], num_blocks: int) -> set[int]:
+    """Blocks never handed out. The queue starts as ``0..N-1`` and allocation pops its front
+    while freed blocks join its back, so the never-used blocks are exactly a front run
+    ``k, k+1, ..., N-1`` of the queue (empty once block N-1 has been handed out)."""
+    if not free_queue:
+        return set()
+    run = list(range(free_queue[0], num_blocks))
+    return set(run) if list(free_queue[: len(run)]) == run else set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,13 +65,8 @@ class BlockState:
 
     @property
     def state(self) -> str:
-        """"shared" (ref > 1), "used" (ref 1), "cached" (free, evictable, still a prefix-cache
-        hit) or "free" (free, holds nothing)."""
-        if self.ref_count > 1:
-            return "shared"
-        if self.ref_count == 1:
-            return "used"
-        return "cached" if self.block_hash is not None else "free"
+        """:func:`block_state` of this block: "shared", "used", "cached" or "free"."""
+        return block_state(self)
 
     def _repr_html_(self) -> str:
         h = self.block_hash.hex()[:16] if self.block_hash is not None else "-"
@@ -226,8 +250,8 @@ class KVReplay:
         self.blocks[b] = BlockState(b, block.ref_count, None, (), block.owners)
 
     def _removed(self, event: BlockRemoved) -> None:
-        for b in event.block_ids:
-            self._uncache(b)
+        (b,) = event.block_ids  # one event per evicted block
+        self._uncache(b)
 
     def _cleared(self, event: AllBlocksCleared) -> None:
         for block in self.blocks:

@@ -1,9 +1,10 @@
 """BlockMap: the KV block pool as a grid of cells, as it was after any recorded step.
 
-Each block is in one state: ``used`` (one owner), ``shared`` (ref_count > 1), ``cached`` (free
-but still holding a prefix hash: a later prompt can hit it until it is evicted), ``free``
-(free, no content) or ``never used`` (still in its first place in the free queue). Free and
-cached blocks are numbered by their place in the eviction order (``#1`` is reused next).
+Each block is in one state (:func:`workbench.core.kv_state.block_state`): ``used`` (one owner),
+``shared`` (ref_count > 1), ``cached`` (free but still holding a prefix hash: a later prompt can
+hit it until it is evicted), ``free`` (free, no content) or ``never used`` (still in its first
+place in the free queue). Free and cached blocks are numbered by their place in the eviction
+order (``#1`` is reused next).
 
 The grid shows blocks ``0 .. highest ever-used id`` (blocks are handed out from low ids, so a
 pool of thousands zooms to the part in play) and a summary row counts every block per state.
@@ -16,52 +17,28 @@ import html
 import ipywidgets as widgets
 import traitlets
 
+from workbench.core.kv_state import BLOCK_STATES, block_state, never_used_blocks
 from workbench.viz.colors import STATE_COLORS, request_color, text_color
 from workbench.viz.source import ViewSource
 
-BLOCK_STATES = ("used", "shared", "cached", "free", "never used")
-
-
-def never_used_blocks(free_queue: list[int], num_blocks: int) -> set[int]:
-    """Blocks never handed out. The queue starts as ``0..N-1`` and allocation pops its front
-    while freed blocks join its back, so the never-used blocks are exactly a front run
-    ``k, k+1, ..., N-1`` of the queue (empty once block N-1 has been handed out)."""
-    if not free_queue:
-        return set()
-    start = free_queue[0]
-    run = list(range(start, num_blocks))
-    return set(run) if free_queue[: len(run)] == run else set()
-
 
 def block_cells(state) -> list[dict]:
-    """One dict per block of a KV state: block_id, state, ref_count, owners, hash (hex or
-    None), num_tokens, evict_rank (1 = evicted next; None while in use)."""
+    """One dict per block of a KV state: block_id, state (:func:`block_state`), ref_count,
+    owners, hash (hex or None), num_tokens, evict_rank (1 = evicted next; None while in use)."""
     rank = {block_id: i + 1 for i, block_id in enumerate(state.free_queue)}
-    untouched = never_used_blocks(list(state.free_queue), state.num_blocks)
-    cells = []
-    for block in state.blocks:
-        if block.ref_count > 1:
-            kind = "shared"
-        elif block.ref_count == 1:
-            kind = "used"
-        elif block.block_hash is not None:
-            kind = "cached"
-        elif block.block_id in untouched:
-            kind = "never used"
-        else:
-            kind = "free"
-        cells.append(
-            {
-                "block_id": block.block_id,
-                "state": kind,
-                "ref_count": block.ref_count,
-                "owners": list(block.owners),
-                "hash": block.block_hash.hex() if block.block_hash is not None else None,
-                "num_tokens": len(block.token_ids),
-                "evict_rank": rank.get(block.block_id),
-            }
-        )
-    return cells
+    untouched = never_used_blocks(state.free_queue, state.num_blocks)
+    return [
+        {
+            "block_id": block.block_id,
+            "state": block_state(block, never_used=block.block_id in untouched),
+            "ref_count": block.ref_count,
+            "owners": list(block.owners),
+            "hash": block.block_hash.hex() if block.block_hash is not None else None,
+            "num_tokens": len(block.token_ids),
+            "evict_rank": rank.get(block.block_id),
+        }
+        for block in state.blocks
+    ]
 
 
 def _cell_html(cell: dict, table_pos: int | None, selected: bool, mark: str | None) -> str:
