@@ -6,15 +6,17 @@ import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 _GREEDY_EPS = 1e-5
-_INT64 = torch.iinfo(torch.int64)  # vLLM's range for seed
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # vLLM's range for seed (torch.int64's)
 _MAX_LOGIT_BIAS = 100.0  # OpenAI's and vLLM's limit on |logit_bias| values
 
 #: vLLM V0's per-request logits processor: ``(output_token_ids, logits[vocab]) -> logits``.
-LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
+LogitsProcessor = Callable[[list[int], "torch.Tensor"], "torch.Tensor"]
 
 
 class RequestOutputKind(enum.Enum):
@@ -128,8 +130,8 @@ class SamplingParams:
             raise bad("top_k", "an integer >= 0 (0 or -1 disables it)")
         if not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", "in [0, 1]")
-        if self.seed is not None and not _INT64.min <= self.seed <= _INT64.max:
-            raise bad("seed", f"an integer in [{_INT64.min}, {_INT64.max}]")
+        if self.seed is not None and not _INT64_MIN <= self.seed <= _INT64_MAX:
+            raise bad("seed", f"an integer in [{_INT64_MIN}, {_INT64_MAX}]")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             raise bad("max_tokens", "an integer >= 1 or None")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
