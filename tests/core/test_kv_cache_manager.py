@@ -55,7 +55,7 @@ def test_free_queue_order_and_o1_unlinking():
     q.remove(blocks[0])  # the back
     q.remove(blocks[1])  # the front
     assert q.block_ids() == [3, 4, 2] and len(q) == 3
-    with pytest.raises(ValueError, match="not in the free queue"):
+    with pytest.raises(RuntimeError, match="not in the free queue"):
         q.remove(blocks[1])
     with pytest.raises(ValueError, match="already in the free queue"):
         q.append(blocks[3])

@@ -115,9 +115,10 @@ class FreeBlockQueue:
         self._len += 1
 
     def remove(self, block: KVCacheBlock) -> None:
+        """Unlink a queued block; RuntimeError for one not queued (vLLM's type)."""
         prev, nxt = block.prev_free, block.next_free
         if prev is None or nxt is None:
-            raise ValueError(f"block {block.block_id} is not in the free queue")
+            raise RuntimeError(f"remove() called on block {block.block_id}, which is not in the free queue")
         prev.next_free = nxt
         nxt.prev_free = prev
         block.prev_free = block.next_free = None
