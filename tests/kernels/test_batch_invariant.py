@@ -13,9 +13,9 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
-from test_triton_kernels import build_batch
 
 from workbench import EngineConfig, LLMEngine, SamplingParams
+from workbench.benchmarks.checks import build_batch
 from workbench.benchmarks.throughput import ThroughputResult, build_parser, format_table
 from workbench.config import EngineArgs
 from workbench.kernels import batch_invariant as bi
