@@ -6,12 +6,14 @@ longer fits is skipped, a step that crashes or hangs is reported and the next on
 
 1. ``env``        versions, device, free memory; the engine and kernels import with fastapi,
                   uvicorn and ipywidgets blocked (the GPU box has none of them).
-2. ``kernels``    every kernel against its torch reference (``workbench.kernels.reference``):
+2. ``kernels``    every kernel against its torch reference (``workbench.kernels.reference``;
+                  cases and checks from ``workbench.benchmarks.checks``, which the tests run too):
                   paged attention (decode, mixed, prefill, split-KV, sliding window), KV write,
                   RMSNorm (with and without residual), RoPE; fp32/fp16/bf16 at the embedded
                   model's and Qwen3-0.6B's head shapes (CPU: the Triton interpreter, fp32 only,
                   and the "cpu" backend).
-3. ``parity``     greedy tokens against transformers: the embedded model in fp32 (identical),
+3. ``parity``     greedy tokens against transformers (``checks.greedy_mismatches``, as the
+                  tests): the embedded model in fp32 (identical),
                   and a Qwen3-0.6B-shaped model with random weights in bf16 on CUDA (a mismatch
                   is a near tie when transformers' top-2 logits there differ by < 0.15).
 4. ``throughput`` ``workbench bench throughput --compare hf`` with dummy Qwen3-0.6B-shaped
