@@ -1,6 +1,6 @@
-"""The engine's configuration: EngineConfig (every knob once, vLLM's names where vLLM has one),
-EngineArgs (the same options with vLLM's argparse round trip) and teaching_config (a small
-engine on which serving effects show within seconds).
+"""The engine's configuration: EngineArgs (every knob once, vLLM's names where vLLM has one,
+with vLLM's argparse round trip), also named EngineConfig, and teaching_config (a small engine
+on which serving effects show within seconds).
 
 ``workbench serve``, ``workbench generate`` and the notebook magics share one set of flags::
 
@@ -12,10 +12,9 @@ engine on which serving effects show within seconds).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import typing
 from collections.abc import Collection
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from workbench.utils.reprs import html_table
@@ -27,12 +26,26 @@ def option(default: Any, help: str, **cli: Any) -> Any:
     return field(default=default, metadata={"help": help, **cli})
 
 
-@dataclass
-class EngineConfig:
-    """Configuration of an :class:`~workbench.engine.llm_engine.LLMEngine` (every field's help text is
-    also its ``workbench serve`` / ``generate`` flag's help).
+_SCALARS = (int, float, str)
 
-    ``None`` means "derive it" as each field's help says.
+
+def _flag_type(hint: object) -> type:
+    """int / float / str for a field annotated ``T`` or ``T | None``; str otherwise (Any)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    return args[0] if len(args) == 1 and args[0] in _SCALARS else str
+
+
+@dataclass(repr=False)
+class EngineArgs:
+    """Configuration of an :class:`~workbench.engine.llm_engine.LLMEngine`: every option once,
+    each field's help text also its ``workbench serve`` / ``generate`` flag's help.
+
+    One class under two names, because vLLM users know both: ``EngineArgs`` (the options and
+    their command-line round trip, ``LLMEngine.from_engine_args``) and ``EngineConfig`` (what
+    an engine was built from, ``LLMEngine(EngineConfig(...))``, ``engine.config``). It prints
+    as ``EngineConfig(...)``, the engine's configuration. ``None`` means "derive it" as each
+    field's help says; ``from_cli_args(parse_args(argv))`` of ``add_cli_args``' flags gives
+    back every value a flag can spell.
     """
 
     model: str | None = option(
@@ -118,39 +131,6 @@ class EngineConfig:
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."
             )
 
-    def _repr_html_(self) -> str:
-        return html_table(type(self).__name__, {f.name: getattr(self, f.name) for f in fields(self)})
-
-
-def default_max_num_seqs(device_type: str) -> int:
-    """Sequences per step when not configured: vLLM's, 256 on CUDA and 128 on CPU (its
-    server default there)."""
-    return 256 if device_type == "cuda" else 128
-
-
-def default_max_num_batched_tokens(device_type: str, enable_chunked_prefill: bool,
-                                   max_model_len: int) -> int:
-    """Token budget per step when not configured. CUDA: 8192 (vLLM's for offline use with
-    chunked prefill), at least ``max_model_len`` without it. CPU: 2048 (vLLM's server default
-    there), at least ``max_model_len`` without chunked prefill."""
-    if device_type == "cuda":
-        return 8192 if enable_chunked_prefill else max(8192, max_model_len)
-    return 2048 if enable_chunked_prefill else max(2048, max_model_len)
-
-
-_SCALARS = (int, float, str)
-
-
-def _flag_type(hint: object) -> type:
-    """int / float / str for a field annotated ``T`` or ``T | None``; str otherwise (Any)."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
-    return args[0] if len(args) == 1 and args[0] in _SCALARS else str
-
-
-@dataclasses.dataclass
-class EngineArgs(EngineConfig):
-    """The engine's options (see EngineConfig for each one's meaning and default)."""
-
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, *, exclude: Collection[str] = (),
                      keep_defaults: bool = True) -> argparse.ArgumentParser:
@@ -161,8 +141,8 @@ class EngineArgs(EngineConfig):
         override another base config (``%llm load`` over the teaching engine).
         """
         group = parser.add_argument_group("engine options")
-        hints = typing.get_type_hints(EngineConfig)
-        for f in dataclasses.fields(EngineConfig):
+        hints = typing.get_type_hints(EngineArgs)
+        for f in fields(EngineArgs):
             if f.name in exclude:
                 continue
             flag = "--" + f.name.replace("_", "-")
@@ -182,15 +162,43 @@ class EngineArgs(EngineConfig):
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         """The EngineArgs of a namespace parsed with :meth:`add_cli_args` (other keys ignored)."""
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
+        return cls(**{f.name: getattr(args, f.name) for f in fields(EngineArgs)
                       if hasattr(args, f.name)})
 
     def create_engine_config(self) -> EngineConfig:
-        return EngineConfig(**self.to_kwargs())
+        """vLLM's step from options to an engine's config: here a copy (the engine keeps its
+        own, whatever the caller later does to these args)."""
+        return replace(self)
 
     def to_kwargs(self) -> dict:
         """The options as keyword arguments (for ``LLM(**args.to_kwargs())``)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(EngineConfig)}
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def __repr__(self) -> str:
+        return "EngineConfig(" + ", ".join(f"{k}={v!r}" for k, v in self.to_kwargs().items()) + ")"
+
+    def _repr_html_(self) -> str:
+        return html_table("EngineConfig", self.to_kwargs())
+
+
+#: The same class as EngineArgs (see its docstring).
+EngineConfig = EngineArgs
+
+
+def default_max_num_seqs(device_type: str) -> int:
+    """Sequences per step when not configured: vLLM's, 256 on CUDA and 128 on CPU (its
+    server default there)."""
+    return 256 if device_type == "cuda" else 128
+
+
+def default_max_num_batched_tokens(device_type: str, enable_chunked_prefill: bool,
+                                   max_model_len: int) -> int:
+    """Token budget per step when not configured. CUDA: 8192 (vLLM's for offline use with
+    chunked prefill), at least ``max_model_len`` without it. CPU: 2048 (vLLM's server default
+    there), at least ``max_model_len`` without chunked prefill."""
+    if device_type == "cuda":
+        return 8192 if enable_chunked_prefill else max(8192, max_model_len)
+    return 2048 if enable_chunked_prefill else max(2048, max_model_len)
 
 
 #: A pool of 24 blocks of 4 tokens (96 token slots), 32 tokens per step, at most 4

@@ -5,15 +5,12 @@ exercises chunked prefill, preemption by recompute and prefix-cache hits (assert
 step history); the reference runs each prompt alone, fp32 on CPU.
 """
 
-import shutil
-
 import pytest
 import torch
 import transformers
 
 from workbench import LLMEngine, SamplingParams, default_model_path
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+from workbench.benchmarks.checks import copy_tokenizer, generate, greedy_mismatches, hf_greedy
 
 PROMPTS = [
     "ROMEO:",
@@ -30,31 +27,6 @@ PROMPTS = [
     "First Citizen:\nBefore we proceed any further, hear me speak.",
     "All:\nSpeak, speak.",
 ]
-
-
-def hf_greedy(model, prompt_ids, max_new_tokens, stop_at_eos):
-    config = transformers.GenerationConfig(
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=model.generation_config.eos_token_id if stop_at_eos else None,
-        pad_token_id=model.generation_config.pad_token_id,
-    )
-    ids = torch.tensor([prompt_ids])
-    with torch.inference_mode():  # an explicit mask: never let generate guess padding
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
-    return out[0, len(prompt_ids):].tolist()
-
-
-def run_engine(engine, prompt_ids, params):
-    for i, ids in enumerate(prompt_ids):
-        engine.add_request(f"r{i}", {"prompt_token_ids": ids}, params)
-    results = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            results[out.request_id] = out
-        engine.scheduler.check_invariants()
-    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks, "blocks leaked"
-    return [results[f"r{i}"].outputs[0] for i in range(len(prompt_ids))]
 
 
 def assert_history_exercised(engine):
@@ -87,9 +59,9 @@ def tiny():
 def test_embedded_model_matches_transformers_with_eos(tiny):
     path, model, prompts = tiny
     engine = tight_engine(path)
-    outs = run_engine(engine, prompts, SamplingParams(temperature=0, max_tokens=24))
+    outs = generate(engine, prompts, SamplingParams(temperature=0, max_tokens=24))
     for ids, out in zip(prompts, outs):
-        expected = hf_greedy(model, ids, 24, stop_at_eos=True)
+        expected, _ = hf_greedy(model, ids, 24, stop_at_eos=True)
         assert out.token_ids == expected
         assert out.finish_reason == ("stop" if len(expected) < 24 else "length")
     assert_history_exercised(engine)
@@ -100,10 +72,7 @@ def make_random_checkpoint(tmp_path_factory, name, config):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(path)
-    for f in TOKENIZER_FILES:
-        src = default_model_path() / f
-        if src.exists():
-            shutil.copy(src, path / f)
+    copy_tokenizer(path)
     return path, model.eval()
 
 
@@ -126,7 +95,7 @@ def test_random_weight_architectures_match_transformers(kind, tmp_path_factory, 
     vocab = tiny_model.config.vocab_size
     path, model = make_random_checkpoint(tmp_path_factory, kind, small_config(kind, vocab))
     engine = tight_engine(path)
-    outs = run_engine(engine, prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
-    for ids, out in zip(prompts, outs):
-        assert out.token_ids == hf_greedy(model, ids, 12, stop_at_eos=False)
+    outs = generate(engine, prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    parity = greedy_mismatches([o.token_ids for o in outs], model, prompts, 12)
+    assert parity.identical == len(prompts), parity.mismatches
     assert_history_exercised(engine)

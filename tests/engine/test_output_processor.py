@@ -8,7 +8,6 @@ stop strings, and hand-worked expectations.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,6 +21,7 @@ from workbench.outputs import CompletionOutput, Logprob, RequestMetrics, Request
 from workbench.engine.parallel_sampling import ParentRequest
 from workbench.request import Request, RequestStatus
 from workbench.sampling_params import RequestOutputKind, SamplingParams
+from workbench.worker.sampler import TokenLogprobs
 
 FINAL, DELTA = RequestOutputKind.FINAL_ONLY, RequestOutputKind.DELTA
 
@@ -428,24 +428,14 @@ def test_add_request_rejects_ids_in_flight(tok):
 
 
 # ---------------------------------------------------------------------------- logprobs
-@dataclass
-class FakeTokenLogprobs:
-    """The sampler's TokenLogprobs fields (workbench.worker.sampler), built by hand here."""
-
-    token_id: int
-    logprob: float
-    rank: int
-    top: tuple[tuple[int, float], ...]
-
-
 def test_logprobs_become_vllm_dicts(tok):
     proc = OutputProcessor(tok)
     request = make_request([5], logprobs=2, output_kind=DELTA)
     track(proc, None, request)
     a, b = ids_of(tok, "the fox")[:2]
     steps = [
-        (a, FakeTokenLogprobs(a, -0.5, 1, ((a, -0.5), (b, -1.5)))),
-        (b, FakeTokenLogprobs(b, -3.0, 4, ((a, -0.25), (7, -1.0)))),
+        (a, TokenLogprobs(a, -0.5, 1, ((a, -0.5), (b, -1.5)))),
+        (b, TokenLogprobs(b, -3.0, 4, ((a, -0.25), (7, -1.0)))),
     ]
     outs = []
     for i, (token_id, lp) in enumerate(steps):

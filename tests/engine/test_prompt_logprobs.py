@@ -100,14 +100,14 @@ def test_a_prompt_logprobs_fault_fails_only_its_request(monkeypatch):
     import workbench.worker.model_runner as runner
 
     eng = engine(num_kv_blocks=64, max_num_batched_tokens=512)
-    real = runner.token_logprobs
+    real = runner.gather_logprobs
 
-    def fragile(logits, targets, k):
-        if k == 2:
+    def fragile(logits, token_ids, num_logprobs):
+        if num_logprobs[0] == 2:
             raise MemoryError("no room for the top-k")
-        return real(logits, targets, k)
+        return real(logits, token_ids, num_logprobs)
 
-    monkeypatch.setattr(runner, "token_logprobs", fragile)
+    monkeypatch.setattr(runner, "gather_logprobs", fragile)
     eng.add_request("ok", PROMPT, SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=1))
     outs = run(eng, "bad", SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=2))
     assert outs[-1].finished and outs[-1].error == "MemoryError: no room for the top-k"

@@ -13,9 +13,9 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
-from test_triton_kernels import build_batch
 
 from workbench import EngineConfig, LLMEngine, SamplingParams
+from workbench.benchmarks.checks import build_batch
 from workbench.benchmarks.throughput import ThroughputResult, build_parser, format_table
 from workbench.config import EngineArgs
 from workbench.kernels import batch_invariant as bi
@@ -222,15 +222,38 @@ def test_logprobs_are_bitwise_equal_with_chunked_prefill_and_prefix_hits(alone):
         assert cached[i][:2] == expected[i][:2], ("prefix hit", i)
 
 
-def test_without_the_mode_logprobs_depend_on_the_batch():
-    """The comparison the mode makes pass, without it. A BLAS whose results happen not to
-    depend on the batch would make this skip (not the case with MKL on x86)."""
-    order = list(range(len(PROMPTS)))
-    plain = dict(batch_invariant=False, prefix_caching=False)
-    alone = {i: _run("cpu", order=[i], **plain)[0][i] for i in order}
-    together, _ = _run("cpu", order=order, budget=9, **plain)
-    if all(together[i] == alone[i] for i in order):
-        pytest.skip("this machine's kernels happened to be batch-invariant for these prompts")
+def test_without_the_mode_a_row_depends_on_its_batch(monkeypatch):
+    """The dependence the mode removes, built deterministically (the engine-level view, a
+    prompt's logprobs alone and in a batch, is notebooks/09's demonstration). A decode over
+    201 keys has a block table 14 blocks wide alone: 224 positions, under ``SPLIT_MIN_CONTEXT``,
+    one pass. Beside a decode over 2101 keys the batch's table is 133 blocks wide (2128
+    positions): ``choose_num_splits`` cuts every row's keys into 4 chunks merged by their
+    log-sum-exp, another order of the same sums, so the row's bits change while it stays
+    within rounding of the reference; with ``batch_invariant=True`` they do not."""
+    splits = []
+    real = triton_attention.paged_attention_split_kv
+
+    def spy(*args, num_splits, **kw):
+        splits.append(num_splits)
+        return real(*args, num_splits=num_splits, **kw)
+
+    monkeypatch.setattr(triton_attention, "paged_attention_split_kv", spy)
+    batch = build_batch([1, 1], [200, 2100], num_kv_heads=1, group=2, head_dim=32,
+                        block_size=16, dtype=torch.float32, seed=7)
+    query, key_cache, value_cache, tables, qsl, seq_lens = batch
+    alone = (query[:1], key_cache, value_cache, tables[:1, :14],
+             torch.tensor([0, 1], dtype=torch.int32), seq_lens[:1])
+    scale = 32 ** -0.5
+    expected = reference.paged_attention(*alone, scale)
+    results = {}
+    for invariant in (False, True):
+        row_alone = triton_attention.paged_attention(*alone, scale, batch_invariant=invariant)
+        together = triton_attention.paged_attention(*batch, scale, batch_invariant=invariant)
+        torch.testing.assert_close(row_alone, expected, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(together[:1], expected, atol=2e-5, rtol=1e-4)
+        results[invariant] = torch.equal(row_alone, together[:1])
+    assert splits == [1, 4, 1, 1]  # (alone, together) without the mode, then with it
+    assert results == {False: False, True: True}
 
 
 def test_the_option_is_a_cli_flag_and_shows_in_the_repr():

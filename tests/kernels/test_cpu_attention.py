@@ -1,6 +1,6 @@
 """The "cpu" attention backend against the torch reference (fp32/fp16/bf16, NaN-poisoned caches).
 
-``build_batch`` (tests/kernels/test_triton_kernels.py) fills every cache slot the kernel must not read with NaN
+``build_batch`` (workbench/benchmarks/checks.py, shared with ``workbench selftest``) fills every cache slot the kernel must not read with NaN
 and shuffles the block tables, so a read past a length or an unwritten output fails.
 """
 
@@ -10,25 +10,27 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_triton_kernels import SETTINGS, _tol, attention_cases, build_batch
+from test_triton_kernels import SETTINGS, attention_cases
 
 from workbench import kernels
+from workbench.benchmarks.checks import (attention_batches, build_batch, check_paged_attention,
+                                         check_write_kv_cache)
 from workbench.kernels import cpu_attention, reference
 
 
-def check_cpu(batch, *, sliding_window=None, softcap=None, plan=None):
-    query, key_cache, value_cache, block_tables, qsl, seq_lens = batch
-    scale = query.shape[-1] ** -0.5
-    expected = reference.paged_attention(query, key_cache, value_cache, block_tables, qsl,
-                                         seq_lens, scale, sliding_window=sliding_window,
-                                         softcap=softcap)
-    out = torch.full_like(query, float("nan"))
-    got = kernels.paged_attention(query, key_cache, value_cache, block_tables, qsl, seq_lens,
-                                  scale, sliding_window=sliding_window, softcap=softcap, out=out,
-                                  backend="cpu", plan=plan)
-    assert got is out
-    assert not out.isnan().any(), "an output element was not written (or read a poisoned slot)"
-    torch.testing.assert_close(out, expected, **_tol(query.dtype))
+def check_cpu(batch, **kw):
+    check_paged_attention(batch, backend="cpu", **kw)
+
+
+@pytest.mark.parametrize("sliding_window", [None, 48])
+@pytest.mark.parametrize("kind", sorted(attention_batches(40, 70)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_selftest_batches(kind, sliding_window, dtype):
+    """The batches ``workbench selftest`` checks, at its ``--small`` sizes."""
+    q_lens, ctx_lens = attention_batches(40, 70)[kind]
+    check_cpu(build_batch(q_lens, ctx_lens, num_kv_heads=3, group=2, head_dim=32,
+                          block_size=16, dtype=dtype, seed=len(kind)),
+              sliding_window=sliding_window)
 
 
 @settings(max_examples=60, **SETTINGS)
@@ -100,11 +102,7 @@ def test_write_kv_cache_matches_reference(dtype, skip_one):
     slots = torch.randperm(40, generator=gen)[:9]
     if skip_one:
         slots[4] = -1
-    caches = [torch.full((5, 8, 2, 8), float("nan"), dtype=dtype) for _ in range(4)]
-    kernels.write_kv_cache(key, value, caches[0], caches[1], slots, backend="cpu")
-    reference.write_kv_cache(key, value, caches[2], caches[3], slots)
-    torch.testing.assert_close(caches[0], caches[2], atol=0, rtol=0, equal_nan=True)
-    torch.testing.assert_close(caches[1], caches[3], atol=0, rtol=0, equal_nan=True)
+    check_write_kv_cache(key, value, slots, 5, 8, backend="cpu", dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -16,71 +16,30 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench import kernels
-from workbench.kernels import reference, triton_attention, triton_cache, triton_norm, triton_rope
+from workbench.benchmarks.checks import (attention_batches, build_batch, check_paged_attention,
+                                         check_rms_norm, check_rotary_embedding,
+                                         check_write_kv_cache)
+from workbench.kernels import triton_attention, triton_norm, triton_rope
 
 DTYPES = [torch.float32, torch.float16]
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
 
-def _tol(dtype):
-    return dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-3, rtol=1e-2)
-
-
 # ----------------------------------------------------------------------------- paged attention
+# (build_batch and the checks are workbench.benchmarks.checks: selftest runs them on a GPU)
 
-def build_batch(q_lens, ctx_lens, *, num_kv_heads, group, head_dim, block_size, dtype, seed):
-    """A packed batch over a paged cache with shuffled, non-contiguous block tables.
-
-    Sequence s has ``ctx_lens[s]`` cached tokens before its ``q_lens[s]`` new ones. Cache slots
-    past each sequence's length, spare blocks and block-table padding (pointing at a spare
-    block) are NaN.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    seq_lens = [c + q for c, q in zip(ctx_lens, q_lens)]
-    blocks_per_seq = [math.ceil(n / block_size) for n in seq_lens]
-    num_blocks = sum(blocks_per_seq) + 2  # two spare blocks, never referenced by a live slot
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    key_cache = torch.full(shape, float("nan"), dtype=dtype)
-    value_cache = torch.full(shape, float("nan"), dtype=dtype)
-    perm = torch.randperm(num_blocks, generator=gen)
-    spare = int(perm[-1])
-    width = max(blocks_per_seq + [1]) + 1  # one padding column at least
-    block_tables = torch.full((len(q_lens), width), spare, dtype=torch.int32)
-    used = 0
-    for s, (n_blocks, n_tok) in enumerate(zip(blocks_per_seq, seq_lens)):
-        ids = perm[used:used + n_blocks]
-        used += n_blocks
-        block_tables[s, :n_blocks] = ids.to(torch.int32)
-        flat_k = torch.randn(n_tok, num_kv_heads, head_dim, generator=gen).to(dtype)
-        flat_v = torch.randn(n_tok, num_kv_heads, head_dim, generator=gen).to(dtype)
-        for pos in range(n_tok):
-            key_cache[ids[pos // block_size], pos % block_size] = flat_k[pos]
-            value_cache[ids[pos // block_size], pos % block_size] = flat_v[pos]
-    qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
-    qsl[1:] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
-    query = torch.randn(int(qsl[-1]), num_kv_heads * group, head_dim, generator=gen).to(dtype)
-    return query, key_cache, value_cache, block_tables, qsl, torch.tensor(seq_lens, dtype=torch.int32)
+def check_attention(batch, **kw):
+    check_paged_attention(batch, backend="triton", **kw)
 
 
-def check_attention(batch, *, num_splits=None, sliding_window=None, softcap=None):
-    query, key_cache, value_cache, block_tables, qsl, seq_lens = batch
-    scale = query.shape[-1] ** -0.5
-    expected = reference.paged_attention(query, key_cache, value_cache, block_tables, qsl,
-                                         seq_lens, scale, sliding_window=sliding_window,
-                                         softcap=softcap)
-    out = torch.full_like(query, float("nan"))
-    if num_splits is None:
-        got = kernels.paged_attention(query, key_cache, value_cache, block_tables, qsl, seq_lens,
-                                      scale, sliding_window=sliding_window, softcap=softcap,
-                                      out=out, backend="triton")
-    else:
-        got = triton_attention.paged_attention_split_kv(
-            query, key_cache, value_cache, block_tables, qsl, seq_lens, scale,
-            num_splits=num_splits, sliding_window=sliding_window, softcap=softcap, out=out)
-    assert got is out
-    assert not out.isnan().any(), "an output element was not written (or read a poisoned slot)"
-    torch.testing.assert_close(out, expected, **_tol(query.dtype))
+@pytest.mark.parametrize("sliding_window", [None, 48])
+@pytest.mark.parametrize("kind", sorted(attention_batches(40, 70)))
+def test_selftest_batches(kind, sliding_window):
+    """The batches ``workbench selftest`` checks on a GPU, at its ``--small`` sizes."""
+    q_lens, ctx_lens = attention_batches(40, 70)[kind]
+    check_attention(build_batch(q_lens, ctx_lens, num_kv_heads=2, group=2, head_dim=64,
+                                block_size=16, dtype=torch.float32, seed=len(kind)),
+                    sliding_window=sliding_window)
 
 
 @st.composite
@@ -229,13 +188,7 @@ def test_write_kv_cache_matches_reference(num_tokens, num_kv_heads, head_dim, bl
     # key/value as strided views of one fused buffer, as a QKV projection produces them
     fused = torch.randn(num_tokens, 2, num_kv_heads, head_dim).to(dtype)
     key, value = fused[:, 0], fused[:, 1]
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    caches = [torch.full(shape, float("nan"), dtype=dtype) for _ in range(4)]
-    triton_cache.write_kv_cache(key, value, caches[0], caches[1], slot_mapping)
-    reference.write_kv_cache(key, value, caches[2], caches[3], slot_mapping)
-    # equal_nan: untouched slots stay NaN in both
-    torch.testing.assert_close(caches[0], caches[2], atol=0, rtol=0, equal_nan=True)
-    torch.testing.assert_close(caches[1], caches[3], atol=0, rtol=0, equal_nan=True)
+    check_write_kv_cache(key, value, slot_mapping, num_blocks, block_size, backend="triton")
 
 
 # ----------------------------------------------------------------------------- RMSNorm
@@ -248,14 +201,7 @@ def test_rms_norm_matches_reference(rows, hidden, dtype, with_residual, seed):
     x = torch.randn(rows, 2, hidden, generator=gen).to(dtype)
     weight = torch.randn(hidden, generator=gen)
     residual = torch.randn(rows, 2, hidden, generator=gen).to(dtype) if with_residual else None
-    x_before = x.clone()
-    got = triton_norm.rms_norm(x, weight, 1e-5, residual)
-    expected = reference.rms_norm(x, weight, 1e-5, residual)
-    assert torch.equal(x, x_before)
-    if with_residual:
-        torch.testing.assert_close(got[1], expected[1], atol=0, rtol=0)  # same rounding
-        got, expected = got[0], expected[0]
-    torch.testing.assert_close(got, expected, **_tol(dtype))
+    check_rms_norm(x, weight, 1e-5, residual, backend="triton")
 
 
 def test_rms_norm_hand_worked():
@@ -285,11 +231,7 @@ def test_rotary_embedding_matches_reference(num_tokens, num_q_heads, num_kv_head
     k = qkv[:, num_q_heads * head_dim:(num_q_heads + num_kv_heads) * head_dim].view(
         num_tokens, num_kv_heads, head_dim)
     v_before = qkv[:, (num_q_heads + num_kv_heads) * head_dim:].clone()
-    q_ref, k_ref = q.clone(), k.clone()
-    reference.rotary_embedding(positions, q_ref, k_ref, cos_sin)
-    triton_rope.rotary_embedding(positions, q, k, cos_sin)
-    torch.testing.assert_close(q, q_ref, **_tol(dtype))
-    torch.testing.assert_close(k, k_ref, **_tol(dtype))
+    check_rotary_embedding(positions, q, k, cos_sin, backend="triton")
     assert torch.equal(qkv[:, (num_q_heads + num_kv_heads) * head_dim:], v_before)
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from workbench.request import Request
-from workbench.worker.sampler import Sampler, SamplerOutput, TokenLogprobs, apply_penalties
+from workbench.worker.sampler import (Sampler, SamplerOutput, TokenLogprobs, apply_penalties,
+                                      gather_logprobs)
 from workbench.sampling_params import SamplingParams
 
 # A 5-token distribution with easy numbers: token 2 is the most likely, then 4, 0, 1, 3.
@@ -268,6 +269,40 @@ def test_logprobs_are_raw_log_softmax_with_ranks_and_sorted_top():
         top_logprobs = [lp for _, lp in entry.top]
         assert top_logprobs == pytest.approx([expected[t] for t in by_prob], abs=1e-5)
     assert out.logprobs[0].rank == 1 and out.logprobs[3].top == ()
+
+
+def test_gather_logprobs_hand_worked_ties_and_per_row_k():
+    """Row 0 is PROBS (ranks 2 > 4 > 0 > 1 > 3); row 1 has tokens 1 and 3 tied on top."""
+    tied = [math.log(p) for p in (0.1, 0.3, 0.2, 0.3, 0.1)]
+    out = gather_logprobs(torch.tensor([LOGITS, tied]), torch.tensor([0, 3]), [2, 0])
+    assert [(e.token_id, e.rank) for e in out] == [(0, 3), (3, 1)]  # a tie is not "more likely"
+    assert out[0].logprob == pytest.approx(math.log(0.15), abs=1e-6)
+    assert [t for t, _ in out[0].top] == [2, 4] and out[1].top == ()
+    assert [v for _, v in out[0].top] == pytest.approx([math.log(0.4), math.log(0.3)], abs=1e-6)
+
+
+def test_ranked_lists_the_chosen_token_first_then_the_top_k_by_position():
+    inside = TokenLogprobs(4, -1.2, 2, ((2, -0.9), (4, -1.2), (0, -1.9)))
+    assert inside.ranked() == [(4, -1.2, 2), (2, -0.9, 1), (0, -1.9, 3)]
+    outside = TokenLogprobs(3, -3.0, 5, ((2, -0.9),))
+    assert outside.ranked() == [(3, -3.0, 5), (2, -0.9, 1)]
+
+
+def test_a_row_whose_generator_fails_gets_no_logprobs_and_spares_the_others(monkeypatch):
+    sampler = Sampler()
+    real = sampler._request_generator
+
+    def fragile(request, device):
+        if request.request_id == "bad":
+            raise RuntimeError("no generator")
+        return real(request, device)
+
+    monkeypatch.setattr(sampler, "_request_generator", fragile)
+    rows = torch.tensor([LOGITS, LOGITS])
+    out = sampler(rows, [req("bad", seed=1, logprobs=1), req("ok", seed=2, logprobs=1)])
+    assert out.failed == {"bad": "RuntimeError: no generator"}
+    assert out.token_ids[0] == -1 and out.logprobs[0] is None
+    assert out.logprobs[1].token_id == out.token_ids[1] and out.logprobs[1].top[0][0] == 2
 
 
 # --- mixed batch: each row as if alone ---------------------------------------------------------

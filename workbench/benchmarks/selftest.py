@@ -6,12 +6,14 @@ longer fits is skipped, a step that crashes or hangs is reported and the next on
 
 1. ``env``        versions, device, free memory; the engine and kernels import with fastapi,
                   uvicorn and ipywidgets blocked (the GPU box has none of them).
-2. ``kernels``    every kernel against its torch reference (``workbench.kernels.reference``):
+2. ``kernels``    every kernel against its torch reference (``workbench.kernels.reference``;
+                  cases and checks from ``workbench.benchmarks.checks``, which the tests run too):
                   paged attention (decode, mixed, prefill, split-KV, sliding window), KV write,
                   RMSNorm (with and without residual), RoPE; fp32/fp16/bf16 at the embedded
                   model's and Qwen3-0.6B's head shapes (CPU: the Triton interpreter, fp32 only,
                   and the "cpu" backend).
-3. ``parity``     greedy tokens against transformers: the embedded model in fp32 (identical),
+3. ``parity``     greedy tokens against transformers (``checks.greedy_mismatches``, as the
+                  tests): the embedded model in fp32 (identical),
                   and a Qwen3-0.6B-shaped model with random weights in bf16 on CUDA (a mismatch
                   is a near tie when transformers' top-2 logits there differ by < 0.15).
 4. ``throughput`` ``workbench bench throughput --compare hf`` with dummy Qwen3-0.6B-shaped
@@ -56,16 +58,12 @@ def qwen3_config(small: bool) -> dict:
 
 def model_dir(work: pathlib.Path, cfg: dict) -> pathlib.Path:
     """A model directory: ``cfg`` + the embedded model's tokenizer files."""
-    import shutil
-
-    from workbench.model.loader import default_model_path
+    from workbench.benchmarks.checks import copy_tokenizer
 
     d = work / "qwen3-shape"
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(cfg))
-    for f in default_model_path().iterdir():
-        if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "chat_template.jinja"):
-            shutil.copy(f, d / f.name)
+    copy_tokenizer(d)
     return d
 
 
@@ -119,22 +117,21 @@ def step_env(rec: Recorder, device: str, small: bool, work: pathlib.Path) -> Non
         stderr=proc.stderr[-600:])
 
 
-def _close(got, expected, dtype) -> tuple[bool, float]:
-    import torch
-
-    tol = {torch.float32: (1e-4, 1e-4), torch.float16: (3e-3, 1e-2), torch.bfloat16: (2e-2, 5e-2)}[dtype]
-    err = (got.float() - expected.float()).abs().max().item() if got.numel() else 0.0
-    ok = bool(torch.allclose(got.float(), expected.float(), atol=tol[0], rtol=tol[1]))
-    return ok and not got.isnan().any().item(), err
+def _record_check(rec: Recorder, name: str, check, *args, **kwargs) -> None:
+    """Run one shared check (``workbench.benchmarks.checks``): PASS with its error, or FAIL
+    with the assertion's message."""
+    try:
+        err = check(*args, **kwargs)
+    except AssertionError as exc:
+        rec(name, False, error=str(exc)[:600])
+    else:
+        rec(name, True, **({} if err is None else {"max_abs_err": err}))
 
 
 def step_kernels(rec: Recorder, device: str, small: bool, work: pathlib.Path) -> None:
-    import math
-
     import torch
 
-    from workbench import kernels
-    from workbench.kernels import reference
+    from workbench.benchmarks import checks
 
     dtypes = [torch.float32, torch.float16, torch.bfloat16] if device == "cuda" else [torch.float32]
     backends = ["triton"] if device == "cuda" else ["triton", "cpu"]
@@ -142,102 +139,48 @@ def step_kernels(rec: Recorder, device: str, small: bool, work: pathlib.Path) ->
     shapes = [("tiny-shakespeare", 3, 2, 32), ("qwen3-0.6b", 8, 2, 128)]
     if small:
         shapes = [("tiny-shakespeare", 3, 2, 32), ("qwen3-like", 2, 2, 64)]
-    ctx = 40 if small else 3000  # long context: the split-KV path on a GPU
+    # a long context takes the split-KV path on a GPU
+    batches = checks.attention_batches(40, 70) if small else checks.attention_batches(3000, 700)
     gen = torch.Generator().manual_seed(0)
-    for (shape, kvh, group, hd), dtype, backend in (
+    for seed, ((shape, kvh, group, hd), dtype, backend) in enumerate(
             (s, d, b) for s in shapes for d in dtypes for b in backends):
         label = f"{shape} {str(dtype)[6:]} {backend}"
-        block_size = 16
-        batches = {  # (query lengths, context lengths)
-            "decode": ([1] * 8, [ctx, 5, 17, 100, 1, 63, 64, 2 * ctx]),
-            "mixed": ([1, 37, 1, 12], [ctx, 0, 9, 30]),
-            "prefill": ([70 if small else 700, 20], [0, 0]),
-        }
         for kind, (q_lens, c_lens) in batches.items():
-            seq_lens = [q + c for q, c in zip(q_lens, c_lens)]
-            nb = [math.ceil(n / block_size) for n in seq_lens]
-            num_blocks = sum(nb) + 1
-            kc = torch.randn(num_blocks, block_size, kvh, hd, generator=gen).to(dtype)
-            vc = torch.randn(num_blocks, block_size, kvh, hd, generator=gen).to(dtype)
-            perm = torch.randperm(num_blocks, generator=gen)
-            width = max(nb)
-            table = torch.full((len(q_lens), width), -1, dtype=torch.int32)
-            used = 0
-            for s, n in enumerate(nb):
-                table[s, :n] = perm[used:used + n].to(torch.int32)
-                used += n
-            qsl = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
-            q = torch.randn(int(qsl[-1]), kvh * group, hd, generator=gen).to(dtype)
-            sl = torch.tensor(seq_lens, dtype=torch.int32)
-            args = [t.to(device) for t in (q, kc, vc, table, qsl, sl)]
+            batch = checks.build_batch(q_lens, c_lens, num_kv_heads=kvh, group=group, head_dim=hd,
+                                       block_size=16, dtype=dtype, seed=seed, device=device)
             for window in (None, 48):
-                expected = reference.paged_attention(*args, hd**-0.5, sliding_window=window)
-                got = kernels.paged_attention(*args, hd**-0.5, sliding_window=window, backend=backend)
-                ok, err = _close(got, expected, dtype)
-                rec(f"paged_attention {kind} window={window} [{label}]", ok, max_abs_err=err)
+                _record_check(rec, f"paged_attention {kind} window={window} [{label}]",
+                              checks.check_paged_attention, batch, backend=backend,
+                              sliding_window=window)
         n_tok = 33
         x = torch.randn(n_tok, kvh * group * hd, generator=gen).to(dtype).to(device)
         w = torch.randn(kvh * group * hd, generator=gen).to(dtype).to(device)
         r = torch.randn_like(x)
-        ok1, e1 = _close(kernels.rms_norm(x, w, 1e-6, backend=backend), reference.rms_norm(x, w, 1e-6), dtype)
-        got, got_res = kernels.rms_norm(x, w, 1e-6, r.clone(), backend=backend)
-        exp, exp_res = reference.rms_norm(x, w, 1e-6, r.clone())
-        ok2, e2 = _close(got, exp, dtype)
-        rec(f"rms_norm (+residual) [{label}]", ok1 and ok2 and _close(got_res, exp_res, dtype)[0],
-            max_abs_err=max(e1, e2))
+        _record_check(rec, f"rms_norm [{label}]", checks.check_rms_norm, x, w, 1e-6,
+                      backend=backend)
+        _record_check(rec, f"rms_norm +residual [{label}]", checks.check_rms_norm, x, w, 1e-6, r,
+                      backend=backend)
         pos = torch.randint(0, 500, (n_tok,), generator=gen).to(device)
         cos_sin = torch.randn(512, hd, generator=gen).to(device)
         qr = torch.randn(n_tok, kvh * group, hd, generator=gen).to(dtype).to(device)
         kr = torch.randn(n_tok, kvh, hd, generator=gen).to(dtype).to(device)
-        q1, k1, q2, k2 = qr.clone(), kr.clone(), qr.clone(), kr.clone()
-        kernels.rotary_embedding(pos, q1, k1, cos_sin, backend=backend)
-        reference.rotary_embedding(pos, q2, k2, cos_sin)
-        ok_q, eq = _close(q1, q2, dtype)
-        rec(f"rotary_embedding [{label}]", ok_q and _close(k1, k2, dtype)[0], max_abs_err=eq)
-        caches = [torch.zeros(20, 16, kvh, hd, dtype=dtype, device=device) for _ in range(4)]
+        _record_check(rec, f"rotary_embedding [{label}]", checks.check_rotary_embedding, pos,
+                      qr.clone(), kr.clone(), cos_sin, backend=backend)
         slots = torch.randperm(320, generator=gen)[:n_tok].to(device)
         slots[3] = -1
-        kernels.write_kv_cache(kr, kr * 2, caches[0], caches[1], slots, backend=backend)
-        reference.write_kv_cache(kr, kr * 2, caches[2], caches[3], slots)
-        rec(f"write_kv_cache [{label}]", bool(torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])))
-
-
-def _hf_greedy(hf, prompt: list[int], n: int):
-    """transformers' greedy tokens and, per position, its top-2 logit gap."""
-    import torch
-
-    with torch.inference_mode():
-        out = hf.generate(torch.tensor([prompt], device=hf.device), do_sample=False, max_new_tokens=n,
-                          min_new_tokens=n, output_scores=True, return_dict_in_generate=True,
-                          pad_token_id=0, eos_token_id=None)
-    gaps = [float(s[0].float().topk(2).values.diff().abs()) for s in out.scores]
-    return out.sequences[0, len(prompt):].tolist(), gaps
+        _record_check(rec, f"write_kv_cache [{label}]", checks.check_write_kv_cache, kr, kr * 2,
+                      slots, 20, 16, backend=backend)
 
 
 def _compare_greedy(rec, label, engine, hf, prompts, n, near_tie):
     from workbench import SamplingParams
+    from workbench.benchmarks.checks import generate, greedy_mismatches
 
-    for i, p in enumerate(prompts):
-        engine.add_request(f"p{i}", {"prompt_token_ids": p}, SamplingParams(temperature=0, max_tokens=n,
-                                                                             ignore_eos=True))
-    outs = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                outs[o.request_id] = o.outputs[0].token_ids
-    identical, ties, bad = 0, 0, []
-    for i, p in enumerate(prompts):
-        theirs, gaps = _hf_greedy(hf, p, n)
-        ours = list(outs[f"p{i}"])
-        first = next((j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
-        if first is None:
-            identical += 1
-        elif gaps[first] < near_tie:
-            ties += 1
-        else:
-            bad.append({"prompt": i, "position": first, "hf_top2_gap": round(gaps[first], 4)})
-    rec(f"greedy parity vs transformers: {label}", not bad, identical=f"{identical}/{len(prompts)}",
-        near_ties=ties, mismatches=bad[:5])
+    outs = generate(engine, prompts, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    parity = greedy_mismatches([o.token_ids for o in outs], hf, prompts, n, near_tie=near_tie)
+    rec(f"greedy parity vs transformers: {label}", not parity.mismatches,
+        identical=f"{parity.identical}/{len(prompts)}", near_ties=parity.near_ties,
+        mismatches=parity.mismatches[:5])
 
 
 def step_parity(rec: Recorder, device: str, small: bool, work: pathlib.Path) -> None:

@@ -297,13 +297,7 @@ class OutputProcessor:
         have.extend(self._convert_logprobs(lp) for lp in entries[len(have) - start :])
 
     def _convert_logprobs(self, lp: TokenLogprobs) -> dict[int, Logprob]:
-        """The chosen (or prompt) token first, then the top-k (rank = position, 1-based)."""
+        """The chosen (or prompt) token first, then the top-k (``TokenLogprobs.ranked``)."""
         tok = getattr(self.tokenizer, "backend_tokenizer", self.tokenizer)
-
-        def decoded(token_id: int) -> str:
-            return tok.decode([token_id], skip_special_tokens=False)
-
-        out = {lp.token_id: Logprob(lp.logprob, lp.rank, decoded(lp.token_id))}
-        for rank, (token_id, value) in enumerate(lp.top, start=1):
-            out.setdefault(token_id, Logprob(value, rank, decoded(token_id)))
-        return out
+        return {token_id: Logprob(value, rank, tok.decode([token_id], skip_special_tokens=False))
+                for token_id, value, rank in lp.ranked()}

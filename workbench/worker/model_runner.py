@@ -22,7 +22,7 @@ from workbench.model.llama import allocate_kv_caches
 from workbench.model.loader import load_model
 from workbench.model.model_config import ModelConfig
 from workbench.request import Request
-from workbench.worker.sampler import Sampler, TokenLogprobs
+from workbench.worker.sampler import Sampler, TokenLogprobs, gather_logprobs
 
 logger = logging.getLogger("workbench")
 
@@ -154,22 +154,6 @@ class RunnerOutput:
     failed: dict[str, str] = field(default_factory=dict)
     batch: BatchInputs | None = None
     timings: dict[str, float] = field(default_factory=dict)
-
-
-def token_logprobs(logits: torch.Tensor, targets: list[int], k: int) -> list[TokenLogprobs]:
-    """Raw logprobs (``log_softmax`` in fp32) of ``targets[i]`` under row ``i``: value, rank
-    (1 = most likely) and the ``k`` most likely tokens."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    chosen = torch.tensor(targets, device=logits.device).unsqueeze(1)
-    values = logprobs.gather(1, chosen)
-    ranks = ((logprobs > values).sum(dim=1) + 1).tolist()
-    top_lp, top_ids = logprobs.topk(min(k, logprobs.shape[1]), dim=-1)
-    return [
-        TokenLogprobs(token_id=t, logprob=v, rank=r, top=tuple(zip(ids, lps)))
-        for t, v, r, ids, lps in zip(
-            targets, values.squeeze(1).tolist(), ranks, top_ids.tolist(), top_lp.tolist()
-        )
-    ]
 
 
 class ModelRunner:
@@ -417,8 +401,10 @@ class ModelRunner:
             if k is not None and last >= start and chunk.request_id not in failed:
                 try:
                     logits = self.model.compute_logits(hidden[offset : offset + last + 1 - start])
-                    targets = request.prompt_token_ids[start + 1 : last + 2]
-                    out[chunk.request_id] = (start + 1, token_logprobs(logits, targets, k))
+                    targets = torch.tensor(request.prompt_token_ids[start + 1 : last + 2],
+                                           device=logits.device)
+                    out[chunk.request_id] = (start + 1, gather_logprobs(logits, targets,
+                                                                        [k] * len(targets)))
                 except Exception as exc:  # noqa: BLE001 - isolate this request
                     logger.error("prompt logprobs of request %r failed", chunk.request_id,
                                  exc_info=exc)

@@ -50,17 +50,41 @@ _TINY = torch.finfo(torch.float32).tiny
 
 @dataclass(frozen=True)
 class TokenLogprobs:
-    """One position's logprobs, from the raw logits.
+    """One position's logprobs, from the raw logits (built by :func:`gather_logprobs`).
 
     ``rank`` is 1 + the number of tokens strictly more likely than ``token_id`` (1 = most
-    likely); ``top`` holds the ``k = sampling_params.logprobs`` most likely
-    ``(token_id, logprob)`` pairs, most likely first.
+    likely); ``top`` holds the ``k`` most likely ``(token_id, logprob)`` pairs, most likely
+    first, so ``top[i]`` has rank ``i + 1``.
     """
 
     token_id: int
     logprob: float
     rank: int
     top: tuple[tuple[int, float], ...]
+
+    def ranked(self) -> list[tuple[int, float, int]]:
+        """``(token_id, logprob, rank)``: the chosen token first, then each top-k token not
+        already listed (vLLM's order for a position's logprobs dict)."""
+        out = [(self.token_id, self.logprob, self.rank)]
+        out += [(t, v, i) for i, (t, v) in enumerate(self.top, start=1) if t != self.token_id]
+        return out
+
+
+def gather_logprobs(
+    logits: Tensor, token_ids: Tensor, num_logprobs: Sequence[int]
+) -> list[TokenLogprobs]:
+    """Row ``i``'s raw logprobs (``log_softmax`` in fp32) of ``token_ids[i]``, its rank and
+    the ``num_logprobs[i]`` most likely tokens: the one place ranks and top-k are computed, for
+    sampled tokens (the sampler) and prompt tokens (the runner's prompt logprobs)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1))
+    ranks = ((logprobs > chosen).sum(dim=1) + 1).tolist()
+    max_k = min(max(num_logprobs, default=0), logprobs.shape[1])
+    top_lp, top_ids = logprobs.topk(max_k, dim=-1, sorted=True)
+    rows = zip(token_ids.tolist(), chosen.squeeze(1).tolist(), ranks, num_logprobs,
+               top_ids.tolist(), top_lp.tolist())
+    return [TokenLogprobs(token_id=t, logprob=v, rank=r, top=tuple(zip(ids[:k], lps[:k])))
+            for t, v, r, k, ids, lps in rows]
 
 
 @dataclass
@@ -348,13 +372,6 @@ class Sampler:
                 except Exception as exc:  # one request's fault: that row only
                     failed[r.request_id] = _describe(exc)
                     x[i] = 0.0  # keep the batch finite; the row's token is dropped below
-        want_logprobs = [
-            i for i, r in enumerate(requests)
-            if r.sampling_params.logprobs is not None and r.request_id not in failed
-        ]
-        raw = logits.to(torch.float32)
-        raw_logprobs = torch.log_softmax(raw[want_logprobs], dim=-1) if want_logprobs else None
-
         apply_penalties(x, requests)
         apply_min_tokens(x, requests)
 
@@ -372,9 +389,13 @@ class Sampler:
             tokens[torch.tensor(bad_rows, device=device)] = -1
 
         logprobs: list[TokenLogprobs | None] = [None] * num_rows
-        if raw_logprobs is not None:
-            asked = [requests[i] for i in want_logprobs]
-            entries = self._logprobs(raw_logprobs, tokens[want_logprobs], asked)
+        want_logprobs = [
+            i for i, r in enumerate(requests)
+            if r.sampling_params.logprobs is not None and r.request_id not in failed
+        ]
+        if want_logprobs:  # from the raw logits (``x`` holds the processed ones)
+            entries = gather_logprobs(logits[want_logprobs], tokens[want_logprobs],
+                                      [requests[i].sampling_params.logprobs for i in want_logprobs])
             for i, entry in zip(want_logprobs, entries):
                 logprobs[i] = entry
         return SamplerOutput(token_ids=tokens.tolist(), logprobs=logprobs, failed=failed)
@@ -401,21 +422,3 @@ class Sampler:
             y = apply_min_p(y, column([p.min_p for p in params]))
         probs = y.softmax(dim=-1)
         return (probs / self._exponentials(requests, vocab_size, device, failed)).argmax(dim=-1)
-
-    @staticmethod
-    def _logprobs(
-        raw_logprobs: Tensor, chosen: Tensor, requests: list[Request]
-    ) -> list[TokenLogprobs]:
-        """The chosen token's raw logprob and rank, and each request's top-k, most likely first."""
-        chosen_lp = raw_logprobs.gather(1, chosen.unsqueeze(1))
-        ranks = ((raw_logprobs > chosen_lp).sum(dim=1) + 1).tolist()
-        max_k = min(max(r.sampling_params.logprobs for r in requests), raw_logprobs.shape[1])
-        top_lp, top_ids = raw_logprobs.topk(max_k, dim=-1, sorted=True)
-        top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
-        out = []
-        rows = zip(requests, chosen.tolist(), chosen_lp.squeeze(1).tolist())
-        for j, (r, token, lp) in enumerate(rows):
-            k = min(r.sampling_params.logprobs, max_k)
-            top = tuple(zip(top_ids[j][:k], top_lp[j][:k]))
-            out.append(TokenLogprobs(token_id=token, logprob=lp, rank=ranks[j], top=top))
-        return out

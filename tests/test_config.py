@@ -1,0 +1,116 @@
+"""EngineArgs (also named EngineConfig): one class, and every option's command-line round trip.
+
+The expected values are written out by hand, one non-default value per option, so a new field
+without an entry here, or a flag that parses to another type or value, fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+import pytest
+
+import workbench
+from workbench.config import EngineArgs, EngineConfig, teaching_config
+
+#: option -> (what a user types after its flag, the value it must parse to); booleans: both ways.
+NON_DEFAULT = {
+    "model": ("some/model", "some/model"),
+    "tokenizer": ("some/tokenizer", "some/tokenizer"),
+    "dtype": ("bfloat16", "bfloat16"),
+    "device": ("cuda:1", "cuda:1"),
+    "load_format": ("dummy", "dummy"),
+    "seed": ("7", 7),
+    "max_model_len": ("1024", 1024),
+    "block_size": ("8", 8),
+    "num_kv_blocks": ("33", 33),
+    "kv_cache_memory_bytes": ("1048576", 1048576),
+    "gpu_memory_utilization": ("0.5", 0.5),
+    "max_num_kv_blocks": ("999", 999),
+    "max_num_seqs": ("3", 3),
+    "max_num_batched_tokens": ("64", 64),
+    "policy": ("priority", "priority"),
+    "attention_backend": ("cpu", "cpu"),
+    "keep_warm_s": ("0.25", 0.25),
+    "max_logprobs": ("5", 5),
+    "max_history": ("12", 12),
+    "log_stats_interval": ("1.5", 1.5),
+}
+BOOLEANS = ("enable_prefix_caching", "enable_chunked_prefill", "batch_invariant", "log_stats")
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def parse(argv: list[str], **kw) -> EngineArgs:
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser(), **kw)
+    return EngineArgs.from_cli_args(parser.parse_args(argv))
+
+
+def test_one_class_under_both_names():
+    assert EngineConfig is EngineArgs
+    assert workbench.EngineConfig is workbench.EngineArgs is EngineArgs
+    assert type(teaching_config()) is EngineArgs
+
+
+def test_every_option_is_in_this_table():
+    assert {f.name for f in fields(EngineArgs)} == set(NON_DEFAULT) | set(BOOLEANS)
+
+
+def test_no_flags_give_the_defaults():
+    assert parse([]) == EngineArgs()
+
+
+@pytest.mark.parametrize("name", sorted(NON_DEFAULT))
+def test_each_flag_parses_back_to_its_value(name):
+    text, value = NON_DEFAULT[name]
+    assert getattr(EngineArgs(), name) != value  # the test says something
+    got = parse([flag(name), text])
+    assert getattr(got, name) == value and type(getattr(got, name)) is type(value)
+    assert got == EngineArgs(**{name: value})
+
+
+@pytest.mark.parametrize("name", BOOLEANS)
+def test_each_boolean_parses_both_ways(name):
+    on, off = parse([flag(name)]), parse(["--no-" + flag(name)[2:]])
+    assert getattr(on, name) is True and getattr(off, name) is False
+    assert on == EngineArgs(**{name: True}) and off == EngineArgs(**{name: False})
+
+
+def test_all_flags_at_once_round_trip_and_make_the_engine_config():
+    argv = [a for name, (text, _) in NON_DEFAULT.items() for a in (flag(name), text)]
+    argv += ["--no-enable-prefix-caching", "--batch-invariant"]
+    expected = EngineArgs(**{name: value for name, (_, value) in NON_DEFAULT.items()},
+                          enable_prefix_caching=False, batch_invariant=True)
+    args = parse(argv)
+    assert args == expected
+    config = args.create_engine_config()
+    assert config == expected and config is not args  # the engine's own copy
+    assert EngineArgs(**args.to_kwargs()) == expected
+
+
+def test_keep_defaults_false_parses_only_the_given_flags():
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser(), exclude=("model",),
+                                     keep_defaults=False)
+    ns = parser.parse_args(["--block-size", "8", "--no-log-stats"])
+    assert not hasattr(ns, "model")
+    given = {k: v for k, v in vars(ns).items() if v is not None}
+    assert given == {"block_size": 8, "log_stats": False}
+
+
+def test_invalid_values_are_refused_by_the_parser_or_the_class():
+    with pytest.raises(SystemExit):
+        parse(["--dtype", "float8"])
+    with pytest.raises(SystemExit):
+        parse(["--block-size", "eight"])
+    with pytest.raises(ValueError, match="block_size must be >= 1"):
+        parse(["--block-size", "0"])
+
+
+def test_repr_names_the_engine_config():
+    text = repr(EngineArgs(block_size=8))
+    assert text.startswith("EngineConfig(model=None, tokenizer=None, dtype='auto',")
+    assert ", block_size=8," in text and text.endswith("log_stats_interval=5.0)")
+    assert "EngineConfig" in EngineArgs()._repr_html_()
