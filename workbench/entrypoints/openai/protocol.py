@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from workbench.sampling_params import SamplingParams
+from workbench.sampling_params import SamplingParams, check_logprobs
 
 
 class FieldError(ValueError):
@@ -27,6 +27,14 @@ class FieldError(ValueError):
 
 def unsupported(field: str, what: str | None = None) -> FieldError:
     return FieldError(field, f"{what or field} is not supported by this server.")
+
+
+def logprobs_rule(field: str, value: int | None, max_logprobs: int | None = None) -> None:
+    """:func:`~workbench.sampling_params.check_logprobs` for a request field (FieldError)."""
+    try:
+        check_logprobs(field, value, max_logprobs)
+    except ValueError as exc:
+        raise FieldError(field, str(exc)) from None
 
 
 class OpenAIModel(BaseModel):
@@ -204,8 +212,7 @@ class CompletionRequest(_CommonFields):
         if self.prompt is None or self.prompt == [] or self.prompt == [[]]:
             raise FieldError("prompt", "prompt must be a text, a list of token ids, or a "
                                        "non-empty list of either.")
-        if self.logprobs is not None and self.logprobs < 0:
-            raise FieldError("logprobs", "`logprobs` must be a positive value.")
+        logprobs_rule("logprobs", self.logprobs)
         if self.max_tokens is not None and self.max_tokens < 0:
             raise FieldError("max_tokens", f"max_tokens must be at least 0, got "
                                            f"{self.max_tokens}.")
@@ -281,8 +288,7 @@ class ChatCompletionRequest(_CommonFields):
     @model_validator(mode="after")
     def _chat_rules(self):
         k = self.top_logprobs
-        if k is not None and k < 0:
-            raise FieldError("top_logprobs", "`top_logprobs` must be a positive value.")
+        logprobs_rule("top_logprobs", k)
         if k is not None and k > 0 and not self.logprobs:
             raise FieldError("top_logprobs",
                              "when using `top_logprobs`, `logprobs` must be set to true.")
