@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from workbench.sampling_params import SamplingParams, check_logprobs
+from workbench.sampling_params import RequestOutputKind, SamplingParams, check_logprobs
 
 
 class FieldError(ValueError):
@@ -155,7 +155,8 @@ class _CommonFields(OpenAIModel):
     def sampling_params(self, *, max_tokens: int | None, logprobs: int | None,
                         defaults: dict[str, Any]) -> SamplingParams:
         """SamplingParams of this request: fields it left None take ``defaults`` (the model's
-        generation config), then SamplingParams' own (raises its ValueError on bad values)."""
+        generation config), then SamplingParams' own (raises its ValueError on bad values).
+        The output kind follows ``stream``, as vLLM's: DELTA streaming, else FINAL_ONLY."""
         optional = {
             name: getattr(self, name) if getattr(self, name) is not None else defaults.get(name)
             for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
@@ -178,6 +179,7 @@ class _CommonFields(OpenAIModel):
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
             **{k: v for k, v in optional.items() if v is not None},
         )
 
