@@ -1,6 +1,7 @@
 """The server's thread rule: each request's input is processed once, on AsyncLLM's input thread
 (the engine thread never tokenizes or decodes a prompt), and no thread but the engine thread
-touches the engine while the server answers every kind of request."""
+touches the engine while the server answers every kind of request; each request asks the
+engine for the outputs it needs (vLLM's rule: DELTA when streaming, else one FINAL_ONLY)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import transformers
 
 from workbench import LLMEngine, default_model_path
 from workbench.engine.async_llm import AsyncLLM
+from workbench.entrypoints.openai import protocol as P
 from workbench.entrypoints.openai.api_server import build_app
+from workbench.sampling_params import RequestOutputKind
 
 from serving_support import GOOD, MODEL, client, drive_asgi, sse_events, wait_all_free
 
@@ -130,3 +133,12 @@ def test_no_thread_but_the_engine_thread_touches_the_engine(served):
     assert "Priority scheduling is not enabled" in answers[4].json()["error"]["message"]
     assert "alive=True" in repr(async_llm) and "engine thread" in async_llm._repr_html_()
     assert offenders == []
+
+
+@pytest.mark.parametrize("stream, kind", [(True, RequestOutputKind.DELTA),
+                                          (False, RequestOutputKind.FINAL_ONLY)])
+def test_stream_decides_the_output_kind(stream, kind):
+    chat = P.ChatCompletionRequest(messages=[{"role": "user", "content": "Hi"}], stream=stream)
+    cmpl = P.CompletionRequest(prompt="ROMEO:", stream=stream)
+    for req in (chat, cmpl):
+        assert req.sampling_params(max_tokens=4, logprobs=None, defaults={}).output_kind is kind
