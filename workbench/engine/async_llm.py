@@ -7,8 +7,9 @@ between two steps (:meth:`AsyncLLM.call`). Outputs go back to each request's asy
 
 Input processing (tokenization, chat templates, decoding for echo) runs on a separate
 *input thread*, once per request, so a huge prompt never pauses the running streams: the
-engine thread only queues requests processed already (:class:`~workbench.engine.
-engine_core_request.EngineCoreRequest`), and never tokenizes or decodes a prompt.
+engine thread only queues requests processed already
+(:class:`~workbench.engine.engine_core_request.EngineCoreRequest`), and never tokenizes or
+decodes a prompt.
 """
 
 from __future__ import annotations
