@@ -147,8 +147,7 @@ class SamplingParams:
         if not 0.0 < self.repetition_penalty <= 2.0:
             raise bad("repetition_penalty", "in (0, 2]")
         for name in ("logprobs", "prompt_logprobs"):
-            if getattr(self, name) is not None and getattr(self, name) < 0:
-                raise bad(name, "an integer >= 0 or None")
+            check_logprobs(name, getattr(self, name))
         for name in ("stop_token_ids", "allowed_token_ids"):
             ids = getattr(self, name)
             if ids is not None and any(isinstance(t, bool) or not isinstance(t, int) or t < 0
@@ -213,6 +212,21 @@ _INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "pr
                "truncate_prompt_tokens")
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                  "repetition_penalty")
+
+
+def check_logprobs(name: str, value: int | None, max_logprobs: int | None = None) -> None:
+    """The one logprob-count rule: ``value`` is None or an integer in ``[0, max_logprobs]``
+    (no upper limit without ``max_logprobs``). ValueError naming ``name`` otherwise, in
+    vLLM's wording; ``prompt_logprobs`` counts prompt logprobs, every other name samples'."""
+    if value is None:
+        return
+    if value < 0:
+        raise ValueError(f"{name} must be an integer >= 0 (a positive value or 0) or None, "
+                         f"got {value!r}.")
+    if max_logprobs is not None and value > max_logprobs:
+        kind = "prompt" if name == "prompt_logprobs" else "sample"
+        raise ValueError(f"{name}: Requested {kind} logprobs of {value}, which is greater "
+                         f"than max allowed: {max_logprobs}")
 
 
 def _int_keyed(bias: dict) -> dict[int, float]:

@@ -103,6 +103,22 @@ def test_add_request_takes_vllms_positional_order(llm):
     drain(engine)
 
 
+def test_a_processed_request_is_queued_as_it_is(llm):
+    """vLLM's add_request also takes an EngineCoreRequest: the same tokens as the raw prompt
+    (reference: LLM.generate alone), its id must be the one given, and it is queued once."""
+    engine = llm.engine
+    (expected,) = final_alone(llm, [PROMPTS[1]], greedy(6))
+    request = engine.input_processor.process_inputs("pre", PROMPTS[1], greedy(6))
+    assert request.prompt_token_ids == engine.get_tokenizer()(PROMPTS[1]).input_ids
+    with pytest.raises(ValueError, match="differs from the EngineCoreRequest's 'pre'"):
+        engine.add_request("other", request)
+    engine.add_request("pre", request)
+    with pytest.raises(ValueError, match="'pre' is already in flight"):
+        engine.add_request("pre", request)
+    (out,) = [o for o in drain(engine) if o.finished]
+    assert out.prompt == PROMPTS[1] and out.outputs[0].token_ids == expected.token_ids
+
+
 def test_tokenization_kwargs_reach_the_tokenizer(llm):
     engine = llm.engine
     tok = engine.get_tokenizer()

@@ -6,8 +6,10 @@ between two steps (:meth:`AsyncLLM.call`). Outputs go back to each request's asy
 ``loop.call_soon_threadsafe`` into a per-request ``asyncio.Queue``.
 
 Input processing (tokenization, chat templates, decoding for echo) runs on a separate
-*input thread*, so a huge prompt never pauses the running streams: the engine thread only
-receives token ids that were already validated.
+*input thread*, once per request, so a huge prompt never pauses the running streams: the
+engine thread only queues requests processed already
+(:class:`~workbench.engine.engine_core_request.EngineCoreRequest`), and never tokenizes or
+decodes a prompt.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import dataclasses
 import functools
 import html
 import os
@@ -24,10 +25,11 @@ import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from workbench.engine.llm_engine import LLMEngine
+from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.engine.input_processor import PromptType
+from workbench.engine.llm_engine import LLMEngine
 from workbench.outputs import RequestOutput
-from workbench.sampling_params import RequestOutputKind, SamplingParams
+from workbench.sampling_params import SamplingParams
 
 T = TypeVar("T")
 _INPUT_NICENESS = 10  # the input thread's nice value: below the engine thread's priority
@@ -51,7 +53,8 @@ def _lower_priority() -> None:
 
 
 class RequestStream:
-    """Async iterator over one request's delta RequestOutputs, ending after the finished one.
+    """Async iterator over one request's RequestOutputs, ending after the finished one; what
+    each carries is its params' ``output_kind`` (CUMULATIVE, DELTA, or FINAL_ONLY: one).
 
     ``finished`` turns True with the request's final output; ``close()`` before that aborts
     the request (so does cancelling a pending ``__anext__``) and ends the iteration.
@@ -111,14 +114,23 @@ def _stop_at_exit(ref: weakref.ref) -> None:
 class AsyncLLM:
     """Serve an :class:`LLMEngine` to asyncio code.
 
-    Invariants: only the engine thread touches ``engine`` (and ``_streams``); the thread
-    sleeps on a condition while there is neither work nor a pending call (waking every few ms
-    for a while to keep a CPU's worker threads awake: ``engine.idle``); a request whose
-    consumer stops iterating is aborted, so it frees its KV blocks.
+    Invariants: only the engine thread touches ``engine`` (and ``_streams``); other threads
+    use what was captured here at construction: ``model_config`` (immutable facts) and
+    ``input_processor``, whose limits never change and whose tokenizing, rendering and
+    decoding run on the input thread only. The engine thread sleeps on a condition while
+    there is neither work nor a pending call (waking every few ms for a while to keep a CPU's
+    worker threads awake: ``engine.idle``); a request whose consumer stops iterating is
+    aborted, so it frees its KV blocks.
     """
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
+        #: The model's facts (max_model_len, vocab_size, path): read them from any thread.
+        self.model_config = engine.model_config
+        #: The engine's input processor, from now on used by the input thread (the engine
+        #: thread gets processed requests); its tokenizer is shared with the detokenizer.
+        self.input_processor = engine.input_processor
+        self._scheduler_stats = engine.scheduler_stats  # the latest, published by the engine thread
         # One input thread: the tokenizer is used by it and the engine thread, no more.
         self._inputs = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="workbench-inputs", initializer=_lower_priority
@@ -173,38 +185,49 @@ class AsyncLLM:
         return await loop.run_in_executor(self._inputs, functools.partial(fn, *args, **kwargs))
 
     async def process_inputs(
-        self, prompt: PromptType, params: SamplingParams, *, add_special_tokens: bool = True
-    ) -> tuple[str | None, list[int], SamplingParams]:
-        """``InputProcessor.process`` on the input thread (raises its ValueError)."""
+        self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, *,
+        priority: int = 0, tokenization_kwargs: dict[str, Any] | None = None,
+    ) -> EngineCoreRequest:
+        """``InputProcessor.process_inputs`` on the input thread (raises its ValueError)."""
         return await self.run_input(
-            self.engine.input_processor.process, prompt, params,
-            add_special_tokens=add_special_tokens,
+            self.input_processor.process_inputs, request_id, prompt, params,
+            priority=priority, tokenization_kwargs=tokenization_kwargs,
         )
 
     async def render_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
         """``InputProcessor.render_chat`` on the input thread (raises its ValueError)."""
-        return await self.run_input(self.engine.input_processor.render_chat, messages, **kwargs)
+        return await self.run_input(self.input_processor.render_chat, messages, **kwargs)
+
+    async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """The tokenizer's token ids of ``text``, on the input thread."""
+        return await self.run_input(self.input_processor.tokenizer.encode, text,
+                                    add_special_tokens=add_special_tokens)
 
     async def decode(self, token_ids: list[int]) -> str:
-        return await self.run_input(self.engine.tokenizer.decode, token_ids)
+        """The tokenizer's text of ``token_ids`` (special tokens kept), on the input thread."""
+        return await self.run_input(self.input_processor.tokenizer.decode, token_ids)
 
     async def add_request(
-        self, prompt: PromptType, params: SamplingParams, request_id: str, *, priority: int = 0
+        self, prompt: PromptType | EngineCoreRequest, params: SamplingParams | None,
+        request_id: str, *, priority: int = 0,
     ) -> RequestStream:
-        """Validate and queue a request; return the stream of its delta RequestOutputs.
+        """Process and queue a request; return the stream of its RequestOutputs, each as its
+        params' ``output_kind`` says (vLLM's default CUMULATIVE: the text so far).
 
-        The prompt is processed on the input thread; the engine thread gets its token ids.
-        A ValueError from validation propagates unchanged and nothing is queued (requests
-        already in flight are untouched).
+        A prompt is processed once, on the input thread; an EngineCoreRequest (processed
+        already: ``params`` and ``priority`` unused) is queued as it is. A ValueError from
+        validation propagates unchanged and nothing is queued (requests already in flight
+        are untouched).
         """
+        if isinstance(prompt, EngineCoreRequest):
+            request = prompt
+        else:
+            request = await self.process_inputs(request_id, prompt, params, priority=priority)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        text, token_ids, params = await self.process_inputs(prompt, params)
-        processed = {"prompt": text, "prompt_token_ids": token_ids}
-        delta = dataclasses.replace(params, output_kind=RequestOutputKind.DELTA)
 
         def add() -> None:
-            self.engine.add_request(request_id, processed, delta, priority=priority)
+            self.engine.add_request(request_id, request)
             self._streams[request_id] = (loop, queue)
 
         try:
@@ -215,9 +238,10 @@ class AsyncLLM:
         return RequestStream(self, request_id, queue)
 
     async def generate(
-        self, prompt: PromptType, params: SamplingParams, request_id: str
+        self, prompt: PromptType | EngineCoreRequest, params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:
-        """Yield a request's delta RequestOutputs until the finished one (vLLM's shape).
+        """Yield a request's RequestOutputs until the finished one (vLLM's shape), each as
+        ``params.output_kind`` says: CUMULATIVE by default (as vLLM), DELTA for new text only.
 
         Validation errors are raised at the first iteration; leaving the iteration early
         (break + close, cancellation, an exception) aborts the request.
@@ -280,6 +304,7 @@ class AsyncLLM:
                     break
                 if engine.has_unfinished_requests():
                     self._deliver(engine.step())
+                    self._scheduler_stats = engine.scheduler_stats
         except BaseException as exc:
             self._error = exc
         finally:
@@ -310,7 +335,7 @@ class AsyncLLM:
             pass
 
     def __repr__(self) -> str:
-        s = self.engine.scheduler_stats  # replaced whole after each step: safe to read here
+        s = self._scheduler_stats
         return (
             f"AsyncLLM(running={s.num_running_reqs}, waiting={s.num_waiting_reqs}, "
             f"kv_usage={s.kv_cache_usage:.2f}, alive={self.is_running})"
@@ -319,7 +344,7 @@ class AsyncLLM:
     def _repr_html_(self) -> str:
         from workbench.utils.reprs import html_table
 
-        s = self.engine.scheduler_stats
+        s = self._scheduler_stats
         error = self.dead_error
         return html_table("AsyncLLM", {
             "engine thread": "running" if self.is_running

@@ -1,4 +1,5 @@
-"""Input processing: prompts and chat messages -> validated token ids (vLLM's serving-layer wording)."""
+"""Input processing: prompts and chat messages -> validated token ids and, once per request,
+an :class:`~workbench.engine.engine_core_request.EngineCoreRequest` (vLLM's wording)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
-from workbench.sampling_params import SamplingParams
+from workbench.core.sched.request_queue import FCFSPolicy, SchedulingPolicy
+from workbench.engine.engine_core_request import EngineCoreRequest
+from workbench.sampling_params import SamplingParams, check_logprobs
 
 #: A prompt as vLLM accepts it: text, a list of token ids, or {"prompt_token_ids": [...]} / {"prompt": "..."}.
 PromptType = Union[str, Sequence[int], Mapping[str, Any]]
@@ -26,14 +29,68 @@ class InputProcessor:
     (the rest of the context, as vLLM). ``prompt + max_tokens`` beyond the context is *not*
     an error here (offline, the engine stops at the context with "length"); the server asks
     :meth:`check_context_length` for vLLM's 400.
+
+    Its limits (``max_model_len``, ``vocab_size``, ``max_logprobs``) never change; in a served
+    engine its methods run on AsyncLLM's input thread, never on the engine thread.
     """
 
-    def __init__(self, tokenizer, max_model_len: int, vocab_size: int, max_logprobs: int = 20
+    def __init__(self, tokenizer, max_model_len: int, vocab_size: int, max_logprobs: int = 20,
+                 *, eos_token_ids: Sequence[int] = (), policy: SchedulingPolicy | None = None
                  ) -> None:
+        """``eos_token_ids``: the model's (generation_config.json); ``policy``: the engine's
+        scheduling policy, which decides whether a non-zero priority is accepted."""
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.max_logprobs = max_logprobs
+        self.policy = policy or FCFSPolicy()
+        # The tokenizer's eos ends a request; the model's other eos ids join each request's
+        # stop_token_ids (as vLLM does), unless it ignores eos.
+        eos = tokenizer.eos_token_id
+        self.eos_token_id = eos if eos is not None or not eos_token_ids else eos_token_ids[0]
+        self._extra_eos_ids = [t for t in eos_token_ids if t != self.eos_token_id]
+
+    def process_inputs(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        *,
+        arrival_time: float | None = None,
+        lora_request: object | None = None,
+        tokenization_kwargs: Mapping[str, Any] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
+        priority: int = 0,
+    ) -> EngineCoreRequest:
+        """The request processed once (vLLM's ``process_inputs``): tokenized, truncated,
+        validated and completed. Raises ValueError (TypeError for a prompt of the wrong type)
+        naming the field; ``tokenization_kwargs`` may hold ``add_special_tokens``."""
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}.")
+        if lora_request is not None:
+            raise ValueError("lora_request: LoRA adapters are not supported by this engine.")
+        if trace_headers:
+            raise ValueError("trace_headers: tracing is not supported by this engine.")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}.")
+        if priority != 0 and not self.policy.uses_priority:
+            raise ValueError(
+                f"priority: got {priority}, but the scheduling policy {self.policy.name!r} "
+                "ignores priority (Priority scheduling is not enabled); create the engine "
+                "with policy='priority'."
+            )
+        kwargs = dict(tokenization_kwargs or {})
+        unknown = sorted(set(kwargs) - {"add_special_tokens"})
+        if unknown:
+            raise ValueError(f"tokenization_kwargs: unsupported keys {unknown}; "
+                             "only 'add_special_tokens' is.")
+        text, token_ids, params = self.process(prompt, params or SamplingParams(), **kwargs)
+        if not params.ignore_eos and self._extra_eos_ids:
+            params = dataclasses.replace(
+                params, stop_token_ids=params.stop_token_ids + self._extra_eos_ids
+            )
+        return EngineCoreRequest(request_id, text, token_ids, params, self.eos_token_id,
+                                 arrival_time=arrival_time, priority=priority)
 
     def process(
         self, prompt: PromptType, params: SamplingParams, *, add_special_tokens: bool = True
@@ -64,13 +121,8 @@ class InputProcessor:
                 f"has {n} input tokens. Please reduce the length of the input messages."
             )
         self._check_ids(token_ids, "prompt_token_ids")
-        for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
-            wanted = getattr(params, name)
-            if wanted is not None and wanted > self.max_logprobs:
-                raise ValueError(
-                    f"{name}: Requested {kind} logprobs of {wanted}, which is greater than max "
-                    f"allowed: {self.max_logprobs}"
-                )
+        for name in ("logprobs", "prompt_logprobs"):
+            check_logprobs(name, getattr(params, name), self.max_logprobs)
         for name in ("logit_bias", "allowed_token_ids"):
             self._check_ids(list(getattr(params, name) or ()), name)
         changes: dict[str, Any] = {}

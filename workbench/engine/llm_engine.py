@@ -17,10 +17,10 @@ import torch
 
 from workbench.config import EngineConfig, default_max_num_batched_tokens, default_max_num_seqs
 from workbench.core.kv_cache_manager import KVCacheManager
-from workbench.core.sched.request_queue import FCFSPolicy, SchedulingPolicy, ShortestPromptFirstPolicy
 from workbench.core.sched.scheduler import Scheduler
 from workbench.core.sched.output import SchedulerOutput
 from workbench.engine.history import StepHistory, StepRecord
+from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.engine.idle import IdleWaiter
 from workbench.engine.input_processor import InputProcessor, PromptType
 from workbench.model.loader import resolve_model_path
@@ -36,10 +36,6 @@ from workbench.metrics.stats import IterationStats, LoggingStatLogger, Scheduler
 
 if TYPE_CHECKING:
     from workbench.config import EngineArgs
-
-#: Built-in policies that ignore ``Request.priority``: a non-zero priority is an error there.
-_PRIORITY_BLIND = (SchedulingPolicy, FCFSPolicy, ShortestPromptFirstPolicy)
-
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +121,8 @@ class LLMEngine:
         )
         self.input_processor = InputProcessor(
             self.tokenizer, max_model_len, self.model_config.vocab_size,
-            max_logprobs=config.max_logprobs,
+            max_logprobs=config.max_logprobs, eos_token_ids=self.model_config.eos_token_ids,
+            policy=self.scheduler.policy,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.history = StepHistory(config.max_history, initial_kv_state=self.kv_cache.snapshot())
@@ -148,13 +145,6 @@ class LLMEngine:
         self._step_end: float | None = None  # when the last step left unfinished work (perf_counter)
         #: How a driver waits for requests: keeping a CPU's worker threads awake (workbench.engine.idle).
         self.idle = IdleWaiter(self.device, config.keep_warm_s)
-        # The tokenizer's eos ends a request; other eos ids of generation_config.json join
-        # each request's stop_token_ids (as vLLM does), unless it ignores eos.
-        eos = self.model_config.eos_token_ids
-        self._eos_token_id = self.tokenizer.eos_token_id
-        if self._eos_token_id is None and eos:
-            self._eos_token_id = eos[0]
-        self._extra_eos_ids = [t for t in eos if t != self._eos_token_id]
 
     @classmethod
     def from_engine_args(
@@ -182,7 +172,7 @@ class LLMEngine:
     def add_request(
         self,
         request_id: str,
-        prompt: PromptType,
+        prompt: PromptType | EngineCoreRequest,
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
         lora_request: object | None = None,
@@ -190,53 +180,40 @@ class LLMEngine:
         trace_headers: Mapping[str, str] | None = None,
         priority: int = 0,
     ) -> None:
-        """Validate and queue a request (vLLM's signature). Raises ValueError, with nothing
+        """Process and queue a request (vLLM's signature). Raises ValueError, with nothing
         queued, on bad input.
 
+        ``prompt`` may be an :class:`~workbench.engine.engine_core_request.EngineCoreRequest`
+        processed already (``InputProcessor.process_inputs``): it is queued as it is, the
+        other arguments unused, and this engine neither tokenizes nor decodes anything.
         ``arrival_time`` is in the engine's ``clock`` seconds (``time.monotonic()``; default: now).
         ``tokenization_kwargs`` may hold ``add_special_tokens``. ``params.n > 1`` makes n
         child sequences ``"{i}_{request_id}"`` reported as one RequestOutput
         (see :class:`~workbench.engine.parallel_sampling.ParentRequest`).
         """
-        if not isinstance(request_id, str) or not request_id:
-            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}.")
-        if lora_request is not None:
-            raise ValueError("lora_request: LoRA adapters are not supported by this engine.")
-        if trace_headers:
-            raise ValueError("trace_headers: tracing is not supported by this engine.")
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise ValueError(f"priority must be an integer, got {priority!r}.")
-        policy = self.scheduler.policy
-        if priority != 0 and not self.uses_priority:
-            raise ValueError(
-                f"priority: got {priority}, but the scheduling policy {policy.name!r} ignores "
-                "priority; create the engine with policy='priority'."
-            )
-        kwargs = dict(tokenization_kwargs or {})
-        unknown = sorted(set(kwargs) - {"add_special_tokens"})
-        if unknown:
-            raise ValueError(f"tokenization_kwargs: unsupported keys {unknown}; "
-                             "only 'add_special_tokens' is.")
-        if request_id in self.output_processor.parents:
-            raise ValueError(f"request_id {request_id!r} is already in flight.")
-        params = params or SamplingParams()
-        text, token_ids, params = self.input_processor.process(prompt, params, **kwargs)
-        if not params.ignore_eos and self._extra_eos_ids:
-            params = dataclasses.replace(
-                params, stop_token_ids=params.stop_token_ids + self._extra_eos_ids
+        if isinstance(prompt, EngineCoreRequest):
+            if request_id != prompt.request_id:
+                raise ValueError(f"request_id {request_id!r} differs from the EngineCoreRequest's "
+                                 f"{prompt.request_id!r}.")
+            request = prompt
+        else:
+            request = self.input_processor.process_inputs(
+                request_id, prompt, params, arrival_time=arrival_time, lora_request=lora_request,
+                tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
+                priority=priority,
             )
         parent = ParentRequest(
-            request_id, text, token_ids, params, eos_token_id=self._eos_token_id,
-            priority=priority,
-            arrival_time=self.clock() if arrival_time is None else arrival_time,
+            request.request_id, request.prompt, request.prompt_token_ids,
+            request.sampling_params, eos_token_id=request.eos_token_id, priority=request.priority,
+            arrival_time=self.clock() if request.arrival_time is None else request.arrival_time,
         )
-        self.output_processor.add_request(parent)  # raises on an id in flight
+        self.output_processor.add_request(parent)  # the one check of an id in flight
         try:
             # Raises (nothing queued) if it can never fit. Its siblings join once it computed
             # the prompt, to share the prompt's blocks through the prefix cache.
             self.scheduler.add_request(parent.children[0])
         except ValueError:
-            self.output_processor.discard(request_id)
+            self.output_processor.discard(request.request_id)
             raise
 
     def abort_request(self, request_id: str | Iterable[str], *, report: bool = True) -> None:
@@ -259,10 +236,9 @@ class LLMEngine:
 
     @property
     def uses_priority(self) -> bool:
-        """False under the built-in policies that ignore ``Request.priority`` (fcfs, spf):
-        there a non-zero priority is refused, as vLLM refuses it without its priority policy.
-        A policy class of your own counts as using it."""
-        return type(self.scheduler.policy) not in _PRIORITY_BLIND
+        """Whether the scheduling policy reads ``Request.priority`` (its
+        :attr:`~workbench.core.sched.request_queue.SchedulingPolicy.uses_priority`)."""
+        return self.scheduler.policy.uses_priority
 
     def get_unfinished_request_ids(self) -> list[str]:
         """The ids (as given to ``add_request``) of every request not finished yet."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Mapping, Sequence
 
 from workbench.engine.llm_engine import LLMEngine
@@ -26,7 +25,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, **kwargs) -> None:
         self.engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
-        self._ids = itertools.count()
+        self._num_added = 0  # request ids are gen-0, gen-1, ... in the order of adding
 
     @property
     def llm_engine(self) -> LLMEngine:
@@ -97,17 +96,19 @@ class LLM:
 
         engine = self.engine
         params = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
-        for i, (prompt, p) in enumerate(zip(prompts, params)):  # validate all before adding any
-            try:
-                engine.input_processor.process(prompt, p)
+        requests = []
+        for i, (prompt, p, prio) in enumerate(zip(prompts, params, priorities)):
+            try:  # every prompt processed (once) before any is added
+                requests.append(engine.input_processor.process_inputs(
+                    f"gen-{self._num_added + i}", prompt, p, priority=prio))
             except (ValueError, TypeError) as exc:
                 raise type(exc)(f"prompts[{i}]: {exc}") from exc
         ids = []
         try:
-            for prompt, p, prio in zip(prompts, params, priorities):
-                request_id = f"gen-{next(self._ids)}"
-                engine.add_request(request_id, prompt, p, priority=prio)
-                ids.append(request_id)
+            for request in requests:
+                self._num_added += 1  # an id is used up once its add was tried
+                engine.add_request(request.request_id, request)
+                ids.append(request.request_id)
         except ValueError:
             engine.abort_request(ids, report=False)
             raise

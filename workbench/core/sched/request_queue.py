@@ -50,6 +50,14 @@ class SchedulingPolicy:
 
         return max(enumerate(running), key=rank)[1]
 
+    @property
+    def uses_priority(self) -> bool:
+        """The one priority rule (offline and over HTTP): False for the built-ins that ignore
+        ``Request.priority`` (fcfs, spf and this base class), where a non-zero priority is
+        refused as vLLM refuses it without its priority policy; True for ``priority`` and for
+        any policy class of your own."""
+        return type(self) not in _PRIORITY_BLIND
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -77,6 +85,9 @@ class ShortestPromptFirstPolicy(SchedulingPolicy):
     def sort_key(self, request: Request) -> tuple[int, float]:
         return (request.num_prompt_tokens, request.arrival_time)
 
+
+#: The built-in policies that never read ``Request.priority``.
+_PRIORITY_BLIND = (SchedulingPolicy, FCFSPolicy, ShortestPromptFirstPolicy)
 
 POLICIES: dict[str, type[SchedulingPolicy]] = {
     "fcfs": FCFSPolicy,

@@ -76,8 +76,7 @@ def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | None = Non
     """The OpenAI-compatible app over ``async_llm``; ``api_key`` guards /v1/*, /tokenize and
     /detokenize (``Authorization: Bearer <key>``); ``generation_config`` ("auto", "vllm" or
     a folder) gives the sampling defaults, as vLLM's ``--generation-config``."""
-    defaults = load_generation_defaults(generation_config,
-                                        async_llm.engine.model_config.path)
+    defaults = load_generation_defaults(generation_config, async_llm.model_config.path)
     serving = OpenAIServing(async_llm, model_name, defaults)
     metrics = prometheus_logger(async_llm, model_name)
     app = FastAPI(title="llm-workbench OpenAI-compatible server")

@@ -133,18 +133,18 @@ def chat_router(serving: OpenAIServing) -> APIRouter:
         )
         requested = req.requested_max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        limit = serving.engine.input_processor.max_logprobs
-        if logprobs is not None and logprobs > limit:
-            raise APIError(400, f"top_logprobs: Requested sample logprobs of {logprobs}, which "
-                                f"is greater than max allowed: {limit}", "top_logprobs")
+        try:  # the engine's limit, under this endpoint's field name
+            P.logprobs_rule("top_logprobs", logprobs, serving.llm.input_processor.max_logprobs)
+        except P.FieldError as exc:
+            raise APIError.bad_request(exc) from exc
         params = serving.sampling_params(req, max_tokens=requested, logprobs=logprobs)
-        prompts, params = await serving.prepare(req, [text], params,
-                                                requested_max_tokens=requested)
+        response_id = f"chatcmpl-{base_id}"
+        prompts = await serving.prepare(req, response_id, [text], params,
+                                        requested_max_tokens=requested)
         last = req.messages[-1]
         echo = last.for_template(len(req.messages) - 1)["content"] \
             if req.echo and last.role == ROLE else ""
-        response_id = f"chatcmpl-{base_id}"
-        return await serving.generate(raw, req, base_id, response_id, prompts, params,
+        return await serving.generate(raw, req, base_id, prompts,
                                       ChatFormat(serving, req, response_id, echo))
 
     return router

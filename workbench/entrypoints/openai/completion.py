@@ -32,7 +32,6 @@ class CompletionFormat(ResponseFormat):
                  ) -> None:
         self.req, self.response_id = req, response_id
         self.model = serving.model_name
-        self.tokenizer = serving.engine.tokenizer
         self.created = int(time.time())
 
     def _echo(self, state: ChoiceState) -> str:
@@ -55,7 +54,7 @@ class CompletionFormat(ResponseFormat):
         for token_id, pos in entries:
             chosen = None if pos is None else pos.get(token_id)
             if chosen is None and not as_ids:  # the first prompt token: no logprob to name it
-                token = self.tokenizer.decode([token_id], skip_special_tokens=False)
+                token = state.prompt.first_token_text
             else:
                 token = token_text(token_id, chosen, as_ids)
             lp.tokens.append(token)
@@ -117,10 +116,13 @@ def completion_router(serving: OpenAIServing) -> APIRouter:
         echo_logprobs = req.logprobs if req.echo else None
         params = serving.sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
                                          prompt_logprobs=echo_logprobs)
-        prompts, params = await serving.prepare(req, req.prompts(), params,
-                                                requested_max_tokens=max_tokens)
         response_id = f"cmpl-{base_id}"
-        return await serving.generate(raw, req, base_id, response_id, prompts, params,
+        prompts = await serving.prepare(req, response_id, req.prompts(), params,
+                                        requested_max_tokens=max_tokens)
+        if req.echo and req.logprobs is not None and not req.return_tokens_as_token_ids:
+            for p in prompts:
+                p.first_token_text = await serving.llm.decode(p.token_ids[:1])
+        return await serving.generate(raw, req, base_id, prompts,
                                       CompletionFormat(serving, req, response_id),
                                       echo_only=echo_only)
 

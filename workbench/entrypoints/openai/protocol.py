@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from workbench.sampling_params import SamplingParams
+from workbench.sampling_params import RequestOutputKind, SamplingParams, check_logprobs
 
 
 class FieldError(ValueError):
@@ -27,6 +27,14 @@ class FieldError(ValueError):
 
 def unsupported(field: str, what: str | None = None) -> FieldError:
     return FieldError(field, f"{what or field} is not supported by this server.")
+
+
+def logprobs_rule(field: str, value: int | None, max_logprobs: int | None = None) -> None:
+    """:func:`~workbench.sampling_params.check_logprobs` for a request field (FieldError)."""
+    try:
+        check_logprobs(field, value, max_logprobs)
+    except ValueError as exc:
+        raise FieldError(field, str(exc)) from None
 
 
 class OpenAIModel(BaseModel):
@@ -147,7 +155,8 @@ class _CommonFields(OpenAIModel):
     def sampling_params(self, *, max_tokens: int | None, logprobs: int | None,
                         defaults: dict[str, Any]) -> SamplingParams:
         """SamplingParams of this request: fields it left None take ``defaults`` (the model's
-        generation config), then SamplingParams' own (raises its ValueError on bad values)."""
+        generation config), then SamplingParams' own (raises its ValueError on bad values).
+        The output kind follows ``stream``, as vLLM's: DELTA streaming, else FINAL_ONLY."""
         optional = {
             name: getattr(self, name) if getattr(self, name) is not None else defaults.get(name)
             for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
@@ -170,6 +179,7 @@ class _CommonFields(OpenAIModel):
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
             **{k: v for k, v in optional.items() if v is not None},
         )
 
@@ -204,8 +214,7 @@ class CompletionRequest(_CommonFields):
         if self.prompt is None or self.prompt == [] or self.prompt == [[]]:
             raise FieldError("prompt", "prompt must be a text, a list of token ids, or a "
                                        "non-empty list of either.")
-        if self.logprobs is not None and self.logprobs < 0:
-            raise FieldError("logprobs", "`logprobs` must be a positive value.")
+        logprobs_rule("logprobs", self.logprobs)
         if self.max_tokens is not None and self.max_tokens < 0:
             raise FieldError("max_tokens", f"max_tokens must be at least 0, got "
                                            f"{self.max_tokens}.")
@@ -281,8 +290,7 @@ class ChatCompletionRequest(_CommonFields):
     @model_validator(mode="after")
     def _chat_rules(self):
         k = self.top_logprobs
-        if k is not None and k < 0:
-            raise FieldError("top_logprobs", "`top_logprobs` must be a positive value.")
+        logprobs_rule("top_logprobs", k)
         if k is not None and k > 0 and not self.logprobs:
             raise FieldError("top_logprobs",
                              "when using `top_logprobs`, `logprobs` must be set to true.")

@@ -1,6 +1,8 @@
 """The path both generation endpoints share: check a request the way vLLM's OpenAIServing does,
-prepare its prompts off the engine thread, run one engine request per prompt (each with ``n``
-samples; choice ``i * n + j`` is prompt i, sample j) and answer it whole or as one SSE stream.
+process each prompt once on the input thread into the EngineCoreRequest the engine queues,
+run one engine request per prompt (each with ``n`` samples; choice ``i * n + j`` is prompt i,
+sample j) and answer it whole (one FINAL_ONLY output per prompt) or as one SSE stream (DELTA
+outputs). This event-loop code reads no engine object: only what AsyncLLM exposes.
 
 The endpoints differ only in their :class:`ResponseFormat` (chunk and response shapes).
 A request whose processing fails inside the engine (``RequestOutput.error``) answers 500, or,
@@ -22,7 +24,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
-from workbench.core.sched.request_queue import PriorityPolicy
+from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.engine.input_processor import PromptType
 from workbench.outputs import CompletionOutput, Logprob, RequestOutput
 from workbench.sampling_params import SamplingParams
@@ -36,17 +38,27 @@ logger = logging.getLogger("workbench.entrypoints.openai")
 
 @dataclass
 class PreparedPrompt:
-    """A prompt after input processing: its text (decoded for token prompts) and ids;
-    ``prompt_logprobs`` arrive with its first output when the request asked for them."""
+    """A prompt processed once: the EngineCoreRequest the engine queues (its ``prompt`` text
+    decoded for token prompts); ``prompt_logprobs`` arrive with its first output when the
+    request asked for them; ``first_token_text`` is set for completions' echo with logprobs
+    (the first prompt token has no logprob to name it)."""
 
-    text: str
-    token_ids: list[int]
+    request: EngineCoreRequest
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    first_token_text: str = ""
+
+    @property
+    def text(self) -> str:
+        return self.request.prompt
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.request.prompt_token_ids
 
 
 @dataclass
 class ChoiceState:
-    """One choice accumulated from delta outputs (choice ``index`` of prompt ``prompt``)."""
+    """One choice accumulated from its outputs (choice ``index`` of prompt ``prompt``)."""
 
     index: int
     prompt: PreparedPrompt
@@ -103,9 +115,8 @@ class OpenAIServing:
     def __init__(self, async_llm: AsyncLLM, model_name: str,
                  generation_defaults: dict[str, Any]) -> None:
         self.llm = async_llm
-        self.engine = async_llm.engine
         self.model_name = model_name
-        self.max_model_len = async_llm.engine.model_config.max_model_len
+        self.max_model_len = async_llm.model_config.max_model_len
         self.defaults = generation_defaults
 
     # ------------------------------------------------------------------ checks
@@ -114,8 +125,9 @@ class OpenAIServing:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
 
     def check_request(self, req: P._CommonFields, raw: Request) -> str:
-        """Model, supported fields, priority; warn about unknown fields. Returns the base
-        request id: the X-Request-Id header, else the body's request_id, else a random one."""
+        """Model and supported fields; warn about unknown fields (priority is the input
+        processor's rule). Returns the base request id: the X-Request-Id header, else the
+        body's request_id, else a random one."""
         self.check_model(req.model)
         unknown = req.unknown_fields()
         if unknown:
@@ -125,9 +137,6 @@ class OpenAIServing:
             req.check_supported()
         except P.FieldError as exc:
             raise APIError.bad_request(exc) from exc
-        if req.priority != 0 and not isinstance(self.engine.scheduler.policy, PriorityPolicy):
-            raise APIError(400, f"Got priority {req.priority} but Priority scheduling is not "
-                                "enabled.", "priority")
         return raw.headers.get("X-Request-Id") or req.request_id or uuid.uuid4().hex
 
     def sampling_params(self, req: P._CommonFields, *, max_tokens: int | None,
@@ -143,45 +152,50 @@ class OpenAIServing:
             params = dataclasses.replace(params, prompt_logprobs=prompt_logprobs)
         return params
 
-    async def prepare(self, req: P._CommonFields, prompts: Sequence[PromptType],
-                      params: SamplingParams, *, requested_max_tokens: int | None
-                      ) -> tuple[list[PreparedPrompt], SamplingParams]:
-        """Tokenize and validate every prompt off the engine thread; check each against the
-        context as vLLM's server does. Returns the prompts and the params to run them with
-        (max_tokens capped by the model's generation config, as vLLM)."""
+    async def prepare(self, req: P._CommonFields, request_id: str,
+                      prompts: Sequence[PromptType], params: SamplingParams, *,
+                      requested_max_tokens: int | None) -> list[PreparedPrompt]:
+        """Process every prompt once on the input thread into engine request ``request_id``
+        (one prompt) or ``{request_id}-{i}``; check each against the context as vLLM's server
+        does; cap max_tokens by the model's generation config, as vLLM."""
         fields = set(type(req).model_fields)
+        single = len(prompts) == 1
         prepared = []
-        for prompt in prompts:
+        for i, prompt in enumerate(prompts):
             try:
-                text, ids, _ = await self.llm.process_inputs(
-                    prompt, params, add_special_tokens=req.add_special_tokens
+                request = await self.llm.process_inputs(
+                    request_id if single else f"{request_id}-{i}", prompt, params,
+                    priority=req.priority,
+                    tokenization_kwargs={"add_special_tokens": req.add_special_tokens},
                 )
             except (ValueError, TypeError) as exc:
                 raise APIError.bad_request(exc, fields) from exc
-            try:
-                self.engine.input_processor.check_context_length(len(ids), requested_max_tokens)
+            try:  # pure arithmetic on the processor's fixed limit
+                self.llm.input_processor.check_context_length(
+                    len(request.prompt_token_ids), requested_max_tokens)
             except ValueError as exc:
                 raise APIError(400, str(exc), req.max_tokens_field) from exc
-            if text is None:
-                text = await self.llm.decode(ids)
-            prepared.append(PreparedPrompt(text, ids))
+            if request.prompt is None:
+                text = await self.llm.decode(request.prompt_token_ids)
+                request = dataclasses.replace(request, prompt=text)
+            prepared.append(PreparedPrompt(request))
         cap = self.defaults.get("max_tokens")
         if cap is not None:
             room = self.max_model_len - max(len(p.token_ids) for p in prepared)
             limit = room if requested_max_tokens is None else requested_max_tokens
-            params = dataclasses.replace(params, max_tokens=min(cap, limit))
-        return prepared, params
+            for p in prepared:
+                capped = dataclasses.replace(p.request.sampling_params, max_tokens=min(cap, limit))
+                p.request = dataclasses.replace(p.request, sampling_params=capped)
+        return prepared
 
     # ------------------------------------------------------------------ running
     async def generate(self, raw: Request, req: P._CommonFields, base_id: str,
-                       response_id: str, prompts: list[PreparedPrompt],
-                       params: SamplingParams, fmt: ResponseFormat, *,
+                       prompts: list[PreparedPrompt], fmt: ResponseFormat, *,
                        echo_only: bool = False) -> Response:
-        """Run the prepared prompts as engine requests ``response_id`` (one prompt) or
-        ``{response_id}-{i}`` and answer: a JSON response, or an SSE stream; the
-        ``X-Request-Id`` header echoes ``base_id``. ``echo_only``: the generated tokens are
-        dropped (completions' echo with max_tokens 0)."""
-        run = _Run(self.llm, response_id, prompts, params, req.priority)
+        """Run the prepared prompts' engine requests and answer: a JSON response, or an SSE
+        stream; the ``X-Request-Id`` header echoes ``base_id``. ``echo_only``: the generated
+        tokens are dropped (completions' echo with max_tokens 0)."""
+        run = _Run(self.llm, prompts)
         await run.start()
         job = _Answer(run, req, fmt, echo_only)
         headers = {"X-Request-Id": base_id}
@@ -194,25 +208,20 @@ class OpenAIServing:
 
 
 class _Run:
-    """The engine requests of one HTTP request (``{id}-{i}`` for prompt i), merged into one
-    stream of ``(prompt index, delta RequestOutput)``. ``close()`` aborts what is unfinished."""
+    """The engine requests of one HTTP request (one per prompt), merged into one stream of
+    ``(prompt index, RequestOutput)``. ``close()`` aborts what is unfinished."""
 
-    def __init__(self, llm: AsyncLLM, request_id: str, prompts: list[PreparedPrompt],
-                 params: SamplingParams, priority: int) -> None:
-        self.llm, self.request_id, self.prompts = llm, request_id, prompts
-        self.params, self.priority = params, priority
+    def __init__(self, llm: AsyncLLM, prompts: list[PreparedPrompt]) -> None:
+        self.llm, self.prompts = llm, prompts
         self.streams: list[RequestStream] = []
         self._pumps: list[asyncio.Task] = []
 
     async def start(self) -> None:
-        single = len(self.prompts) == 1
         try:
-            for i, p in enumerate(self.prompts):
-                engine_id = self.request_id if single else f"{self.request_id}-{i}"
+            for p in self.prompts:
+                request = p.request
                 self.streams.append(await self.llm.add_request(
-                    {"prompt": p.text, "prompt_token_ids": p.token_ids}, self.params,
-                    engine_id, priority=self.priority,
-                ))
+                    request, request.sampling_params, request.request_id))
         except (ValueError, TypeError) as exc:
             self.close()
             raise APIError.bad_request(exc) from exc
@@ -254,7 +263,8 @@ class _Run:
 
 
 class _Answer:
-    """Turns a run's delta outputs into the endpoint's chunks or its one response."""
+    """Turns a run's outputs (deltas when streaming, else each prompt's final one) into the
+    endpoint's chunks or its one response."""
 
     def __init__(self, run: _Run, req: P._CommonFields, fmt: ResponseFormat,
                  echo_only: bool) -> None:
@@ -265,7 +275,7 @@ class _Answer:
                         for k in range(len(run.prompts) * self.n)]
 
     def update(self, i: int, out: RequestOutput) -> list[tuple[ChoiceState, CompletionOutput]]:
-        """Fold one delta into its choices; returns the (choice, delta) pairs."""
+        """Fold one output into its choices; returns the (choice, new part) pairs."""
         prompt = self.run.prompts[i]
         if out.prompt_logprobs is not None and prompt.prompt_logprobs is None:
             prompt.prompt_logprobs = out.prompt_logprobs

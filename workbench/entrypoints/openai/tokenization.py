@@ -17,7 +17,6 @@ from workbench.entrypoints.openai.serving import OpenAIServing
 
 def tokenization_router(serving: OpenAIServing) -> APIRouter:
     router = APIRouter()
-    tokenizer = serving.engine.tokenizer
 
     @router.get("/v1/models")
     async def show_available_models() -> Response:
@@ -39,15 +38,14 @@ def tokenization_router(serving: OpenAIServing) -> APIRouter:
             special = False
         else:
             text, special = req.prompt, req.add_special_tokens
-        encoding = await serving.llm.run_input(tokenizer, text, add_special_tokens=special)
-        ids = encoding.input_ids
+        ids = await serving.llm.encode(text, add_special_tokens=special)
         return JSONResponse({"count": len(ids), "max_model_len": serving.max_model_len,
                              "tokens": ids})
 
     @router.post("/detokenize")
     async def detokenize(req: P.DetokenizeRequest) -> Response:
         serving.check_model(req.model)
-        vocab = serving.engine.model_config.vocab_size
+        vocab = serving.llm.model_config.vocab_size
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
             raise APIError(400, f"tokens must be integers in [0, {vocab}), got {bad[0]}.",
