@@ -28,6 +28,7 @@ from workbench.core.sched.scheduler import Scheduler
 from workbench.engine.history import StepHistory, StepRecord
 from workbench.request import Request
 from workbench.metrics.request_tracker import RequestTracker
+from workbench.metrics.stats import SchedulerStats
 from workbench.sampling_params import SamplingParams
 
 
@@ -59,9 +60,10 @@ class Harness:
         finished = [r.request_id for r in self.s.update_from_output(out, sampled) if r.is_finished]
         record = StepRecord(
             step=out.step, scheduler_output=out, batch=None, sampled_token_ids=sampled,
-            finished_request_ids=tuple(finished), num_running=len(self.s.running),
-            num_waiting=len(self.s.waiting), num_free_blocks=self.kv.num_free_blocks,
-            kv_usage=self.kv.usage, num_blocks_freed=0,
+            finished_request_ids=tuple(finished),
+            scheduler_stats=SchedulerStats(
+                num_running_reqs=len(self.s.running), num_waiting_reqs=len(self.s.waiting),
+                num_free_blocks=self.kv.num_free_blocks, kv_cache_usage=self.kv.usage),
             kv_events=self.kv.take_events(), request_events=self.s.take_events(),
         )
         self.history.append(record)

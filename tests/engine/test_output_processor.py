@@ -74,9 +74,10 @@ def track(proc, prompt, *children, parent_id=None) -> ParentRequest:
 
 
 def process(proc, requests, logprobs=None):
-    """One step's processing: (outputs, stop ids)."""
+    """One step's processing: (outputs, the ids it asks the scheduler to finish STOPPED)."""
     result = proc.process(requests, logprobs=logprobs)
-    return result.outputs, result.stop_ids
+    return result.outputs, [rid for rid, status in result.reqs_to_abort.items()
+                            if status is RequestStatus.FINISHED_STOPPED]
 
 
 def drive(proc, request, token_ids, finish_after=None, status=None, stop_reason=None):

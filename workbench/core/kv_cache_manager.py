@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from workbench.core.block_pool import BlockPool, KVCacheBlock
 from workbench.core.kv_events import KVEvent
@@ -53,6 +53,22 @@ class PrefixCacheStats:
         self.requests = self.queries = self.hits = 0
 
 
+@dataclass
+class KVCacheStats:
+    """What the KV cache did between two :meth:`KVCacheManager.make_stats` calls: blocks
+    handed out, released (ref_count fell to 0) and evicted (a cached block's hash dropped to
+    serve an allocation), and prefix-cache queries and hits in tokens (once per admission)."""
+
+    num_blocks_allocated: int = 0
+    num_blocks_freed: int = 0
+    num_blocks_evicted: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+    def __add__(self, other: KVCacheStats) -> KVCacheStats:
+        return KVCacheStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+
 class KVCacheManager:
     """Block tables of the requests over one pool of ``num_blocks`` blocks of ``block_size`` slots.
 
@@ -74,7 +90,8 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, record_events=record_events)
-        self.prefix_cache_stats = PrefixCacheStats()
+        self.prefix_cache_stats = PrefixCacheStats()  # cumulative since the last reset
+        self._stats = KVCacheStats()  # since the last make_stats()
         self._tables: dict[str, list[KVCacheBlock]] = {}
         # The same tables as block ids, rebuilt only when a table grows (every scheduled
         # chunk carries its request's table; most decode steps do not grow it).
@@ -104,11 +121,6 @@ class KVCacheManager:
         return 1.0 - self.pool.num_free_blocks / self.pool.num_blocks
 
     @property
-    def num_blocks_freed(self) -> int:
-        """Blocks whose ref_count fell to 0 so far (only grows; readers take differences)."""
-        return self.pool.num_freed
-
-    @property
     def num_cached_blocks(self) -> int:
         """Blocks currently findable by the prefix cache (in use or not)."""
         return len(self.pool.cached)
@@ -120,6 +132,11 @@ class KVCacheManager:
     def block_ids(self, request_id: str) -> tuple[int, ...]:
         """``block_table`` as a tuple (what a ScheduledRequest carries); O(1)."""
         return self._table_ids.get(request_id, ())
+
+    def make_stats(self) -> KVCacheStats:
+        """The counts since the previous call (vLLM: ``make_prefix_cache_stats``), and reset."""
+        stats, self._stats = self._stats, KVCacheStats()
+        return stats
 
     def take_events(self) -> tuple[KVEvent, ...]:
         """The pool's block events since the previous call (empty unless ``record_events``)."""
@@ -214,14 +231,21 @@ class KVCacheManager:
             self._table_ids[rid] = ()
             self._num_filled[rid] = len(hits)
             if self.enable_prefix_caching:
-                stats = self.prefix_cache_stats
-                stats.requests += 1
-                stats.queries += request.num_tokens
-                stats.hits += len(hits) * self.block_size
+                total_stats, step_stats = self.prefix_cache_stats, self._stats
+                total_stats.requests += 1
+                total_stats.queries += request.num_tokens
+                total_stats.hits += len(hits) * self.block_size
+                step_stats.prefix_cache_queries += request.num_tokens
+                step_stats.prefix_cache_hits += len(hits) * self.block_size
         if hits:
             self.pool.touch(hits, rid)
             table.extend(hits)
-        new_blocks = self.pool.get_new_blocks(num_new_blocks, rid) if num_new_blocks else []
+        new_blocks = []
+        if num_new_blocks:
+            num_cached = len(self.pool.cached)  # only evictions shrink it here
+            new_blocks = self.pool.get_new_blocks(num_new_blocks, rid)
+            self._stats.num_blocks_allocated += num_new_blocks
+            self._stats.num_blocks_evicted += num_cached - len(self.pool.cached)
         table.extend(new_blocks)
         if hits or new_blocks:
             self._table_ids[rid] = tuple(b.block_id for b in table)
@@ -261,6 +285,7 @@ class KVCacheManager:
         del self._num_filled[request.request_id]
         del self._table_ids[request.request_id]
         self.pool.free_blocks(reversed(table), request.request_id)
+        self._stats.num_blocks_freed += sum(1 for b in table if b.ref_count == 0)
 
     # ------------------------------------------------------------- invariants
     def check_invariants(

@@ -16,6 +16,7 @@ from workbench.core.kv_events import KVEvent
 from workbench.core.kv_state import KVReplay, KVState
 from workbench.core.request_events import RequestEvent
 from workbench.core.sched.output import SchedulerOutput
+from workbench.metrics.stats import SchedulerStats
 
 #: The stages of a step whose wall time a StepRecord keeps (seconds); together they are the
 #: whole of ``LLMEngine.step()``. ``record``: keeping this record, the stats, the stat loggers
@@ -28,7 +29,9 @@ class StepRecord:
     """One ``LLMEngine.step()``: the batch the scheduler chose, its effects, and timings.
 
     ``scheduler_output`` is the immutable per-step batch; ``batch`` the packed model inputs
-    (None when nothing ran). Counts describe the state *after* the step. Timings are wall
+    (None when nothing ran); ``scheduler_stats`` the step's one
+    :class:`~workbench.metrics.stats.SchedulerStats`, which ``num_running``, ``num_waiting``,
+    ``num_free_blocks``, ``kv_usage`` and ``num_blocks_freed`` read: the state *after* the step. Timings are wall
     seconds and are left out of the plain repr so that it stays deterministic.
     ``kv_events`` and ``request_events`` are those since the previous record (changes made
     between steps, such as aborts, included), oldest first.
@@ -39,14 +42,30 @@ class StepRecord:
     batch: object | None
     sampled_token_ids: dict[str, int]
     finished_request_ids: tuple[str, ...]
-    num_running: int
-    num_waiting: int
-    num_free_blocks: int
-    kv_usage: float
-    num_blocks_freed: int
+    scheduler_stats: SchedulerStats = field(default_factory=SchedulerStats)
     timings: dict[str, float] = field(default_factory=dict)
     kv_events: tuple[KVEvent, ...] = ()
     request_events: tuple[RequestEvent, ...] = ()
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler_stats.num_running_reqs
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler_stats.num_waiting_reqs
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.scheduler_stats.num_free_blocks
+
+    @property
+    def kv_usage(self) -> float:
+        return self.scheduler_stats.kv_cache_usage
+
+    @property
+    def num_blocks_freed(self) -> int:
+        return self.scheduler_stats.num_blocks_freed
 
     @property
     def num_scheduled_tokens(self) -> int:

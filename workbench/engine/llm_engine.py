@@ -134,13 +134,11 @@ class LLMEngine:
         self.stat_loggers: dict[str, StatLoggerBase] = (
             {"logging": LoggingStatLogger()} if config.log_stats else {}
         )
-        #: The scheduler and KV cache after the latest step (one snapshot type for all readers).
+        #: The scheduler and KV cache after the latest step: ``history[-1].scheduler_stats``.
         self.scheduler_stats = SchedulerStats(
             num_free_blocks=num_blocks, kv_cache_usage=self.kv_cache.usage
         )
         self._last_log_time = time.monotonic()
-        self._prefix_mark = (0, 0)  # cumulative prefix-cache (queries, hits) at the last step
-        self._freed_mark = 0  # kv_cache.num_blocks_freed at the end of the previous step
         self._pending_outputs: list[RequestOutput] = []  # aborts reported by the next step
         self._step_end: float | None = None  # when the last step left unfinished work (perf_counter)
         #: How a driver waits for requests: keeping a CPU's worker threads awake (workbench.engine.idle).
@@ -223,8 +221,9 @@ class LLMEngine:
         ``report=False`` (a rollback of requests nobody has seen).
         """
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
-        child_ids, outputs = self.output_processor.abort(ids)
-        self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
+        now = self.clock()
+        child_ids, outputs = self.output_processor.abort(ids, now)
+        self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED, now=now)
         if report:
             self._pending_outputs.extend(outputs)
 
@@ -250,7 +249,7 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling + model step.
+        """Run one step: schedule -> execute -> update -> process -> record.
 
         Returns a RequestOutput for every request that progressed (per its
         ``SamplingParams.output_kind``: CUMULATIVE by default, DELTA, FINAL_ONLY) and the
@@ -258,6 +257,9 @@ class LLMEngine:
         (sampling, logits processors, detokenization, stop strings) finishes with
         finish_reason "error" and ``RequestOutput.error``; the others are unaffected. Only a
         failure of the whole batch (the forward pass) propagates.
+        The scheduler writes every finish: the runner's failed rows and eos / length in
+        ``update_from_output``, the stop strings and errors the output processor reports in
+        ``finish_requests``, all at the step's one output time (``clock()`` after the forward).
         ``history[-1]`` records the step; its timings (TIMING_STAGES) add up to the whole
         call, and its ``timings["driver"]`` is the caller's time since
         the previous step returned (adding arrivals, reading outputs), kept only when that
@@ -272,43 +274,28 @@ class LLMEngine:
         try:
             result = self.runner.execute(so, self.scheduler.requests)
         except BaseException:  # the batch as a whole failed: record the step, nothing sampled
-            self._append_record(so, timings)
+            self._record(so, timings)
             raise
         timings.update(result.timings)
         t2 = time.perf_counter()
-        failed = result.failed
-        if failed:  # these rows got no token: finish them before the scheduler wants one
-            self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)
-        updated = self.scheduler.update_from_output(so, result.sampled_token_ids)
+        now = self.clock()
+        updated = self.scheduler.update_from_output(so, result.sampled_token_ids, result.failed, now=now)
         iteration = IterationStats()
-        step_out = self.output_processor.process(
-            updated,
-            logprobs=result.logprobs,
-            prompt_logprobs=result.prompt_logprobs,
-            failed=failed,
-            stats=iteration,
-            now=self.clock(),
+        processed = self.output_processor.process(
+            updated, logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs,
+            failed=result.failed, stats=iteration, now=now,
         )
-        self.scheduler.finish_requests(step_out.stop_ids, RequestStatus.FINISHED_STOPPED)
-        self.scheduler.finish_requests(step_out.error_ids, RequestStatus.FINISHED_ERROR)
+        for request_id, status in processed.reqs_to_abort.items():
+            self.scheduler.finish_requests(request_id, status, now=now)
         for sibling in self.output_processor.release_siblings():
             self.scheduler.add_request(sibling)
-        outputs = self._pending_outputs + step_out.outputs
-        self._pending_outputs = []
+        outputs, self._pending_outputs = self._pending_outputs + processed.outputs, []
         t3 = time.perf_counter()
         timings["output"] = t3 - t2
-        finished = [r.request_id for r in updated if r.is_finished]
-        finished += [rid for rid in (*failed, *step_out.stop_ids, *step_out.error_ids)
-                     if rid not in finished]
-        record = self._append_record(
-            so, timings, batch=result.batch, sampled_token_ids=result.sampled_token_ids,
-            finished_request_ids=tuple(dict.fromkeys(finished)),
-        )
-        self.scheduler_stats = self._make_scheduler_stats(so)
+        record = self._record(so, timings, result)
         for stat_logger in self.stat_loggers.values():
-            stat_logger.record(self.scheduler_stats, iteration)
-        now = time.monotonic()
-        if self.config.log_stats and now - self._last_log_time >= self.config.log_stats_interval:
+            stat_logger.record(record.scheduler_stats, iteration)
+        if self.config.log_stats and time.monotonic() - self._last_log_time >= self.config.log_stats_interval:
             self.do_log_stats()
         for hook in list(self.on_step):
             try:
@@ -321,27 +308,35 @@ class LLMEngine:
         self.idle.mark_busy()
         return outputs
 
-    def _append_record(self, so: SchedulerOutput, timings: dict[str, float], *, batch=None,
-                       sampled_token_ids: dict[str, int] | None = None,
-                       finished_request_ids: tuple[str, ...] = ()) -> StepRecord:
-        """Record step ``so`` with the state after it, draining the block and request events
-        gathered since the previous record (so the history replays without gaps)."""
+    def _record(self, so: SchedulerOutput, timings: dict[str, float], result=None) -> StepRecord:
+        """Record step ``so`` (``result``: the runner's output, None when it raised) with the
+        step's one SchedulerStats, the requests the scheduler finished in it, and the block
+        and request events since the previous record (so the history replays without gaps)."""
+        scheduler, kv = self.scheduler, self.kv_cache
+        kv_stats = so.kv_cache_stats + kv.make_stats()  # since the previous record
+        self.scheduler_stats = SchedulerStats(
+            num_running_reqs=len(scheduler.running),
+            num_waiting_reqs=len(scheduler.waiting),
+            kv_cache_usage=kv.usage,
+            num_free_blocks=kv.num_free_blocks,
+            prefix_cache_queries=kv_stats.prefix_cache_queries,
+            prefix_cache_hits=kv_stats.prefix_cache_hits,
+            num_preemptions=len(so.preempted_request_ids),
+            num_blocks_allocated=kv_stats.num_blocks_allocated,
+            num_blocks_freed=kv_stats.num_blocks_freed,
+            num_blocks_evicted=kv_stats.num_blocks_evicted,
+        )
         record = StepRecord(
             step=so.step,
             scheduler_output=so,
-            batch=batch,
-            sampled_token_ids=sampled_token_ids or {},
-            finished_request_ids=finished_request_ids,
-            num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
-            num_free_blocks=self.kv_cache.num_free_blocks,
-            kv_usage=self.kv_cache.usage,
-            num_blocks_freed=self.kv_cache.num_blocks_freed - self._freed_mark,
+            batch=result.batch if result is not None else None,
+            sampled_token_ids=result.sampled_token_ids if result is not None else {},
+            finished_request_ids=scheduler.finished_request_ids,
+            scheduler_stats=self.scheduler_stats,
             timings=timings,
-            kv_events=self.kv_cache.take_events(),
-            request_events=self.scheduler.take_events(),
+            kv_events=kv.take_events(),
+            request_events=scheduler.take_events(),
         )
-        self._freed_mark = self.kv_cache.num_blocks_freed
         self.history.append(record)
         self.request_tracker.consume(record.request_events)
         return record
@@ -359,22 +354,6 @@ class LLMEngine:
         from workbench.lab.run import drive
 
         return drive(self, workload, clock=clock, progress=progress)
-
-    def _make_scheduler_stats(self, so: SchedulerOutput) -> SchedulerStats:
-        prefix = self.kv_cache.prefix_cache_stats
-        queries, hits = self._prefix_mark
-        if prefix.queries < queries:  # reset_prefix_cache() zeroed the counters
-            queries = hits = 0
-        self._prefix_mark = (prefix.queries, prefix.hits)
-        return SchedulerStats(
-            num_running_reqs=len(self.scheduler.running),
-            num_waiting_reqs=len(self.scheduler.waiting),
-            kv_cache_usage=self.kv_cache.usage,
-            num_free_blocks=self.kv_cache.num_free_blocks,
-            prefix_cache_queries=prefix.queries - queries,
-            prefix_cache_hits=prefix.hits - hits,
-            num_preemptions=len(so.preempted_request_ids),
-        )
 
     # ------------------------------------------------------------------ stat loggers
     def add_logger(self, logger_name: str, logger: StatLoggerBase) -> None:

@@ -4,8 +4,8 @@ It is the registry of the requests in flight: a :class:`ParentRequest` per reque
 user added, a :class:`SequenceState` per child sequence. Work on one request that raises
 (detokenization, stop strings, logprob conversion, building its output) finishes that
 request with finish_reason "error" and the message in ``RequestOutput.error``; the traceback
-is logged once and every other request goes on. The caller frees the failed requests'
-blocks (``StepOutputs.error_ids``).
+is logged once and every other request goes on. It decides no request's status: the stop
+strings and errors it finds go back to the scheduler in ``StepOutputs.reqs_to_abort``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from workbench.outputs import Logprob, RequestOutput
 from workbench.engine.parallel_sampling import ParentRequest
 from workbench.utils.reprs import html_table
 from workbench.request import Request, RequestStatus
-from workbench.engine.request_state import SequenceState, describe
+from workbench.engine.request_state import SequenceState
 from workbench.metrics.stats import FinishedRequestStats, IterationStats
+from workbench.worker.sampler import describe
 
 if TYPE_CHECKING:
     from workbench.worker.sampler import TokenLogprobs
@@ -32,12 +33,12 @@ logger = logging.getLogger("workbench")
 
 @dataclass
 class StepOutputs:
-    """``outputs`` for the caller; ``stop_ids``: requests a stop string ended that the scheduler
-    still runs (finish them STOPPED); ``error_ids``: requests that failed (finish them ERROR)."""
+    """``outputs`` for the caller; ``reqs_to_abort``: the requests this step's processing
+    ended that the scheduler still holds, in the order found, with the status to finish them
+    with (FINISHED_STOPPED: a stop string; FINISHED_ERROR: their processing raised)."""
 
     outputs: list[RequestOutput] = field(default_factory=list)
-    stop_ids: list[str] = field(default_factory=list)
-    error_ids: list[str] = field(default_factory=list)
+    reqs_to_abort: dict[str, RequestStatus] = field(default_factory=dict)
 
 
 class _NoText:
@@ -128,7 +129,10 @@ class OutputProcessor:
 
         ``requests`` got a token this step; ``logprobs`` must cover those that asked for
         them; ``prompt_logprobs[id] = (first prompt index, entries)`` for prefill chunks of
-        requests that asked; ``failed`` maps ids whose sampling raised to the message.
+        requests that asked; ``failed`` maps the runner's failed rows (the scheduler already
+        finished them) to the message. ``now`` is the step's output time, the one the
+        scheduler stamped this step's first tokens and finishes with and stamps
+        ``reqs_to_abort`` with (default: the clock now).
         """
         now = time.monotonic() if now is None else now
         stats = IterationStats() if stats is None else stats
@@ -137,15 +141,17 @@ class OutputProcessor:
         result = StepOutputs()
         touched: dict[str, ParentRequest] = {}
 
-        def fail(state: SequenceState, error: BaseException | str) -> None:
-            """Finish ``state`` with the error; an exception's traceback is logged once."""
+        def fail(state: SequenceState, error: BaseException | str, *, report: bool = True) -> None:
+            """Finish ``state`` with the error (``report``: ask the scheduler to finish it);
+            an exception's traceback is logged once."""
             if isinstance(error, BaseException):
                 logger.error("request %r failed and was finished with an error; the others "
                              "go on", state.request.request_id, exc_info=error)
                 error = describe(error)
             state.error = error
             state.finish("error", None, now)
-            result.error_ids.append(state.request.request_id)
+            if report:
+                result.reqs_to_abort[state.request.request_id] = RequestStatus.FINISHED_ERROR
 
         for rid, (start, entries) in (prompt_logprobs or {}).items():
             parent, state = self._sequences[rid]
@@ -158,7 +164,7 @@ class OutputProcessor:
             parent, state = self._sequences[rid]
             touched[parent.request_id] = parent
             if state.finish_reason is None:
-                fail(state, message)
+                fail(state, message, report=False)
         for request in requests:
             entry = self._sequences.get(request.request_id)
             if entry is None:
@@ -172,7 +178,7 @@ class OutputProcessor:
             try:
                 if self._update(state, request, logprobs or {}, stats, now):
                     if not request.is_finished:
-                        result.stop_ids.append(request.request_id)
+                        result.reqs_to_abort[request.request_id] = RequestStatus.FINISHED_STOPPED
             except Exception as exc:  # noqa: BLE001 - isolate this request
                 fail(state, exc)
         for parent in touched.values():
@@ -196,13 +202,16 @@ class OutputProcessor:
                 self._forget(parent)
         return result
 
-    def abort(self, request_ids: Iterable[str]) -> tuple[list[str], list[RequestOutput]]:
-        """Finish requests (the ids given to add_request) with finish_reason "abort".
+    def abort(
+        self, request_ids: Iterable[str], now: float | None = None
+    ) -> tuple[list[str], list[RequestOutput]]:
+        """Finish requests (the ids given to add_request) with finish_reason "abort" at time
+        ``now`` (the one the scheduler finishes them with; default: the clock now).
 
         Returns (their child ids, for the scheduler to free; their final outputs).
         Unknown or finished ids are ignored.
         """
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         child_ids: list[str] = []
         outputs: list[RequestOutput] = []
         for rid in request_ids:
@@ -249,12 +258,12 @@ class OutputProcessor:
         new_ids = request.output_token_ids[state.num_seen :]
         state.num_seen = len(request.output_token_ids)
         if new_ids:
-            if state.first_token_ts is None:
-                stats.time_to_first_tokens_iter.append(now - request.arrival_time)
+            if state.last_token_ts is None:
+                first = request.first_token_time if request.first_token_time is not None else now
+                stats.time_to_first_tokens_iter.append(first - request.arrival_time)
                 stats.num_prompt_tokens += request.num_prompt_tokens
             else:
                 stats.inter_token_latencies_iter.append(now - state.last_token_ts)
-            state.first_token_ts = state.first_token_ts or now
             state.last_token_ts = now
             stats.num_generation_tokens += len(new_ids)
         detok = state.detokenizer

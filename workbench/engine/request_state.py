@@ -11,11 +11,6 @@ from workbench.request import Request
 from workbench.metrics.stats import FinishedRequestStats
 
 
-def describe(exc: BaseException) -> str:
-    """``"ExcType: message"``, the form RequestOutput.error carries."""
-    return f"{type(exc).__name__}: {exc}"
-
-
 @dataclass(eq=False)
 class SequenceState:
     """One child sequence's output state: its detokenizer, logprobs and what was sent."""
@@ -33,8 +28,7 @@ class SequenceState:
     stop_reason: int | str | None = None
     finished_time: float | None = None
     error: str | None = None
-    first_token_ts: float | None = None
-    last_token_ts: float | None = None
+    last_token_ts: float | None = None  # the output time of the step that brought the last token
     stats_recorded: bool = False  # its FinishedRequestStats went into an IterationStats
     num_processed: int = 0  # output tokens whose text and logprobs were built without error
     text_processed: int = 0  # characters of the text at that point
@@ -78,14 +72,18 @@ class SequenceState:
         )
 
     def finish(self, reason: str, stop_reason: int | str | None, now: float) -> None:
+        """``now``: the finish time the scheduler writes when it finishes the request later
+        in this step (a stop string, an error); one it already finished keeps its own."""
         self.finish_reason, self.stop_reason = reason, stop_reason
         self.finished_time = now if self.request.finished_time is None else self.request.finished_time
 
     def finished_stats(self) -> FinishedRequestStats:
+        """Latencies from the times the scheduler stamped on the request (those of its request
+        events), so /metrics, RequestOutput.metrics and the requests table agree."""
         r = self.request
         end = self.finished_time or 0.0
         scheduled = r.first_scheduled_time if r.first_scheduled_time is not None else end
-        first = self.first_token_ts if self.first_token_ts is not None else end
+        first = r.first_token_time if r.first_token_time is not None else end
         last = self.last_token_ts if self.last_token_ts is not None else first
         n_gen = r.num_output_tokens
         decode = last - first

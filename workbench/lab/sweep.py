@@ -35,6 +35,7 @@ import numpy as np
 from workbench.lab.compare import resolve_config
 from workbench.config import EngineConfig
 from workbench.lab.workload import Workload
+from workbench.worker.sampler import describe
 
 #: ``run`` names: the simulated runner and the real engine.
 RUNS = ("sim", "real")
@@ -139,7 +140,7 @@ def sweep(
                 try:
                     summaries[i], errors[i] = future.result()
                 except Exception as e:  # the executor's own failure (a dead worker, pickling)
-                    errors[i] = _describe(e)
+                    errors[i] = describe(e)
                 bar.update(1)
     finally:
         if own_executor:
@@ -166,7 +167,7 @@ def run_config(run: str | Runner, workload: Workload, config: EngineConfig) -> t
     try:
         return dict(_resolve_runner(run)(workload, config).summary()), None
     except Exception as e:
-        return None, _describe(e)
+        return None, describe(e)
 
 
 #: The workload of this worker process of sweep()'s own pool (set once, when it starts).
@@ -216,6 +217,3 @@ def _python_scalar(value):
     """A numpy scalar as the Python number it holds (EngineConfig wants ints, not int64)."""
     return value.item() if isinstance(value, np.generic) else value
 
-
-def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"

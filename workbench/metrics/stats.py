@@ -23,7 +23,9 @@ logger = logging.getLogger("workbench")
 
 @dataclass(frozen=True)
 class SchedulerStats:
-    """The scheduler and KV cache after one step; counts marked "this step" are increments."""
+    """The scheduler and KV cache after one step, built once per step (its StepRecord holds
+    it); counts marked "this step" are increments since the previous step's stats (blocks
+    freed by aborts between two steps count in the later one)."""
 
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
@@ -32,6 +34,9 @@ class SchedulerStats:
     prefix_cache_queries: int = 0  # tokens looked up in the prefix cache this step
     prefix_cache_hits: int = 0  # of those, tokens found
     num_preemptions: int = 0  # requests preempted this step
+    num_blocks_allocated: int = 0  # this step
+    num_blocks_freed: int = 0  # this step: blocks whose ref_count fell to 0
+    num_blocks_evicted: int = 0  # this step: cached blocks whose hash was dropped to serve it
 
     def _repr_html_(self) -> str:
         return html_table("SchedulerStats", asdict(self))

@@ -22,7 +22,7 @@ from workbench.model.llama import allocate_kv_caches
 from workbench.model.loader import load_model
 from workbench.model.model_config import ModelConfig
 from workbench.request import Request
-from workbench.worker.sampler import Sampler, TokenLogprobs, gather_logprobs
+from workbench.worker.sampler import Sampler, TokenLogprobs, describe, gather_logprobs
 
 logger = logging.getLogger("workbench")
 
@@ -144,9 +144,10 @@ def build_batch_inputs(
 @dataclass(frozen=True)
 class RunnerOutput:
     """What one execute() produced, by request id: sampled tokens, their logprobs, prompt
-    logprobs ``(first prompt index, entries)`` of prefill chunks that asked, and the
-    requests whose sampling raised (``failed``: no token, the message); plus the batch
-    (None when nothing was scheduled) and timings (s)."""
+    logprobs ``(first prompt index, entries)`` of prefill chunks that asked, and the rows
+    whose own work raised (``failed``: the ``describe``d error; such a row has no token,
+    logprobs or prompt logprobs, and the scheduler finishes it with an error); plus the
+    batch (None when nothing was scheduled) and timings (s)."""
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
@@ -365,7 +366,7 @@ class ModelRunner:
         if batch.sample_request_ids:
             rows = [requests[rid] for rid in batch.sample_request_ids]
             out = self.sampler(logits, rows)
-            failed = dict(getattr(out, "failed", {}))
+            failed = dict(out.failed)
             for rid, token, lp in zip(batch.sample_request_ids, out.token_ids, out.logprobs):
                 if rid in failed:
                     continue
@@ -408,6 +409,6 @@ class ModelRunner:
                 except Exception as exc:  # noqa: BLE001 - isolate this request
                     logger.error("prompt logprobs of request %r failed", chunk.request_id,
                                  exc_info=exc)
-                    failed[chunk.request_id] = f"{type(exc).__name__}: {exc}"
+                    failed[chunk.request_id] = describe(exc)
             offset += chunk.num_new_tokens
         return out

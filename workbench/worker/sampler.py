@@ -116,7 +116,8 @@ def _check_token_ids(tokens: list[int], vocab_size: int, request: Request, what:
         )
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
+    """``"ExcType: message"``: how a per-request failure is reported (``RequestOutput.error``)."""
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -341,7 +342,7 @@ class Sampler:
                 try:
                     generator = self._request_generator(r, device)
                 except Exception as exc:  # one request's fault: that row only
-                    failed[r.request_id] = _describe(exc)
+                    failed[r.request_id] = describe(exc)
                     continue
                 q[j] = torch.empty(vocab_size, device=device).exponential_(generator=generator)
         return q.clamp_min_(_TINY)  # an Exp draw of exactly 0 would divide by zero
@@ -370,7 +371,7 @@ class Sampler:
                 try:
                     x[i] = _request_logits(x[i], r)
                 except Exception as exc:  # one request's fault: that row only
-                    failed[r.request_id] = _describe(exc)
+                    failed[r.request_id] = describe(exc)
                     x[i] = 0.0  # keep the batch finite; the row's token is dropped below
         apply_penalties(x, requests)
         apply_min_tokens(x, requests)

@@ -22,7 +22,7 @@ def _record(step, chunks, seconds, driver=None):
     timings = {"schedule": seconds * 0.1, "forward": seconds * 0.9}
     if driver is not None:
         timings["driver"] = driver
-    return StepRecord(step, so, None, {}, (), 0, 0, 0, 0.0, 0, timings)
+    return StepRecord(step, so, None, {}, (), timings=timings)
 
 
 def _synthetic(rng, n=120, noise=0.0):
@@ -116,7 +116,7 @@ def test_load_errors_name_the_file(tmp_path):
 
 def test_fit_refuses_unmeasured_histories():
     with pytest.raises(ValueError, match="no step with timings"):
-        CostModel.fit([StepRecord(0, SchedulerOutput(0, ()), None, {}, (), 0, 0, 0, 0.0, 0)])
+        CostModel.fit([StepRecord(0, SchedulerOutput(0, ()), None, {}, ())])
     simulated = _record(0, [_chunk("a", 1, 1, False)], 0.01)
     simulated.timings["simulated"] = 0.01
     with pytest.raises(ValueError, match="simulated, not measured"):
@@ -144,7 +144,7 @@ def test_a_step_lasts_from_the_previous_tokens_to_its_own():
                    "record": 0.0003}
         if driver is not None:
             timings["driver"] = driver
-        return StepRecord(step, SchedulerOutput(step, tuple(chunk)), None, {}, (), 0, 0, 0, 0.0, 0, timings)
+        return StepRecord(step, SchedulerOutput(step, tuple(chunk)), None, {}, (), timings=timings)
 
     _, durations, _ = measured_steps([rec(0, 0.004), rec(1, 0.006, driver=0.0005), rec(2, 0.002, driver=0.0007)])
     assert durations[1] == pytest.approx(0.014 + 0.0005 + 0.004 + 0.0003)

@@ -186,7 +186,7 @@ def test_step_ratio_is_the_median_measured_over_predicted_step():
 
     def record(step, seconds, scheduled=True):
         chunks = (ScheduledRequest("a", 5, 1, (5,), (0,), False, True),) if scheduled else ()
-        return StepRecord(step, SchedulerOutput(step, chunks), None, {}, (), 0, 0, 0, 0.0, 0, {"forward": seconds})
+        return StepRecord(step, SchedulerOutput(step, chunks), None, {}, (), timings={"forward": seconds})
 
     runs = [[record(0, 0.001), record(1, 0.002), record(2, 0.0005, scheduled=False)], [record(0, 0.003), record(1, 0.008)]]
     assert step_ratio(CostModel({"step": 0.002}), runs) == pytest.approx(1.25)

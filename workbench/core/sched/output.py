@@ -5,6 +5,8 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
+from workbench.core.kv_cache_manager import KVCacheStats
+
 
 @dataclass(slots=True, unsafe_hash=True)
 class ScheduledRequest:
@@ -35,7 +37,12 @@ class ScheduledRequest:
 
 @dataclass(frozen=True)
 class SchedulerOutput:
-    """Everything one step decided. Immutable: kept on the step's record for inspection."""
+    """Everything one step decided. Immutable: kept on the step's record for inspection.
+
+    ``kv_cache_stats``: the KV cache's counts since they were last taken (by the previous
+    ``schedule()``, or by the engine recording the previous step); only ``schedule()``
+    allocates, evicts and queries the prefix cache, so those counts are this schedule's.
+    """
 
     step: int
     scheduled: tuple[ScheduledRequest, ...]
@@ -44,12 +51,22 @@ class SchedulerOutput:
     preempted_request_ids: tuple[str, ...] = ()
     finished_request_ids: tuple[str, ...] = ()  # finished or aborted since the previous step
     token_budget: int = 0
-    num_blocks_allocated: int = 0
-    num_blocks_evicted: int = 0  # cached blocks whose hash was dropped to serve this step
-    num_prefix_cache_hit_tokens: int = 0
+    kv_cache_stats: KVCacheStats = field(default_factory=KVCacheStats)
     num_free_blocks: int = 0  # after scheduling
     kv_usage: float = 0.0  # after scheduling, in [0, 1]
-    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def num_blocks_allocated(self) -> int:
+        return self.kv_cache_stats.num_blocks_allocated
+
+    @property
+    def num_blocks_evicted(self) -> int:
+        """Cached blocks whose hash was dropped to serve this step."""
+        return self.kv_cache_stats.num_blocks_evicted
+
+    @property
+    def num_prefix_cache_hit_tokens(self) -> int:
+        return self.kv_cache_stats.prefix_cache_hits
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -18,8 +18,10 @@ There is no prefill or decode phase. Each ``schedule()`` moves requests'
 
 A chunk samples (``samples``) iff it reaches the last known token. ``is_prefill`` is True
 iff the chunk holds a prompt token or more than one token; a decode chunk is exactly one
-generated token. ``update_from_output`` appends sampled tokens, caches newly full blocks,
-applies the stop conditions that need no text and frees finished requests.
+generated token. ``update_from_output`` finishes the rows the runner failed, appends sampled
+tokens, caches newly full blocks, applies the stop conditions that need no text and frees
+finished requests; ``finish_requests`` ends the rest (aborts, and the stop strings and errors
+the output processor reports). The scheduler is the only writer of a request's finish status.
 
 Invariants (``check_invariants``, between steps): running and waiting are disjoint and
 hold exactly the unfinished requests; a running request has ``1 <= num_computed_tokens <
@@ -217,13 +219,17 @@ class Scheduler:
                 RequestArrived(rid, self.step_count, request.arrival_time, n_prompt, request.priority)
             )
 
-    def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
-        """Finish requests in any state (stop strings, aborts) and free their blocks.
-        Unknown or already finished ids are ignored."""
+    def finish_requests(
+        self, request_ids: str | Iterable[str], status: RequestStatus, *, now: float | None = None
+    ) -> None:
+        """Finish requests in any state and free their blocks: aborts, and what the output
+        processor found in a step's output (stop strings, errors). ``now``: the finish time
+        (default: the clock now). Unknown or already finished ids are ignored."""
         if not status.is_finished:
             raise ValueError(f"status must be a finished status, got {status.name}.")
         if isinstance(request_ids, str):
             request_ids = (request_ids,)
+        now = self.clock() if now is None else now
         for rid in request_ids:
             request = self.requests.get(rid)
             if request is None:
@@ -232,7 +238,13 @@ class Scheduler:
                 self.running.remove(request)
             else:
                 self.waiting.remove(request)
-            self._finish(request, status, self.step_count - 1)
+            self._finish(request, status, self.step_count - 1, now)
+
+    @property
+    def finished_request_ids(self) -> tuple[str, ...]:
+        """The requests finished since the last ``schedule()`` (the next SchedulerOutput
+        reports them), in the order they finished."""
+        return tuple(self._finished_ids)
 
     def abort_request(self, request_id: str) -> None:
         self.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
@@ -245,10 +257,10 @@ class Scheduler:
 
     # -------------------------------------------------------------- the step
     def schedule(self) -> SchedulerOutput:
-        """Decide this step's batch (see the module docstring) and allocate its KV slots."""
+        """Decide this step's batch (see the module docstring) and allocate its KV slots.
+        Every time it writes (first scheduled, events) is one clock reading."""
         kv = self.kv_cache
-        pool = kv.pool
-        allocated0, evicted0 = pool.num_allocated, pool.num_evicted
+        now = self.clock()
         budget = self.max_num_batched_tokens
         running = self.running
         running_chunks: dict[Request, int] = {}  # request -> new tokens, running order
@@ -258,22 +270,19 @@ class Scheduler:
         while i < len(running) and budget > 0:
             request = running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            while kv.allocate_slots(request, num_new) is None:
+            while request.status is RequestStatus.RUNNING and kv.allocate_slots(request, num_new) is None:
                 victim = self.policy.pick_victim(running)
                 del running[running.index(victim)]
                 if victim in running_chunks:
                     budget += running_chunks.pop(victim)
                     i -= 1
-                self._preempt(victim)
+                self._preempt(victim, now)
                 preempted.append(victim.request_id)
-                if victim is request:
-                    break
-            else:
-                running_chunks[request] = num_new
-                budget -= num_new
-                i += 1
-                continue
-            break
+            if request.status is not RequestStatus.RUNNING:  # it was its own victim
+                break
+            running_chunks[request] = num_new
+            budget -= num_new
+            i += 1
 
         admitted: list[tuple[Request, int, int]] = []  # (request, new tokens, prefix-hit tokens)
         new_ids: list[str] = []
@@ -295,11 +304,11 @@ class Scheduler:
             resumed = request.status is RequestStatus.PREEMPTED
             (resumed_ids if resumed else new_ids).append(request.request_id)
             if self._events is not None:
-                self._log_admission(request, resumed, num_hit, hit_blocks)
+                self._log_admission(request, resumed, num_hit, hit_blocks, now)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit
             if request.first_scheduled_time is None:
-                request.first_scheduled_time = self.clock()
+                request.first_scheduled_time = now
                 request.num_cached_tokens = num_hit
             running.append(request)
             admitted.append((request, num_new, num_hit))
@@ -315,15 +324,12 @@ class Scheduler:
             preempted_request_ids=tuple(preempted),
             finished_request_ids=tuple(self._finished_ids),
             token_budget=self.max_num_batched_tokens,
-            num_blocks_allocated=pool.num_allocated - allocated0,
-            num_blocks_evicted=pool.num_evicted - evicted0,
-            num_prefix_cache_hit_tokens=sum(hit for _, _, hit in admitted),
+            kv_cache_stats=kv.make_stats(),
             num_free_blocks=kv.num_free_blocks,
             kv_usage=kv.usage,
-            extra={"num_running": len(running), "num_waiting": len(self.waiting)},
         )
         if self._events is not None:
-            now, step = self.clock(), output.step
+            step = output.step
             self._events.extend([
                 RequestScheduled(c.request_id, step, now, c.num_computed_tokens, c.num_new_tokens,
                                  c.is_prefill, c.samples)
@@ -334,16 +340,25 @@ class Scheduler:
         return output
 
     def update_from_output(
-        self, scheduler_output: SchedulerOutput, sampled_token_ids: dict[str, int]
+        self,
+        scheduler_output: SchedulerOutput,
+        sampled_token_ids: dict[str, int],
+        failed_request_ids: Iterable[str] = (),
+        *,
+        now: float | None = None,
     ) -> list[Request]:
-        """Apply a computed step: advance ``num_computed_tokens`` of every scheduled request,
-        cache newly full blocks, append the sampled token of each sampling chunk and apply
-        eos / stop_token_ids (once ``min_tokens`` are out), ``max_tokens`` and
-        ``max_model_len``. Finished requests leave ``running`` and free their blocks.
-        Requests finished or aborted since ``schedule()`` are skipped.
+        """Apply a computed step. First the runner's failed rows (they got no token) finish
+        with FINISHED_ERROR; then every other scheduled request advances
+        ``num_computed_tokens``, caches newly full blocks, appends the sampled token of its
+        sampling chunk and stops on eos / stop_token_ids (once ``min_tokens`` are out),
+        ``max_tokens`` or ``max_model_len``. Finished requests leave ``running`` and free their
+        blocks. Requests finished or aborted since ``schedule()`` are skipped. ``now`` (default:
+        the clock now) is the time of every first token and finish this writes.
 
         Returns the requests that got a token, in batch order.
         """
+        now = self.clock() if now is None else now
+        self.finish_requests(failed_request_ids, RequestStatus.FINISHED_ERROR, now=now)
         kv = self.kv_cache
         requests = self.requests
         got_token: list[Request] = []
@@ -366,15 +381,13 @@ class Scheduler:
                 ) from None
             request.output_token_ids.append(token)
             if request.first_token_time is None:
-                request.first_token_time = self.clock()
+                request.first_token_time = now
                 if self._events is not None:
-                    self._events.append(
-                        RequestFirstToken(request.request_id, scheduler_output.step, request.first_token_time)
-                    )
+                    self._events.append(RequestFirstToken(request.request_id, scheduler_output.step, now))
             kv.update_block_hashes(request)
             status = self._check_stop(request, token)
             if status is not None:
-                self._finish(request, status, scheduler_output.step)
+                self._finish(request, status, scheduler_output.step, now)
                 any_finished = True
             got_token.append(request)
         if any_finished:
@@ -397,8 +410,8 @@ class Scheduler:
             num_cached_tokens=num_hit,
         )
 
-    def _log_admission(self, request: Request, resumed: bool, num_hit: int, hit_blocks) -> None:
-        rid, now = request.request_id, self.clock()
+    def _log_admission(self, request: Request, resumed: bool, num_hit: int, hit_blocks, now: float) -> None:
+        rid = request.request_id
         if resumed:
             self._events.append(RequestResumed(rid, self.step_count, now, num_hit))
         if num_hit:
@@ -406,11 +419,11 @@ class Scheduler:
                 RequestPrefixHit(rid, self.step_count, now, num_hit, tuple(b.block_id for b in hit_blocks))
             )
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: Request, now: float) -> None:
         if self._events is not None:
             self._events.append(
                 RequestPreempted(
-                    request.request_id, self.step_count, self.clock(),
+                    request.request_id, self.step_count, now,
                     self.kv_cache.block_ids(request.request_id), request.num_computed_tokens,
                 )
             )
@@ -435,10 +448,11 @@ class Scheduler:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    def _finish(self, request: Request, status: RequestStatus, step: int) -> None:
-        """Mark finished (at ``step``), forget, free blocks. The caller removes it from its queue."""
+    def _finish(self, request: Request, status: RequestStatus, step: int, now: float) -> None:
+        """Mark finished (at ``step``, time ``now``), forget, free blocks. The caller removes
+        it from its queue. The one place a request's finish status is written."""
         request.status = status
-        request.finished_time = self.clock()
+        request.finished_time = now
         if self._events is not None:
             self._events.append(
                 RequestFinished(request.request_id, step, request.finished_time, status.finish_reason,
