@@ -23,7 +23,7 @@ from workbench.utils.reprs import html_table
 from workbench.request import Request, RequestStatus
 from workbench.engine.request_state import SequenceState
 from workbench.metrics.stats import FinishedRequestStats, IterationStats
-from workbench.worker.sampler import describe
+from workbench.utils.errors import describe
 
 if TYPE_CHECKING:
     from workbench.worker.sampler import TokenLogprobs

@@ -35,7 +35,7 @@ import numpy as np
 from workbench.lab.compare import resolve_config
 from workbench.config import EngineConfig
 from workbench.lab.workload import Workload
-from workbench.worker.sampler import describe
+from workbench.utils.errors import describe
 
 #: ``run`` names: the simulated runner and the real engine.
 RUNS = ("sim", "real")

@@ -22,7 +22,8 @@ from workbench.model.llama import allocate_kv_caches
 from workbench.model.loader import load_model
 from workbench.model.model_config import ModelConfig
 from workbench.request import Request
-from workbench.worker.sampler import Sampler, TokenLogprobs, describe, gather_logprobs
+from workbench.utils.errors import describe
+from workbench.worker.sampler import Sampler, TokenLogprobs, gather_logprobs
 
 logger = logging.getLogger("workbench")
 

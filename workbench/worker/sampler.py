@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from workbench.request import Request
+from workbench.utils.errors import describe
 
 _NEG_INF = float("-inf")
 _TINY = torch.finfo(torch.float32).tiny
@@ -114,11 +115,6 @@ def _check_token_ids(tokens: list[int], vocab_size: int, request: Request, what:
             f"request {request.request_id!r}: {what} contains token id {max(tokens)}, "
             f"which must be < the logits' vocab size {vocab_size}."
         )
-
-
-def describe(exc: BaseException) -> str:
-    """``"ExcType: message"``: how a per-request failure is reported (``RequestOutput.error``)."""
-    return f"{type(exc).__name__}: {exc}"
 
 
 def _request_logits(row: Tensor, request: Request) -> Tensor:
