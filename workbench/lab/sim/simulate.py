@@ -26,7 +26,7 @@ from workbench.sampling_params import RequestOutputKind
 from workbench.lab.sim.clock import SimClock
 from workbench.lab.sim.cost_model import CostModel, as_cost_model
 from workbench.lab.sim.simulated_runner import SimulatedRunner
-from workbench.lab.workload import LengthSpec, Workload, WorkloadRequest, _lengths
+from workbench.lab.workload import LengthSpec, Workload, WorkloadRequest, draw_lengths
 
 
 def simulate(
@@ -81,7 +81,7 @@ def _output_lengths(workload: Workload, output_len: LengthSpec | None, seed: int
         raise ValueError(
             f"{len(open_ended)} request(s), the first {open_ended[0].request_id!r}, have no exact output "
             "length: give them max_tokens with ignore_eos=True, or pass simulate(output_len=...) to draw one.")
-    drawn = _lengths("output_len", output_len, len(workload), np.random.default_rng(seed), low=1)
+    drawn = draw_lengths("output_len", output_len, len(workload), np.random.default_rng(seed), low=1)
     return {r.request_id: n for r, n in zip(workload, drawn) if not r.params.ignore_eos}
 
 
