@@ -28,6 +28,7 @@ from workbench.model.model_config import ModelConfig
 from workbench.engine.output_processor import OutputProcessor
 from workbench.outputs import RequestOutput
 from workbench.engine.parallel_sampling import ParentRequest
+from workbench.engine.replay import RunResult, drive
 from workbench.request import RequestStatus
 from workbench.metrics.request_tracker import RequestTracker
 from workbench.worker.model_runner import ModelRunner
@@ -377,11 +378,9 @@ class LLMEngine:
         :class:`~workbench.metrics.request_tracker.RequestTracker`."""
         return self.request_tracker.dataframe()
 
-    def replay(self, workload, *, clock: str = "steps", progress: bool = False):
+    def replay(self, workload, *, clock: str = "steps", progress: bool = False) -> RunResult:
         """Drive this engine through ``workload`` (arrivals by step or wall clock) until every
-        request finished; returns a :class:`~workbench.lab.run.RunResult` of the steps it took."""
-        from workbench.lab.run import drive
-
+        request finished; returns a :class:`~workbench.engine.replay.RunResult` of the steps it took."""
         return drive(self, workload, clock=clock, progress=progress)
 
     def _make_scheduler_stats(self, so: SchedulerOutput) -> SchedulerStats:

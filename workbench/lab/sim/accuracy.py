@@ -33,6 +33,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from workbench.config import EngineConfig
+from workbench.engine.llm_engine import LLMEngine
+from workbench.lab.run import resolve_config, run_real
+from workbench.lab.sim.cost_model import as_cost_model
+from workbench.lab.sim.measurements import measured_steps, records_of
+from workbench.lab.sim.simulate import simulate
 from workbench.lab.workload import Workload
 
 
@@ -72,8 +77,6 @@ def signed_errors(real, simulated, metric: str) -> np.ndarray:
 def step_ratio(model, runs) -> float:
     """Median of measured / predicted duration over the non-empty measured steps of ``runs``
     (RunResults or histories of real runs; see :mod:`workbench.lab.sim.measurements`)."""
-    from workbench.lab.sim.measurements import measured_steps, records_of
-
     ratios = []
     for run in runs:
         x, y, empty = measured_steps(records_of(run))
@@ -143,12 +146,6 @@ def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
     import pandas as pd
     import torch
 
-    from workbench.lab.compare import run_workload
-    from workbench.engine.llm_engine import LLMEngine
-    from workbench.lab.run import resolve_config
-    from workbench.lab.sim.cost_model import as_cost_model
-    from workbench.lab.sim.simulate import simulate
-
     if not (isinstance(repeats, int) and repeats >= 1):
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}.")
     model = as_cost_model(cost_model)
@@ -172,7 +169,7 @@ def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
         pairs = list(itertools.combinations(runs, 2))
         floor = {m: float(np.median([np.median(latency_errors(a, b, m)) for a, b in pairs])) if pairs else float("nan")
                  for m in ("ttft_s", "e2e_s")}
-        same = schedule_of(run_workload(workload, config, clock="steps", progress=progress)) == \
+        same = schedule_of(run_real(workload, config, clock="steps", progress=progress)) == \
             schedule_of(simulate(workload, config, model, clock="steps"))
         rows.append({
             "workload": name, "requests": len(workload), "real_runs": repeats,

@@ -30,11 +30,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from workbench.config import EngineConfig
-from workbench.sampling_params import SamplingParams
+from workbench.engine.llm_engine import LLMEngine
+from workbench.lab.run import resolve_config
 from workbench.lab.sim.cost_model import UNITS, CostModel, describe_hardware, describe_model, nonnegative_lstsq
 from workbench.lab.sim.features import FEATURES
 from workbench.lab.sim.measurements import driver_arrivals, measured_steps
 from workbench.lab.workload import Workload, WorkloadRequest
+from workbench.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -119,9 +121,6 @@ def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid |
     if aggregate not in AGGREGATES:
         raise ValueError(f"aggregate must be one of {sorted(AGGREGATES)}, got {aggregate!r}.")
     from tqdm.auto import tqdm
-
-    from workbench.lab.run import resolve_config
-    from workbench.engine.llm_engine import LLMEngine
 
     grid = grid or CalibrationGrid()
     engine = LLMEngine(resolve_config(config))

@@ -1,8 +1,8 @@
 """simulate(): a workload on the real scheduler and KV cache with a SimulatedRunner.
 
-Returns the same :class:`~workbench.lab.run.RunResult` as :func:`workbench.lab.compare.run_workload`
+Returns the same :class:`~workbench.engine.replay.RunResult` as :func:`workbench.lab.run.run_real`
 (StepRecords, request metrics in simulated seconds), so plots, widgets and ``compare_runs``
-read it alike. Clocks (see :mod:`workbench.lab.run`): ``"wall"`` -- arrivals at their
+read it alike. Clocks (see :mod:`workbench.engine.replay`): ``"wall"`` -- arrivals at their
 ``arrival_time`` on the simulated clock, which each step advances by the cost model's
 duration and an idle engine jumps to the next arrival; ``"steps"`` -- arrivals by step, and
 the schedule is the one a real ``run_workload(..., clock="steps")`` makes.
@@ -20,13 +20,14 @@ import numpy as np
 
 from workbench.config import EngineConfig
 from workbench.engine.llm_engine import LLMEngine
-from workbench.utils.heap import rare_collections
-from workbench.lab.run import RunResult, drive, resolve_config
-from workbench.sampling_params import RequestOutputKind
+from workbench.engine.replay import RunResult, drive
+from workbench.lab.run import resolve_config
 from workbench.lab.sim.clock import SimClock
 from workbench.lab.sim.cost_model import CostModel, as_cost_model
 from workbench.lab.sim.simulated_runner import SimulatedRunner
 from workbench.lab.workload import LengthSpec, Workload, WorkloadRequest, draw_lengths
+from workbench.sampling_params import RequestOutputKind
+from workbench.utils.heap import rare_collections
 
 
 def simulate(
