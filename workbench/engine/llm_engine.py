@@ -378,9 +378,9 @@ class LLMEngine:
         :class:`~workbench.metrics.request_tracker.RequestTracker`."""
         return self.request_tracker.dataframe()
 
-    def replay(self, workload, *, clock: str = "steps", progress: bool = False) -> RunResult:
-        """Drive this engine through ``workload`` (arrivals by step or wall clock) until every
-        request finished; returns a :class:`~workbench.engine.replay.RunResult` of the steps it took."""
+    def replay(self, workload, *, clock: str | None = None, progress: bool = False) -> RunResult:
+        """Drive this engine through ``workload`` on its clock (steps or wall; ``clock``, when
+        given, must be it) until every request finished; returns a :class:`~workbench.engine.replay.RunResult` of the steps it took."""
         return drive(self, workload, clock=clock, progress=progress)
 
     def _make_scheduler_stats(self, so: SchedulerOutput) -> SchedulerStats:

@@ -5,9 +5,11 @@ a fresh one built from a config. A workload is any sized iterable of requests th
 :class:`ArrivingRequest` names (a :class:`workbench.lab.workload.Workload` of WorkloadRequests):
 this module adds them at their arrival and steps, it knows nothing else of them.
 
-Two clocks decide when a request arrives:
+Two clocks decide when a request arrives; a run is on its workload's clock (``workload.clock``,
+see :mod:`workbench.lab.workload`; a plain list of requests: the step clock), and asking for
+the other one is a ValueError that says how to get it:
 
-* ``clock="steps"`` (default, deterministic): before engine step ``k`` of the run (counted
+* ``clock="steps"`` (deterministic): before engine step ``k`` of the run (counted
   from 0) every request with ``arrival_step <= k`` is added. The engine steps even when it
   has nothing to do until the next arrival, so the same workload and config always give the
   same schedule -- step numbers, batches, preemptions, block tables.
@@ -41,6 +43,8 @@ from workbench.utils.heap import frozen_heap
 logger = logging.getLogger(__name__)
 
 CLOCKS = ("steps", "wall")
+#: The unit of a rate on each clock, for messages.
+_UNITS = {"steps": "step", "wall": "second"}
 PERCENTILES = (50, 90, 99)
 #: The latency columns summarised as percentiles, in seconds and in steps.
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s", "ttft_steps", "tpot_steps", "e2e_steps")
@@ -147,15 +151,15 @@ class RunResult:
         )
 
 
-def drive(engine, workload: Iterable[ArrivingRequest], *, clock: str = "steps", progress: bool = False,
+def drive(engine, workload: Iterable[ArrivingRequest], *, clock: str | None = None, progress: bool = False,
           exclusive: bool = False) -> RunResult:
     """Add ``workload``'s requests to ``engine`` as they arrive and step it until nothing is
     unfinished (requests already in flight included). The engine's ``on_step`` hooks see
     every step; the result keeps the steps of this run only. ``exclusive``: the engine was
     built for this run and has not stepped (run_workload, simulate): its own history and
-    request tracker become the result's, instead of copies kept step by step."""
-    if clock not in CLOCKS:
-        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}.")
+    request tracker become the result's, instead of copies kept step by step. ``clock``:
+    None for the workload's own (see the module docstring)."""
+    clock = run_clock(workload, clock)
     if isinstance(workload, (list, tuple)):
         workload = tuple(workload)
     if isinstance(workload, (str, bytes)) or not isinstance(workload, Iterable) or not isinstance(workload, Sized):
@@ -236,6 +240,23 @@ def drive(engine, workload: Iterable[ArrivingRequest], *, clock: str = "steps", 
         tokenizer=engine.tokenizer,
         total_steps=step,
     )
+
+
+def run_clock(workload, clock: str | None) -> str:
+    """The clock a run of ``workload`` is on: its own (``workload.clock``; the step clock for
+    a plain list of requests), which ``clock``, when given, must name."""
+    own = getattr(workload, "clock", None)
+    resolved = clock or own or "steps"
+    if resolved not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}.")
+    if own is not None and resolved != own:
+        raise ValueError(
+            f"this workload's arrivals are on the {own} clock (its rates are per {_UNITS[own]}) and this run "
+            f"asks for clock={clock!r}: leave clock out to run it on its own clock, or build it for the "
+            f"{clock} clock (e.g. Workload.poisson(..., clock={clock!r}), a rate per {_UNITS[clock]}); "
+            f"workload.on_clock({clock!r}) reads its numbers as {_UNITS[clock]}s instead."
+        )
+    return resolved
 
 
 def _arrival(request: ArrivingRequest, clock: str) -> float:

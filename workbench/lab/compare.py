@@ -7,7 +7,7 @@ or, with ``simulate=True``, on a simulated one (:func:`workbench.lab.sim.simulat
 Every configuration runs the same :class:`~workbench.lab.workload.Workload` on a fresh engine
 (same arrivals, prompts and output lengths), so differences in the table come from the
 configuration: policy, token budget, chunked prefill, block size, pool size, prefix caching.
-With the default step clock the step-based columns (``*_steps_*``, ``throughput_tok_step``,
+On the step clock (a workload's default) the step-based columns (``*_steps_*``, ``throughput_tok_step``,
 preemptions, recomputed tokens) are exactly reproducible; the ``*_s`` ones are wall times.
 ``simulate=True`` runs the same scheduler with a simulated runner instead of the model
 (:func:`workbench.lab.sim.simulate`: seconds predicted by ``cost_model``, no weights loaded).
@@ -41,13 +41,14 @@ def run_workload(
     workload: Workload,
     config: EngineConfig | dict | None = None,
     *,
-    clock: str = "steps",
+    clock: str | None = None,
     progress: bool = False,
     simulate: bool = False,
     cost_model=None,
 ) -> RunResult:
     """Run ``workload`` on a fresh engine built from ``config`` (see :func:`resolve_config`)
-    until every request finished (clocks: :mod:`workbench.engine.replay`). ``simulate=True``: on a
+    until every request finished, on the workload's clock (``clock``, when given, must be it:
+    see :mod:`workbench.lab.workload`). ``simulate=True``: on a
     simulated runner with ``cost_model`` (a CostModel, its JSON path, None for the shipped
     CPU calibration); see :func:`workbench.lab.sim.simulate`."""
     if simulate:
@@ -142,7 +143,7 @@ def compare_runs(
     configs: Mapping[str, EngineConfig | dict],
     *,
     base: EngineConfig | None = None,
-    clock: str = "steps",
+    clock: str | None = None,
     progress: bool = False,
     simulate: bool = False,
     cost_model=None,

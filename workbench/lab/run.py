@@ -34,9 +34,10 @@ def resolve_config(config: EngineConfig | dict | None, base: EngineConfig | None
     raise ValueError(f"config must be an EngineConfig, a dict of overrides or None, got {type(config).__name__}.")
 
 
-def run_real(workload: Workload, config: EngineConfig | dict | None = None, *, clock: str = "steps",
+def run_real(workload: Workload, config: EngineConfig | dict | None = None, *, clock: str | None = None,
              progress: bool = False) -> RunResult:
-    """``workload`` on a fresh engine built from ``config`` (see :func:`resolve_config`), until
-    every request finished; the engine's own history and request tracker become the result's."""
+    """``workload`` on a fresh engine built from ``config`` (see :func:`resolve_config`), on the
+    workload's clock (``clock``, when given, must be it), until every request finished; the
+    engine's own history and request tracker become the result's."""
     engine = LLMEngine(resolve_config(config))
     return drive(engine, workload, clock=clock, progress=progress, exclusive=True)

@@ -4,7 +4,8 @@ A grid is either a dict of lists -- every combination, the last key varying fast
 (``{"policy": ["fcfs", "spf"], "num_kv_blocks": [64, 128]}`` gives four configurations) --
 or a list of dicts, each one configuration. Every configuration is a dict of
 :class:`~workbench.config.EngineConfig` overrides on ``base``; all of them are checked
-before anything runs.
+before anything runs. Each run is on the workload's own clock, as ``run_workload`` and
+``simulate`` are (:mod:`workbench.lab.workload`).
 
 Each configuration runs in a worker of a ``concurrent.futures`` executor (a process pool by
 default; a Dask ``client.get_executor()`` or a Ray executor works unchanged). A task carries

@@ -1,15 +1,28 @@
 """Workload: a reproducible set of requests with arrival schedules, to replay on engines.
 
 A :class:`Workload` is a tuple of :class:`WorkloadRequest` (id, prompt as text or token ids,
-SamplingParams, arrival step and/or arrival time, priority). Generators build them from a
-seed, so the same arguments give the same workload on any machine:
+SamplingParams, arrival step and/or arrival time, priority) and the clock its arrivals are
+counted on, ``workload.clock``:
 
-* :meth:`Workload.poisson` -- a Poisson process of ``rate`` arrivals per unit of time;
+* ``"steps"`` (the default everywhere): a request arrives before engine step ``arrival_step``;
+  a generator's ``rate`` is arrivals per step, its ``interval`` steps;
+* ``"wall"``: a request arrives ``arrival_time`` seconds after the start; ``rate`` is
+  arrivals per second, ``interval`` seconds.
+
+``run_workload``, ``simulate``, ``compare_runs``, ``sweep`` and ``LLMEngine.replay`` run a
+workload on its own clock; asking one of them for the other clock is a ValueError (a rate of 6
+per step and one of 6 per second are different experiments): build the workload for that
+clock (``Workload.poisson(..., clock="wall")``), or say explicitly that its numbers are to be
+read in the other unit with :meth:`Workload.on_clock`.
+
+Generators build workloads from a seed, so the same arguments give the same workload on any
+machine:
+
+* :meth:`Workload.poisson` -- a Poisson process of ``rate`` arrivals per unit of the clock;
 * :meth:`Workload.burst` -- groups of requests arriving together.
 
-A unit of time is one engine step for ``arrival_step`` (``floor`` of the arrival) and one
-second for ``arrival_time`` (the same number), so ``run_workload(..., clock="steps")`` and
-``clock="wall"`` replay the same process in their own clock.
+A generated request carries its draw ``t`` (in the clock's unit) twice: as ``arrival_time``
+and as ``arrival_step = floor(t)``; a run reads the field of the workload's clock only.
 
 Prompt lengths, output lengths, priorities and groups sharing a prefix are drawn from the
 seed too. Text prompts are cut from the embedded Shakespeare corpus to the exact token length
@@ -30,6 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workbench.engine.replay import CLOCKS
 from workbench.lab.corpus_prompts import PromptCutter
 from workbench.sampling_params import RequestOutputKind, SamplingParams
 
@@ -41,8 +55,9 @@ LengthSpec = int | tuple[int, int] | Sequence[int] | Callable[[np.random.Generat
 
 @dataclass(frozen=True)
 class WorkloadRequest:
-    """One request of a workload. ``arrival_step`` is used by the step clock and
-    ``arrival_time`` (seconds from the start) by the wall clock; either may be None."""
+    """One request of a workload. ``arrival_step`` is read on the step clock and
+    ``arrival_time`` (seconds from the start) on the wall clock; either may be None (the
+    request then comes at 0 on that clock, if its workload is on that clock)."""
 
     request_id: str
     prompt: str | tuple[int, ...]
@@ -93,12 +108,16 @@ class WorkloadRequest:
 
 
 class Workload:
-    """An ordered, immutable collection of :class:`WorkloadRequest` with unique ids.
+    """An ordered, immutable collection of :class:`WorkloadRequest` with unique ids, whose
+    arrivals are on ``clock`` (see the module docstring).
 
-    ``info`` records how it was made (the generator and its arguments).
+    ``clock=None``: ``"wall"`` if some request has an ``arrival_time`` and no
+    ``arrival_step``, else ``"steps"``. Every request with an arrival has the field of the
+    workload's clock. ``info`` records how it was made (the generator and its arguments).
     """
 
-    def __init__(self, requests: Sequence[WorkloadRequest], info: dict | None = None):
+    def __init__(self, requests: Sequence[WorkloadRequest], info: dict | None = None, *,
+                 clock: str | None = None):
         self.requests = tuple(requests)
         seen = set()
         for r in self.requests:
@@ -107,6 +126,18 @@ class Workload:
             if r.request_id in seen:
                 raise ValueError(f"request_id {r.request_id!r} appears twice in the workload.")
             seen.add(r.request_id)
+        if clock is None:
+            timed_only = any(r.arrival_time is not None and r.arrival_step is None for r in self.requests)
+            clock = "wall" if timed_only else "steps"
+        if clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}.")
+        field, other = ("arrival_step", "arrival_time") if clock == "steps" else ("arrival_time", "arrival_step")
+        for r in self.requests:
+            if getattr(r, field) is None and getattr(r, other) is not None:
+                raise ValueError(f"request {r.request_id!r} has {other} but no {field}, and this workload's "
+                                 f"arrivals are on the {clock} clock: give every request {field}, or build the "
+                                 f"workload with clock={'wall' if clock == 'steps' else 'steps'!r}.")
+        self.clock = clock
         self.info = dict(info or {})
 
     def __len__(self) -> int:
@@ -119,11 +150,19 @@ class Workload:
         return self.requests[index]
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Workload) and self.requests == other.requests
+        return isinstance(other, Workload) and self.clock == other.clock and self.requests == other.requests
 
     @property
     def request_ids(self) -> list[str]:
         return [r.request_id for r in self.requests]
+
+    def on_clock(self, clock: str) -> Workload:
+        """The same requests with their arrivals read on ``clock``: a generated workload's
+        ``t`` becomes ``t`` seconds or step ``floor(t)``, so a rate per step becomes the same
+        rate per second (another experiment, asked for by name). Every request with an
+        arrival must have ``clock``'s field."""
+        info = {**self.info, "clock": clock} if "clock" in self.info else self.info
+        return Workload(self.requests, info, clock=clock)
 
     # ------------------------------------------------------------ generators
     @classmethod
@@ -134,10 +173,11 @@ class Workload:
         input_len: LengthSpec = (8, 40),
         output_len: LengthSpec = (4, 16),
         seed: int = 1,
+        clock: str = "steps",
         **kwargs,
     ) -> Workload:
-        """Arrivals of a Poisson process of ``rate`` per unit (the first at 0): per step for
-        the step clock, per second for the wall clock. Other keywords: see :meth:`build`."""
+        """Arrivals of a Poisson process of ``rate`` per unit of ``clock`` (the first at 0):
+        per step (``"steps"``) or per second (``"wall"``). Other keywords: see :meth:`build`."""
         _check_int("num_requests", num_requests, 1)
         if not (rate > 0 and math.isfinite(rate)):
             raise ValueError(f"rate must be a finite number > 0, got {rate!r}.")
@@ -145,8 +185,9 @@ class Workload:
         gaps = rng.exponential(1.0 / rate, size=num_requests)
         times = np.concatenate([[0.0], np.cumsum(gaps[1:])])
         info = {"generator": "poisson", "num_requests": num_requests, "rate": rate, "input_len": input_len,
-                "output_len": output_len, "seed": seed, **kwargs}
-        return cls.build([float(t) for t in times], input_len, output_len, rng=rng, info=info, **kwargs)
+                "output_len": output_len, "seed": seed, "clock": clock, **kwargs}
+        return cls.build([float(t) for t in times], input_len, output_len, rng=rng, clock=clock, info=info,
+                         **kwargs)
 
     @classmethod
     def burst(
@@ -157,10 +198,12 @@ class Workload:
         input_len: LengthSpec = (8, 40),
         output_len: LengthSpec = (4, 16),
         seed: int = 1,
+        clock: str = "steps",
         **kwargs,
     ) -> Workload:
         """``num_requests`` split evenly into ``num_bursts`` groups arriving together, the
-        groups ``interval`` units apart (the first at 0). Other keywords: see :meth:`build`."""
+        groups ``interval`` units of ``clock`` apart (steps, or seconds for ``"wall"``; the
+        first at 0). Other keywords: see :meth:`build`."""
         _check_int("num_requests", num_requests, 1)
         _check_int("num_bursts", num_bursts, 1)
         if num_bursts > num_requests:
@@ -169,9 +212,10 @@ class Workload:
             raise ValueError(f"interval must be a finite number >= 0, got {interval!r}.")
         times = [float(interval * (i * num_bursts // num_requests)) for i in range(num_requests)]
         info = {"generator": "burst", "num_requests": num_requests, "num_bursts": num_bursts,
-                "interval": interval, "input_len": input_len, "output_len": output_len, "seed": seed, **kwargs}
+                "interval": interval, "input_len": input_len, "output_len": output_len, "seed": seed,
+                "clock": clock, **kwargs}
         rng = np.random.default_rng(seed)
-        return cls.build(times, input_len, output_len, rng=rng, info=info, **kwargs)
+        return cls.build(times, input_len, output_len, rng=rng, clock=clock, info=info, **kwargs)
 
     @classmethod
     def build(
@@ -181,6 +225,7 @@ class Workload:
         output_len: LengthSpec,
         *,
         rng: np.random.Generator,
+        clock: str = "steps",
         priorities: Sequence[int] = (0,),
         num_prefix_groups: int = 0,
         prefix_len: int = 16,
@@ -190,7 +235,8 @@ class Workload:
         tokenizer=None,
         info: dict | None = None,
     ) -> Workload:
-        """One request per arrival time (unit: steps and seconds, see the module docstring).
+        """One request per arrival ``t`` (in ``clock``'s unit; the request carries ``t`` as
+        ``arrival_time`` and ``floor(t)`` as ``arrival_step``, see the module docstring).
 
         ``priorities``: drawn uniformly per request. ``num_prefix_groups > 0``: request ``i``
         starts with group ``i % num_prefix_groups``'s ``prefix_len``-token prefix (every input
@@ -232,18 +278,18 @@ class Workload:
                     priority=prios[i],
                 )
             )
-        return cls(requests, info)
+        return cls(requests, info, clock=clock)
 
     # -------------------------------------------------------------- JSON
     def to_json(self) -> dict:
-        return {"info": _jsonable(self.info), "requests": [r.to_json() for r in self.requests]}
+        return {"clock": self.clock, "info": _jsonable(self.info), "requests": [r.to_json() for r in self.requests]}
 
     @classmethod
     def from_json(cls, data: dict) -> Workload:
-        return cls([WorkloadRequest.from_json(r) for r in data["requests"]], data.get("info"))
+        return cls([WorkloadRequest.from_json(r) for r in data["requests"]], data.get("info"), clock=data.get("clock"))
 
     def save(self, path) -> None:
-        """Write the workload as JSON (prompts, params, arrivals, priorities, info)."""
+        """Write the workload as JSON (its clock, prompts, params, arrivals, priorities, info)."""
         pathlib.Path(path).write_text(json.dumps(self.to_json(), indent=1))
 
     @classmethod

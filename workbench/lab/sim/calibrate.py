@@ -67,7 +67,7 @@ class CalibrationGrid:
         longest = max(49, min(600, max_model_len - 65))
         return [(f"traffic {rate:g}/s", Workload.poisson(
             n, rate=rate, input_len=(48, longest), output_len=(1, 64), num_prefix_groups=3, prefix_len=32,
-            seed=seed + 10 + i, id_prefix=f"t{i}_")) for i, (rate, n) in enumerate(self.traffic)]
+            seed=seed + 10 + i, clock="wall", id_prefix=f"t{i}_")) for i, (rate, n) in enumerate(self.traffic)]
 
     def phases(self, *, max_num_seqs: int, num_tokens: int, max_model_len: int, block_size: int,
                vocab_size: int, seed: int = 0) -> list[tuple[str, Workload]]:
@@ -144,7 +144,7 @@ def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid |
         traffic_runs = []
         for name, workload in traffic:
             bar.set_postfix_str(name)
-            traffic_runs.append(engine.replay(workload, clock="wall"))
+            traffic_runs.append(engine.replay(workload))
             engine.reset_prefix_cache()
             bar.update(1)
     input_s = (0.0, 0.0)
@@ -203,7 +203,7 @@ def measure_wake(engine, model: CostModel, num_arrivals: int, *, gaps: tuple[flo
     for i, r in enumerate(drawn):
         t += gaps[i // num_arrivals] + 0.03  # a request is served in a few steps (< 30 ms here)
         arrivals.append(dataclasses.replace(r, request_id=f"idle{i}", arrival_time=t, arrival_step=None))
-    runs = [*runs, engine.replay(Workload(arrivals), clock="wall")]
+    runs = [*runs, engine.replay(Workload(arrivals, clock="wall"))]
     engine.reset_prefix_cache()
     extra = []
     for run in runs:

@@ -2,10 +2,11 @@
 
 Returns the same :class:`~workbench.engine.replay.RunResult` as :func:`workbench.lab.run.run_real`
 (StepRecords, request metrics in simulated seconds), so plots, widgets and ``compare_runs``
-read it alike. Clocks (see :mod:`workbench.engine.replay`): ``"wall"`` -- arrivals at their
-``arrival_time`` on the simulated clock, which each step advances by the cost model's
-duration and an idle engine jumps to the next arrival; ``"steps"`` -- arrivals by step, and
-the schedule is the one a real ``run_workload(..., clock="steps")`` makes.
+read it alike. It runs on the workload's clock, as a real run does (see
+:mod:`workbench.engine.replay`): ``"wall"`` -- arrivals at their ``arrival_time`` on the
+simulated clock, which each step advances by the cost model's duration and an idle engine
+jumps to the next arrival; ``"steps"`` -- arrivals by step, and the schedule is the one a real
+``run_workload`` of the same workload makes.
 
 Every request is run with ``detokenize=False`` and ``output_kind=FINAL_ONLY`` (its tokens
 are fillers, so its text means nothing), unless it has stop strings (which need text).
@@ -35,12 +36,13 @@ def simulate(
     config: EngineConfig | dict | None = None,
     cost_model: CostModel | str | None = None,
     *,
-    clock: str = "wall",
+    clock: str | None = None,
     progress: bool = False,
     output_len: LengthSpec | None = None,
     seed: int = 0,
 ) -> RunResult:
-    """Simulate ``workload`` on an engine built from ``config`` (as ``run_workload``).
+    """Simulate ``workload`` on an engine built from ``config`` (as ``run_workload``), on the
+    workload's clock (``clock``, when given, must be it; a plain list of requests is on ``clock``).
 
     ``cost_model``: a CostModel, a path to its JSON, or None for the shipped calibration of
     the embedded model on CPU. Output lengths: a request with ``ignore_eos`` runs to its
@@ -50,7 +52,7 @@ def simulate(
     A top-level function of picklable arguments: process pools can run it.
     """
     if not isinstance(workload, Workload):
-        workload = Workload(workload)
+        workload = Workload(workload, clock=clock)
     config = resolve_config(config)
     model = as_cost_model(cost_model)
     lengths = _output_lengths(workload, output_len, seed)
@@ -63,8 +65,8 @@ def simulate(
     )
     engine.runner.tokenizer = engine.tokenizer
     with rare_collections():
-        result = drive(engine, Workload([_lean(r) for r in workload], workload.info), clock=clock,
-                       progress=progress, exclusive=True)
+        result = drive(engine, Workload([_lean(r) for r in workload], workload.info, clock=workload.clock),
+                       clock=clock, progress=progress, exclusive=True)
     return dataclasses.replace(result, workload=workload, simulated=True)
 
 
