@@ -32,6 +32,7 @@ from workbench.engine.replay import RunResult, drive
 from workbench.request import RequestStatus
 from workbench.metrics.request_tracker import RequestTracker
 from workbench.worker.model_runner import ModelRunner
+from workbench.worker.runner_protocol import Runner, RunnerFactory
 from workbench.sampling_params import SamplingParams
 from workbench.metrics.stats import IterationStats, LoggingStatLogger, SchedulerStats, StatLoggerBase
 
@@ -64,12 +65,12 @@ class LLMEngine:
         self,
         config: EngineConfig | None = None,
         *,
-        make_runner: Callable[..., ModelRunner] | None = None,
+        make_runner: RunnerFactory | None = None,
         clock: Callable[[], float] | None = None,
         **overrides,
     ) -> None:
-        """``make_runner`` builds the runner with ModelRunner's arguments (default
-        ``ModelRunner``; :class:`workbench.lab.sim.SimulatedRunner` predicts time instead);
+        """``make_runner`` builds the :class:`~workbench.worker.runner_protocol.Runner` (default
+        ``ModelRunner``; ``SimulatedRunner.factory(...)`` of :mod:`workbench.lab.sim` predicts time instead);
         ``clock`` is the source of every request timestamp (default ``time.monotonic``)."""
         config = config or EngineConfig()
         if overrides:
@@ -91,7 +92,7 @@ class LLMEngine:
             self.device.type, config.enable_chunked_prefill, max_model_len
         )
         self.clock = clock or time.monotonic
-        self.runner = (make_runner or ModelRunner)(
+        self.runner: Runner = (make_runner or ModelRunner)(
             self.model_config,
             device=self.device,
             block_size=config.block_size,

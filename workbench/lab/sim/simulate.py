@@ -15,7 +15,6 @@ are fillers, so its text means nothing), unless it has stop strings (which need 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import numpy as np
 
@@ -59,8 +58,7 @@ def simulate(
     sim_clock = SimClock()
     engine = LLMEngine(
         config,
-        make_runner=functools.partial(SimulatedRunner, cost_model=model, clock=sim_clock,
-                                      output_lengths=lengths),
+        make_runner=SimulatedRunner.factory(model, sim_clock, lengths),
         clock=sim_clock,
     )
     engine.runner.tokenizer = engine.tokenizer
