@@ -20,7 +20,7 @@ _EXPORTS = {
     "Workload": "workbench.lab.workload",
     "WorkloadRequest": "workbench.lab.workload",
     "run_workload": "workbench.lab.compare",
-    "RunResult": "workbench.lab.run",
+    "RunResult": "workbench.engine.replay",
     "compare_runs": "workbench.lab.compare",
     "Comparison": "workbench.lab.compare",
     "teaching_config": "workbench.config",

@@ -70,32 +70,35 @@ mine
 # process, prompts of 40 to 400 tokens in four groups that share a 32-token prefix, 4 to 96
 # output tokens each.
 #
-# First the schedule. With arrivals counted in steps, nothing depends on time, so the
-# simulated run must make exactly the decisions of the real one: the same requests in the same
-# steps with the same number of tokens, the same preemptions, the same prefix hits.
+# First the schedule. With arrivals counted in steps (a workload on `clock="steps"`, the
+# default: its rate is per step), nothing depends on time, so the simulated run must make
+# exactly the decisions of the real one: the same requests in the same steps with the same
+# number of tokens, the same preemptions, the same prefix hits.
 
 # %%
-workload = Workload.poisson(40, rate=6.0, input_len=(40, 400), output_len=(4, 96),
-                            num_prefix_groups=4, prefix_len=32, seed=21)
-real_steps = run_workload(workload, config, clock="steps")
-simulated_steps = simulate(workload, config, mine, clock="steps")
+shape = dict(input_len=(40, 400), output_len=(4, 96), num_prefix_groups=4, prefix_len=32, seed=21)
+workload = Workload.poisson(40, rate=6.0, clock="steps", **shape)  # 6 arrivals per step
+real_steps = run_workload(workload, config)
+simulated_steps = simulate(workload, config, mine)
 print("steps:", real_steps.num_steps, "real,", simulated_steps.num_steps, "simulated")
 print("identical schedules:", schedule_of(real_steps) == schedule_of(simulated_steps))
 
 # %% [markdown]
-# Then time. With arrivals in seconds (`clock="wall"`), a request arrives at the first step
-# boundary after its arrival time, so how long steps take decides which steps it joins. We run
+# Then time. With arrivals in seconds (a workload on `clock="wall"`: the same draws, 6 per
+# second), a request arrives at the first step boundary after its arrival time, so how long
+# steps take decides which steps it joins. We run
 # the real engine (after one untimed run of the same workload: a process's first passes over
 # new shapes pay one-time costs) and the simulation, and compare every request's time to first
 # token (TTFT) and end-to-end latency.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+timed = Workload.poisson(40, rate=6.0, clock="wall", **shape)  # 6 arrivals per second
 engine = LLMEngine(config)
-engine.replay(workload, clock="wall")
+engine.replay(timed)
 engine.reset_prefix_cache()
-real = engine.replay(workload, clock="wall")
-simulated = simulate(workload, config, mine, clock="wall")
+real = engine.replay(timed)
+simulated = simulate(timed, config, mine)
 for metric in ("ttft_s", "e2e_s"):
     errors = latency_errors(real, simulated, metric)
     print(f"{metric}: median relative error {np.median(errors):.1%}, p90 {np.percentile(errors, 90):.1%}")
@@ -133,7 +136,8 @@ fig.tight_layout()
 # sequences per step and the token budget trade throughput against the time to first token.
 
 # %%
-trace = Workload.poisson(100_000, rate=450.0, input_len=(16, 64), output_len=(1, 31), seed=3, text=False)
+trace = Workload.poisson(100_000, rate=450.0, input_len=(16, 64), output_len=(1, 31), seed=3, text=False,
+                         clock="wall")
 trace
 
 # %%

@@ -63,7 +63,7 @@ def test_a_negative_keep_warm_s_is_refused():
 
 def test_a_wall_clock_replay_waits_through_the_engine_idle_waiter(two_threads):
     engine = LLMEngine(device="cpu", num_kv_blocks=64, keep_warm_s=10.0)
-    workload = Workload.poisson(2, rate=1.0, input_len=(8, 12), output_len=2, text=False, seed=0)
+    workload = Workload.poisson(2, rate=1.0, input_len=(8, 12), output_len=2, text=False, seed=0, clock="wall")
     gap = workload[1].arrival_time
     run = engine.replay(workload, clock="wall")
     assert len(run.outputs) == 2

@@ -154,7 +154,8 @@ def test_wall_clock_arrivals():
     assert rows.loc["late", "arrival_s"] == pytest.approx(0.3, abs=1e-6)
     assert rows.loc["late", "queue_s"] >= 0 and result.wall_s >= 0.3
     assert not math.isnan(result.summary()["throughput_tok_s"])
-    with pytest.raises(ValueError, match="has arrival_time but no arrival_step; use clock='wall'"):
+    assert w.clock == "wall" and result.clock == "wall"
+    with pytest.raises(ValueError, match="arrivals are on the wall clock .* leave clock out"):
         run_workload(w, teaching_config(), clock="steps")
     with pytest.raises(ValueError, match="clock must be one of"):
         run_workload(w, teaching_config(), clock="cpu")
@@ -195,3 +196,49 @@ def test_step_clock_keeps_counting_while_the_engine_idles():
     assert result.requests[["arrival_step", "finished_step", "e2e_steps"]].values.tolist() == [[0, 1, 2], [10, 11, 2]]
     with pytest.raises(ValueError, match="workload must be a Workload or a list of WorkloadRequest"):
         engine.replay("r1")
+
+
+def test_every_entry_point_runs_a_workload_on_its_own_clock():
+    """The issue's case: 48 requests at a rate of 6. On the step clock (the default) they all
+    arrive within the first steps, at step floor(t); on the wall clock over seconds, at t.
+    run_workload, simulate, compare_runs, sweep and replay agree, and none of them runs a
+    workload on the other clock."""
+    import concurrent.futures
+    import functools
+
+    from workbench.lab.sim import CostModel, simulate
+    from workbench.lab.sweep import sweep
+
+    steps = Workload.poisson(num_requests=48, rate=6.0, input_len=(8, 16), output_len=2, seed=1, text=False)
+    wall = Workload.poisson(num_requests=48, rate=6.0, input_len=(8, 16), output_len=2, seed=1, text=False,
+                            clock="wall")
+    assert (steps.clock, wall.clock) == ("steps", "wall")
+    assert [r.arrival_time for r in steps] == [r.arrival_time for r in wall]  # the same draws
+    last = wall[-1].arrival_time
+    assert 5 < last < 12  # 47 gaps of mean 1/6: seconds on the wall clock, steps on the step clock
+    ten_ms = CostModel({"step": 0.010})
+    config = teaching_config(num_kv_blocks=64, max_num_seqs=8)
+    for run in (run_workload(steps, config), simulate(steps, config, ten_ms),
+                compare_runs(steps, {"a": config}, simulate=True, cost_model=ten_ms).results["a"]):
+        arrivals = run.requests.set_index("request_id")["arrival_step"]
+        assert run.clock == "steps"
+        assert [arrivals[r.request_id] for r in steps] == [r.arrival_step for r in steps]
+    timed = simulate(wall, config, ten_ms)
+    arrivals = timed.requests.set_index("request_id")["arrival_s"]
+    assert timed.clock == "wall"
+    # added at the first 10 ms step boundary after its arrival time, stamped with that time
+    assert [arrivals[r.request_id] for r in wall] == pytest.approx([r.arrival_time for r in wall], abs=1e-9)
+    assert timed.wall_s > last
+    with concurrent.futures.ThreadPoolExecutor(1) as executor:
+        row = sweep(wall, [{"max_num_seqs": 8}], run=functools.partial(simulate, cost_model=ten_ms), base=config,
+                    executor=executor, progress=False).iloc[0]
+    assert row["error"] is None and row["ttft_s_p50"] == pytest.approx(timed.summary()["ttft_s_p50"])
+    fix = r"leave clock out .* Workload.poisson\(\.\.\., clock='wall'\), a rate per second"
+    with pytest.raises(ValueError, match=fix):
+        run_workload(steps, config, clock="wall")
+    with pytest.raises(ValueError, match=fix):
+        simulate(steps, config, ten_ms, clock="wall")
+    with pytest.raises(ValueError, match=fix):
+        compare_runs(steps, {"a": config}, clock="wall")
+    with pytest.raises(ValueError, match="arrivals are on the wall clock .* clock='steps'"):
+        LLMEngine(config).replay(wall, clock="steps")

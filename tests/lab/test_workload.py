@@ -70,6 +70,29 @@ def test_bursts_and_priorities():
     assert {r.priority for r in w} == {0, 5}
 
 
+def test_a_workload_says_which_clock_its_arrivals_are_on():
+    params = SamplingParams(max_tokens=2)
+    timed = [WorkloadRequest("a", "x", params, arrival_time=0.5), WorkloadRequest("b", "y", params)]
+    stepped = [WorkloadRequest("c", "x", params, arrival_step=3)]
+    assert Workload(timed).clock == "wall" and Workload(stepped).clock == "steps"
+    assert Workload([WorkloadRequest("d", "x", params)]).clock == "steps"  # the default
+    assert Workload.burst(4, num_bursts=2, interval=2.5, clock="wall").clock == "wall"
+    with pytest.raises(ValueError, match="'c' has arrival_step but no arrival_time, and this workload's arrivals "
+                                         "are on the wall clock"):
+        Workload([*timed, *stepped])
+    with pytest.raises(ValueError, match="'a' has arrival_time but no arrival_step.*clock='wall'"):
+        Workload(timed, clock="steps")
+    with pytest.raises(ValueError, match="clock must be one of"):
+        Workload.poisson(2, clock="seconds")
+    # on_clock reads the same numbers in the other unit, by name
+    w = Workload.poisson(6, rate=2.0, seed=4)
+    moved = w.on_clock("wall")
+    assert moved.clock == "wall" and moved.info["clock"] == "wall" and moved.requests == w.requests
+    assert moved != w and moved == Workload.poisson(6, rate=2.0, seed=4, clock="wall")
+    with pytest.raises(ValueError, match="has arrival_time but no arrival_step"):
+        Workload(timed).on_clock("steps")
+
+
 def test_json_round_trip(tmp_path):
     w = Workload.burst(num_requests=3, params=SamplingParams(temperature=0.7, seed=3, stop=["\n\n"]), seed=4)
     w = Workload([*w, WorkloadRequest("ids", (0, 5, 6), SamplingParams(max_tokens=2), arrival_step=4, priority=-1)], w.info)
@@ -79,6 +102,9 @@ def test_json_round_trip(tmp_path):
     assert back == w and back[0].params.temperature == 0.7 and back[-1].prompt == (0, 5, 6)
     assert back.info["generator"] == "burst"
     assert repr(back) == repr(w) and "4 requests" in repr(w)
+    timed = Workload.poisson(3, clock="wall")
+    timed.save(path)
+    assert Workload.load(path).clock == "wall" and Workload.load(path) == timed
 
 
 @pytest.mark.parametrize(

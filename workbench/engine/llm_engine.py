@@ -28,9 +28,11 @@ from workbench.model.model_config import ModelConfig
 from workbench.engine.output_processor import OutputProcessor
 from workbench.outputs import RequestOutput
 from workbench.engine.parallel_sampling import ParentRequest
+from workbench.engine.replay import RunResult, drive
 from workbench.request import RequestStatus
 from workbench.metrics.request_tracker import RequestTracker
 from workbench.worker.model_runner import ModelRunner
+from workbench.worker.runner_protocol import Runner, RunnerFactory
 from workbench.sampling_params import SamplingParams
 from workbench.metrics.stats import IterationStats, LoggingStatLogger, SchedulerStats, StatLoggerBase
 
@@ -59,12 +61,12 @@ class LLMEngine:
         self,
         config: EngineConfig | None = None,
         *,
-        make_runner: Callable[..., ModelRunner] | None = None,
+        make_runner: RunnerFactory | None = None,
         clock: Callable[[], float] | None = None,
         **overrides,
     ) -> None:
-        """``make_runner`` builds the runner with ModelRunner's arguments (default
-        ``ModelRunner``; :class:`workbench.lab.sim.SimulatedRunner` predicts time instead);
+        """``make_runner`` builds the :class:`~workbench.worker.runner_protocol.Runner` (default
+        ``ModelRunner``; ``SimulatedRunner.factory(...)`` of :mod:`workbench.lab.sim` predicts time instead);
         ``clock`` is the source of every request timestamp (default ``time.monotonic``)."""
         config = config or EngineConfig()
         if overrides:
@@ -86,7 +88,7 @@ class LLMEngine:
             self.device.type, config.enable_chunked_prefill, max_model_len
         )
         self.clock = clock or time.monotonic
-        self.runner = (make_runner or ModelRunner)(
+        self.runner: Runner = (make_runner or ModelRunner)(
             self.model_config,
             device=self.device,
             block_size=config.block_size,
@@ -348,11 +350,9 @@ class LLMEngine:
         :class:`~workbench.metrics.request_tracker.RequestTracker`."""
         return self.request_tracker.dataframe()
 
-    def replay(self, workload, *, clock: str = "steps", progress: bool = False):
-        """Drive this engine through ``workload`` (arrivals by step or wall clock) until every
-        request finished; returns a :class:`~workbench.lab.run.RunResult` of the steps it took."""
-        from workbench.lab.run import drive
-
+    def replay(self, workload, *, clock: str | None = None, progress: bool = False) -> RunResult:
+        """Drive this engine through ``workload`` on its clock (steps or wall; ``clock``, when
+        given, must be it) until every request finished; returns a :class:`~workbench.engine.replay.RunResult` of the steps it took."""
         return drive(self, workload, clock=clock, progress=progress)
 
     # ------------------------------------------------------------------ stat loggers

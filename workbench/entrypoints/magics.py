@@ -80,7 +80,8 @@ def build_parser() -> _Parser:
     sub.add_parser("dashboard", add_help=False, help="the EngineDashboard: drive the engine and watch it")
     replay = sub.add_parser("replay", add_help=False, help="run a Workload (a notebook variable) on the engine")
     replay.add_argument("workload", help="name of a Workload variable")
-    replay.add_argument("--clock", choices=["steps", "wall"], default="steps")
+    replay.add_argument("--clock", choices=["steps", "wall"], default=None,
+                        help="the workload's own clock (default); given, it must be that one")
     compare = sub.add_parser("compare", add_help=False,
                              help="run a Workload under several configs (the engine's config, changed)")
     compare.add_argument("workload", help="name of a Workload variable")

@@ -1,12 +1,13 @@
 """run_workload / compare_runs: a workload on fresh engines built from configurations.
 
-``run_workload(workload, config)`` builds an engine and drives it (:func:`workbench.lab.run.drive`);
+``run_workload(workload, config)`` runs it on a real engine (:func:`workbench.lab.run.run_real`)
+or, with ``simulate=True``, on a simulated one (:func:`workbench.lab.sim.simulate`);
 ``compare_runs`` does so once per named configuration and puts the runs side by side.
 
 Every configuration runs the same :class:`~workbench.lab.workload.Workload` on a fresh engine
 (same arrivals, prompts and output lengths), so differences in the table come from the
 configuration: policy, token budget, chunked prefill, block size, pool size, prefix caching.
-With the default step clock the step-based columns (``*_steps_*``, ``throughput_tok_step``,
+On the step clock (a workload's default) the step-based columns (``*_steps_*``, ``throughput_tok_step``,
 preemptions, recomputed tokens) are exactly reproducible; the ``*_s`` ones are wall times.
 ``simulate=True`` runs the same scheduler with a simulated runner instead of the model
 (:func:`workbench.lab.sim.simulate`: seconds predicted by ``cost_model``, no weights loaded).
@@ -19,8 +20,9 @@ import math
 from collections.abc import Mapping
 
 from workbench.config import EngineConfig
-from workbench.engine.llm_engine import LLMEngine
-from workbench.lab.run import RunResult, drive, resolve_config  # resolve_config: re-exported
+from workbench.engine.replay import RunResult
+from workbench.lab.run import resolve_config, run_real
+from workbench.lab.sim.simulate import simulate as run_simulated
 from workbench.lab.workload import Workload
 
 #: Column labels (with units) of the metrics a CDF can be drawn for.
@@ -39,23 +41,21 @@ def run_workload(
     workload: Workload,
     config: EngineConfig | dict | None = None,
     *,
-    clock: str = "steps",
+    clock: str | None = None,
     progress: bool = False,
     simulate: bool = False,
     cost_model=None,
 ) -> RunResult:
     """Run ``workload`` on a fresh engine built from ``config`` (see :func:`resolve_config`)
-    until every request finished (clocks: :mod:`workbench.lab.run`). ``simulate=True``: on a
+    until every request finished, on the workload's clock (``clock``, when given, must be it:
+    see :mod:`workbench.lab.workload`). ``simulate=True``: on a
     simulated runner with ``cost_model`` (a CostModel, its JSON path, None for the shipped
     CPU calibration); see :func:`workbench.lab.sim.simulate`."""
     if simulate:
-        from workbench.lab.sim.simulate import simulate as run_simulated
-
         return run_simulated(workload, config, cost_model, clock=clock, progress=progress)
     if cost_model is not None:
         raise ValueError("cost_model is only used with simulate=True.")
-    engine = LLMEngine(resolve_config(config))
-    return drive(engine, workload, clock=clock, progress=progress, exclusive=True)
+    return run_real(workload, config, clock=clock, progress=progress)
 
 
 class Comparison:
@@ -143,7 +143,7 @@ def compare_runs(
     configs: Mapping[str, EngineConfig | dict],
     *,
     base: EngineConfig | None = None,
-    clock: str = "steps",
+    clock: str | None = None,
     progress: bool = False,
     simulate: bool = False,
     cost_model=None,

@@ -4,7 +4,8 @@ A grid is either a dict of lists -- every combination, the last key varying fast
 (``{"policy": ["fcfs", "spf"], "num_kv_blocks": [64, 128]}`` gives four configurations) --
 or a list of dicts, each one configuration. Every configuration is a dict of
 :class:`~workbench.config.EngineConfig` overrides on ``base``; all of them are checked
-before anything runs.
+before anything runs. Each run is on the workload's own clock, as ``run_workload`` and
+``simulate`` are (:mod:`workbench.lab.workload`).
 
 Each configuration runs in a worker of a ``concurrent.futures`` executor (a process pool by
 default; a Dask ``client.get_executor()`` or a Ray executor works unchanged). A task carries
@@ -32,8 +33,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from workbench.lab.compare import resolve_config
 from workbench.config import EngineConfig
+from workbench.lab.run import resolve_config, run_real
+from workbench.lab.sim.simulate import simulate
 from workbench.lab.workload import Workload
 from workbench.utils.errors import describe
 
@@ -92,7 +94,7 @@ def sweep(
     ``RunResult.summary()``'s columns, then ``error`` (None when the run succeeded).
 
     ``run``: ``"sim"`` (:func:`workbench.lab.sim.simulate`), ``"real"``
-    (:func:`workbench.lab.compare.run_workload`) or a picklable ``callable(workload, config) ->
+    (:func:`workbench.lab.run.run_real`) or a picklable ``callable(workload, config) ->
     RunResult``. ``executor``: any ``concurrent.futures.Executor``; by default a
     ``ProcessPoolExecutor`` of ``max_workers`` (default ``os.cpu_count()``) fresh processes
     (see the module docstring), created and shut down here. ``progress``: a tqdm bar over
@@ -185,15 +187,9 @@ def _run_installed(run: str | Runner, config: EngineConfig) -> tuple[dict | None
 
 def _resolve_runner(run: str | Runner) -> Runner:
     if run == "sim":
-        try:
-            from workbench.lab.sim import simulate
-        except ImportError as e:
-            raise ValueError(f"run='sim' needs workbench.lab.sim.simulate, which cannot be imported: {e}") from None
         return simulate
     if run == "real":
-        from workbench.lab.compare import run_workload
-
-        return run_workload
+        return run_real
     if callable(run):
         return run
     raise ValueError(f"run must be one of {RUNS} or a callable(workload, config) -> RunResult, got {run!r}.")

@@ -1,19 +1,32 @@
 """Workload: a reproducible set of requests with arrival schedules, to replay on engines.
 
 A :class:`Workload` is a tuple of :class:`WorkloadRequest` (id, prompt as text or token ids,
-SamplingParams, arrival step and/or arrival time, priority). Generators build them from a
-seed, so the same arguments give the same workload on any machine:
+SamplingParams, arrival step and/or arrival time, priority) and the clock its arrivals are
+counted on, ``workload.clock``:
 
-* :meth:`Workload.poisson` -- a Poisson process of ``rate`` arrivals per unit of time;
+* ``"steps"`` (the default everywhere): a request arrives before engine step ``arrival_step``;
+  a generator's ``rate`` is arrivals per step, its ``interval`` steps;
+* ``"wall"``: a request arrives ``arrival_time`` seconds after the start; ``rate`` is
+  arrivals per second, ``interval`` seconds.
+
+``run_workload``, ``simulate``, ``compare_runs``, ``sweep`` and ``LLMEngine.replay`` run a
+workload on its own clock; asking one of them for the other clock is a ValueError (a rate of 6
+per step and one of 6 per second are different experiments): build the workload for that
+clock (``Workload.poisson(..., clock="wall")``), or say explicitly that its numbers are to be
+read in the other unit with :meth:`Workload.on_clock`.
+
+Generators build workloads from a seed, so the same arguments give the same workload on any
+machine:
+
+* :meth:`Workload.poisson` -- a Poisson process of ``rate`` arrivals per unit of the clock;
 * :meth:`Workload.burst` -- groups of requests arriving together.
 
-A unit of time is one engine step for ``arrival_step`` (``floor`` of the arrival) and one
-second for ``arrival_time`` (the same number), so ``run_workload(..., clock="steps")`` and
-``clock="wall"`` replay the same process in their own clock.
+A generated request carries its draw ``t`` (in the clock's unit) twice: as ``arrival_time``
+and as ``arrival_step = floor(t)``; a run reads the field of the workload's clock only.
 
 Prompt lengths, output lengths, priorities and groups sharing a prefix are drawn from the
-seed too. Text prompts are cut from the embedded Shakespeare corpus at line starts, to the
-exact token length the engine will see (bos included); ``text=False`` gives token ids.
+seed too. Text prompts are cut from the embedded Shakespeare corpus to the exact token length
+the engine will see (:mod:`workbench.lab.corpus_prompts`); ``text=False`` gives token ids.
 Outputs have exact lengths: ``max_tokens`` with ``ignore_eos``.
 """
 
@@ -21,10 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
-import gzip
 import html
-import importlib.resources
 import json
 import math
 import pathlib
@@ -33,6 +43,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workbench.engine.replay import CLOCKS
+from workbench.lab.corpus_prompts import PromptCutter
 from workbench.sampling_params import RequestOutputKind, SamplingParams
 
 #: A length spec: an exact length, an inclusive ``(low, high)`` uniform range, one explicit
@@ -40,13 +52,12 @@ from workbench.sampling_params import RequestOutputKind, SamplingParams
 #: numpy Generator (e.g. ``lambda rng, n: np.clip(rng.lognormal(3, 0.5, n), 4, 200).astype(int)``).
 LengthSpec = int | tuple[int, int] | Sequence[int] | Callable[[np.random.Generator, int], Sequence[int]]
 
-CORPUS_WORK = "romeo_and_juliet"
-
 
 @dataclass(frozen=True)
 class WorkloadRequest:
-    """One request of a workload. ``arrival_step`` is used by the step clock and
-    ``arrival_time`` (seconds from the start) by the wall clock; either may be None."""
+    """One request of a workload. ``arrival_step`` is read on the step clock and
+    ``arrival_time`` (seconds from the start) on the wall clock; either may be None (the
+    request then comes at 0 on that clock, if its workload is on that clock)."""
 
     request_id: str
     prompt: str | tuple[int, ...]
@@ -97,12 +108,16 @@ class WorkloadRequest:
 
 
 class Workload:
-    """An ordered, immutable collection of :class:`WorkloadRequest` with unique ids.
+    """An ordered, immutable collection of :class:`WorkloadRequest` with unique ids, whose
+    arrivals are on ``clock`` (see the module docstring).
 
-    ``info`` records how it was made (the generator and its arguments).
+    ``clock=None``: ``"wall"`` if some request has an ``arrival_time`` and no
+    ``arrival_step``, else ``"steps"``. Every request with an arrival has the field of the
+    workload's clock. ``info`` records how it was made (the generator and its arguments).
     """
 
-    def __init__(self, requests: Sequence[WorkloadRequest], info: dict | None = None):
+    def __init__(self, requests: Sequence[WorkloadRequest], info: dict | None = None, *,
+                 clock: str | None = None):
         self.requests = tuple(requests)
         seen = set()
         for r in self.requests:
@@ -111,6 +126,18 @@ class Workload:
             if r.request_id in seen:
                 raise ValueError(f"request_id {r.request_id!r} appears twice in the workload.")
             seen.add(r.request_id)
+        if clock is None:
+            timed_only = any(r.arrival_time is not None and r.arrival_step is None for r in self.requests)
+            clock = "wall" if timed_only else "steps"
+        if clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}.")
+        field, other = ("arrival_step", "arrival_time") if clock == "steps" else ("arrival_time", "arrival_step")
+        for r in self.requests:
+            if getattr(r, field) is None and getattr(r, other) is not None:
+                raise ValueError(f"request {r.request_id!r} has {other} but no {field}, and this workload's "
+                                 f"arrivals are on the {clock} clock: give every request {field}, or build the "
+                                 f"workload with clock={'wall' if clock == 'steps' else 'steps'!r}.")
+        self.clock = clock
         self.info = dict(info or {})
 
     def __len__(self) -> int:
@@ -123,11 +150,19 @@ class Workload:
         return self.requests[index]
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Workload) and self.requests == other.requests
+        return isinstance(other, Workload) and self.clock == other.clock and self.requests == other.requests
 
     @property
     def request_ids(self) -> list[str]:
         return [r.request_id for r in self.requests]
+
+    def on_clock(self, clock: str) -> Workload:
+        """The same requests with their arrivals read on ``clock``: a generated workload's
+        ``t`` becomes ``t`` seconds or step ``floor(t)``, so a rate per step becomes the same
+        rate per second (another experiment, asked for by name). Every request with an
+        arrival must have ``clock``'s field."""
+        info = {**self.info, "clock": clock} if "clock" in self.info else self.info
+        return Workload(self.requests, info, clock=clock)
 
     # ------------------------------------------------------------ generators
     @classmethod
@@ -138,10 +173,11 @@ class Workload:
         input_len: LengthSpec = (8, 40),
         output_len: LengthSpec = (4, 16),
         seed: int = 1,
+        clock: str = "steps",
         **kwargs,
     ) -> Workload:
-        """Arrivals of a Poisson process of ``rate`` per unit (the first at 0): per step for
-        the step clock, per second for the wall clock. Other keywords: see :meth:`build`."""
+        """Arrivals of a Poisson process of ``rate`` per unit of ``clock`` (the first at 0):
+        per step (``"steps"``) or per second (``"wall"``). Other keywords: see :meth:`build`."""
         _check_int("num_requests", num_requests, 1)
         if not (rate > 0 and math.isfinite(rate)):
             raise ValueError(f"rate must be a finite number > 0, got {rate!r}.")
@@ -149,8 +185,9 @@ class Workload:
         gaps = rng.exponential(1.0 / rate, size=num_requests)
         times = np.concatenate([[0.0], np.cumsum(gaps[1:])])
         info = {"generator": "poisson", "num_requests": num_requests, "rate": rate, "input_len": input_len,
-                "output_len": output_len, "seed": seed, **kwargs}
-        return cls.build([float(t) for t in times], input_len, output_len, rng=rng, info=info, **kwargs)
+                "output_len": output_len, "seed": seed, "clock": clock, **kwargs}
+        return cls.build([float(t) for t in times], input_len, output_len, rng=rng, clock=clock, info=info,
+                         **kwargs)
 
     @classmethod
     def burst(
@@ -161,10 +198,12 @@ class Workload:
         input_len: LengthSpec = (8, 40),
         output_len: LengthSpec = (4, 16),
         seed: int = 1,
+        clock: str = "steps",
         **kwargs,
     ) -> Workload:
         """``num_requests`` split evenly into ``num_bursts`` groups arriving together, the
-        groups ``interval`` units apart (the first at 0). Other keywords: see :meth:`build`."""
+        groups ``interval`` units of ``clock`` apart (steps, or seconds for ``"wall"``; the
+        first at 0). Other keywords: see :meth:`build`."""
         _check_int("num_requests", num_requests, 1)
         _check_int("num_bursts", num_bursts, 1)
         if num_bursts > num_requests:
@@ -173,9 +212,10 @@ class Workload:
             raise ValueError(f"interval must be a finite number >= 0, got {interval!r}.")
         times = [float(interval * (i * num_bursts // num_requests)) for i in range(num_requests)]
         info = {"generator": "burst", "num_requests": num_requests, "num_bursts": num_bursts,
-                "interval": interval, "input_len": input_len, "output_len": output_len, "seed": seed, **kwargs}
+                "interval": interval, "input_len": input_len, "output_len": output_len, "seed": seed,
+                "clock": clock, **kwargs}
         rng = np.random.default_rng(seed)
-        return cls.build(times, input_len, output_len, rng=rng, info=info, **kwargs)
+        return cls.build(times, input_len, output_len, rng=rng, clock=clock, info=info, **kwargs)
 
     @classmethod
     def build(
@@ -185,6 +225,7 @@ class Workload:
         output_len: LengthSpec,
         *,
         rng: np.random.Generator,
+        clock: str = "steps",
         priorities: Sequence[int] = (0,),
         num_prefix_groups: int = 0,
         prefix_len: int = 16,
@@ -194,7 +235,8 @@ class Workload:
         tokenizer=None,
         info: dict | None = None,
     ) -> Workload:
-        """One request per arrival time (unit: steps and seconds, see the module docstring).
+        """One request per arrival ``t`` (in ``clock``'s unit; the request carries ``t`` as
+        ``arrival_time`` and ``floor(t)`` as ``arrival_step``, see the module docstring).
 
         ``priorities``: drawn uniformly per request. ``num_prefix_groups > 0``: request ``i``
         starts with group ``i % num_prefix_groups``'s ``prefix_len``-token prefix (every input
@@ -204,8 +246,8 @@ class Workload:
         model's); prompts must be replayed on a model with the same tokenizer.
         """
         n = len(arrival_times)
-        inputs = _lengths("input_len", input_len, n, rng, low=1)
-        outputs = _lengths("output_len", output_len, n, rng, low=1)
+        inputs = draw_lengths("input_len", input_len, n, rng, low=1)
+        outputs = draw_lengths("output_len", output_len, n, rng, low=1)
         if not priorities:
             raise ValueError("priorities must name at least one priority.")
         prios = [int(p) for p in rng.choice(list(priorities), size=n)]
@@ -218,7 +260,7 @@ class Workload:
                     f"input_len: every prompt must be longer than prefix_len={prefix_len} when requests "
                     f"share a prefix, but {len(short)} are not (shortest {min(short)})."
                 )
-        cutter = _PromptCutter(tokenizer, rng, text)
+        cutter = PromptCutter(tokenizer, rng, text)
         prefixes = [cutter.prompt(prefix_len) for _ in range(num_prefix_groups)]
         template = params or SamplingParams(temperature=0.0)
         width = len(str(n - 1))
@@ -236,18 +278,18 @@ class Workload:
                     priority=prios[i],
                 )
             )
-        return cls(requests, info)
+        return cls(requests, info, clock=clock)
 
     # -------------------------------------------------------------- JSON
     def to_json(self) -> dict:
-        return {"info": _jsonable(self.info), "requests": [r.to_json() for r in self.requests]}
+        return {"clock": self.clock, "info": _jsonable(self.info), "requests": [r.to_json() for r in self.requests]}
 
     @classmethod
     def from_json(cls, data: dict) -> Workload:
-        return cls([WorkloadRequest.from_json(r) for r in data["requests"]], data.get("info"))
+        return cls([WorkloadRequest.from_json(r) for r in data["requests"]], data.get("info"), clock=data.get("clock"))
 
     def save(self, path) -> None:
-        """Write the workload as JSON (prompts, params, arrivals, priorities, info)."""
+        """Write the workload as JSON (its clock, prompts, params, arrivals, priorities, info)."""
         pathlib.Path(path).write_text(json.dumps(self.to_json(), indent=1))
 
     @classmethod
@@ -293,110 +335,14 @@ class Workload:
         return f"<div><b>Workload</b>: {html.escape(self._summary())}<table>{head}{rows}</table>{more}</div>"
 
 
-# ------------------------------------------------------------------ prompts
-class _PromptCutter:
-    """Cuts prompts of exact token lengths out of the corpus, from ``rng``-chosen line starts."""
-
-    MAX_TRIES = 200
-
-    def __init__(self, tokenizer, rng: np.random.Generator, text: bool):
-        self.tokenizer = _tokenizer(tokenizer)
-        self.rng = rng
-        self.text = text
-        corpus, ids, offsets, line_starts = _corpus_tokens(self.tokenizer)
-        self.corpus, self.ids, self.offsets, self.line_starts = corpus, ids, offsets, line_starts
-        self.bos = _encode(self.tokenizer, "")  # what the tokenizer adds in front
-
-    def prompt(self, length: int, prefix: str | tuple[int, ...] | None = None) -> str | tuple[int, ...]:
-        """A prompt of exactly ``length`` tokens (as the engine counts them) that starts with
-        ``prefix``'s tokens."""
-        base_ids = self._encode(prefix) if prefix is not None else list(self.bos)
-        need = length - len(base_ids)
-        if need < 1:
-            raise ValueError(f"input_len {length} is too short: at least {len(base_ids) + 1} tokens are needed.")
-        if need > len(self.ids) // 2:
-            raise ValueError(f"input_len {length} exceeds what the corpus provides ({len(self.ids) // 2} tokens).")
-        starts = self.line_starts[self.line_starts < len(self.ids) - need]
-        first = int(self.rng.integers(len(starts)))
-        for k in range(self.MAX_TRIES):
-            i = int(starts[(first + k) % len(starts)])
-            if prefix is not None:  # continue the prefix on a new line: start at the newline
-                i -= 1
-                if i < 0 or self.corpus[self.offsets[i][0] : self.offsets[i][1]].strip():
-                    continue
-            piece = self.ids[i : i + need]
-            if not self.text:
-                return tuple(base_ids) + tuple(int(t) for t in piece)
-            text = (prefix or "") + self.corpus[self.offsets[i][0] : self.offsets[i + need - 1][1]]
-            if self._encode(text) == base_ids + [int(t) for t in piece]:
-                return text
-        raise ValueError(f"no text prompt of exactly {length} tokens found in {self.MAX_TRIES} tries.")
-
-    def _encode(self, prompt: str | tuple[int, ...]) -> list[int]:
-        return list(prompt) if isinstance(prompt, tuple) else _encode(self.tokenizer, prompt)
-
-
-@functools.lru_cache(maxsize=4)
-def _load_tokenizer(path: str):
-    """A tokenizers.Tokenizer from a tokenizer.json, or a transformers tokenizer otherwise."""
-    file = pathlib.Path(path) / "tokenizer.json"
-    if file.is_file():
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(str(file))
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
-
-
-def _tokenizer(tokenizer):
-    """The tokenizer to measure prompts with: given, loaded from a path, or the embedded
-    model's (read from its tokenizer.json: fast, and without importing torch)."""
-    if tokenizer is None:
-        tokenizer = importlib.resources.files("workbench.data") / "tiny-shakespeare"
-    if isinstance(tokenizer, (str, pathlib.Path)) or hasattr(tokenizer, "joinpath"):
-        return _load_tokenizer(str(tokenizer))
-    return tokenizer
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-    """Token ids as the engine sees them (special tokens such as bos included)."""
-    if hasattr(tokenizer, "backend_tokenizer"):  # a transformers tokenizer
-        return list(tokenizer(text).input_ids)
-    return list(tokenizer.encode(text).ids)
-
-
-_CORPUS_CACHE: dict[int, tuple] = {}  # id(tokenizer) -> corpus data and the tokenizer (kept alive)
-
-
-def _corpus_tokens(tokenizer) -> tuple[str, np.ndarray, list[tuple[int, int]], np.ndarray]:
-    """The corpus text (from its first act on), its token ids and character offsets, and the
-    indices of the tokens that start a non-empty line. Cached per tokenizer."""
-    key = id(tokenizer)
-    if key not in _CORPUS_CACHE:
-        path = importlib.resources.files("workbench.data") / "shakespeare" / "corpus" / f"{CORPUS_WORK}.txt.gz"
-        with gzip.open(str(path), "rt", encoding="utf-8") as f:
-            text = f.read()
-        text = text[max(0, text.find("ACT I")) :]
-        backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-        if not hasattr(backend, "encode_batch"):
-            raise ValueError("prompts need a fast (tokenizers-backed) tokenizer to cut the corpus.")
-        enc = backend.encode(text, add_special_tokens=False)
-        offsets = list(enc.offsets)
-        starts = [
-            i for i, (a, b) in enumerate(offsets) if (a == 0 or text[a - 1] == "\n") and text[a:b].strip()
-        ]
-        _CORPUS_CACHE[key] = (text, np.array(enc.ids, dtype=np.int64), offsets, np.array(starts), tokenizer)
-    return _CORPUS_CACHE[key][:4]
-
-
 # ---------------------------------------------------------------- helpers
 def _check_int(name: str, value, low: int) -> None:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
 
 
-def _lengths(name: str, spec: LengthSpec, n: int, rng: np.random.Generator, low: int) -> list[int]:
+def draw_lengths(name: str, spec: LengthSpec, n: int, rng: np.random.Generator, low: int) -> list[int]:
+    """``n`` lengths >= ``low`` from ``spec`` (see :data:`LengthSpec`); ValueError names ``name``."""
     if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
         _check_int(name, spec, low)
         return [int(spec)] * n

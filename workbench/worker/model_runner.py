@@ -159,7 +159,8 @@ class RunnerOutput:
 
 
 class ModelRunner:
-    """Owns the model weights, the paged KV cache tensors and the sampler."""
+    """Owns the model weights, the paged KV cache tensors and the sampler: the engine's
+    :class:`~workbench.worker.runner_protocol.Runner` (the class is its RunnerFactory)."""
 
     def __init__(
         self,

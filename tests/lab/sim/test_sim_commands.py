@@ -33,6 +33,18 @@ def test_simulate_prints_the_run_and_its_speed(tmp_path, capsys):
     assert "ttft_s_p50" in printed and "requests/s" in printed
 
 
+def test_simulate_runs_a_workload_file_on_its_own_clock(tmp_path, capsys):
+    from workbench.lab.workload import Workload
+
+    path = CostModel({"step": 0.01}).save(tmp_path / "cm.json")
+    Workload.poisson(4, rate=2.0, output_len=2, text=False, seed=1).save(tmp_path / "w.json")  # step clock
+    assert main(["simulate", "--workload", str(tmp_path / "w.json"), "--cost-model", str(path)]) == 0
+    assert "clock=steps" in capsys.readouterr().out
+    assert main(["simulate", "--workload", str(tmp_path / "w.json"), "--cost-model", str(path),
+                 "--clock", "wall"]) == 2
+    assert "arrivals are on the steps clock" in capsys.readouterr().err
+
+
 def test_simulate_names_a_missing_cost_model(tmp_path, capsys):
     assert main(["simulate", "--cost-model", str(tmp_path / "nope.json")]) == 2
     assert "nope.json" in capsys.readouterr().err

@@ -193,15 +193,13 @@ def test_step_ratio_is_the_median_measured_over_predicted_step():
 
 
 def test_pool_is_sized_like_a_real_engine_and_no_weights_load():
-    import functools
-
     from workbench.config import EngineConfig
     from workbench.engine.llm_engine import LLMEngine
     from workbench.lab.sim import SimClock, SimulatedRunner
 
     cfg = EngineConfig(kv_cache_memory_bytes=2**22)
     clock = SimClock()
-    sim = LLMEngine(cfg, make_runner=functools.partial(SimulatedRunner, cost_model=TEN_MS, clock=clock), clock=clock)
+    sim = LLMEngine(cfg, make_runner=SimulatedRunner.factory(TEN_MS, clock), clock=clock)
     real = LLMEngine(cfg)
     per_block = real.model_config.kv_cache_bytes_per_block(cfg.block_size)
     assert sim.kv_cache.num_blocks == real.kv_cache.num_blocks == 2**22 // per_block

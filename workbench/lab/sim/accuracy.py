@@ -1,8 +1,10 @@
 """accuracy(): simulated vs real runs of the same workloads, request by request.
 
-For each workload (default: Poisson arrivals at two rates, mixed prompt and output lengths,
-groups of requests sharing a prefix -- none of it what calibration ran) it runs the real
-engine and the simulation with the same config:
+For each workload (default: Poisson arrivals at two rates per second, mixed prompt and output
+lengths, groups of requests sharing a prefix -- none of it what calibration ran) it runs the
+real engine and the simulation with the same config, on both clocks: the workload's numbers
+are read as seconds and as steps (:meth:`~workbench.lab.workload.Workload.on_clock`), so each
+request needs both arrival fields, as a generated one has:
 
 * ``clock="wall"``: per-request TTFT and e2e latency. A real run on this kind of machine is
   itself noisy (two runs of one workload differ by 2-10% per request on the project's 2-vCPU
@@ -33,6 +35,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from workbench.config import EngineConfig
+from workbench.engine.llm_engine import LLMEngine
+from workbench.lab.run import resolve_config, run_real
+from workbench.lab.sim.cost_model import as_cost_model
+from workbench.lab.sim.measurements import measured_steps, records_of
+from workbench.lab.sim.simulate import simulate
 from workbench.lab.workload import Workload
 
 
@@ -41,7 +48,7 @@ def default_workloads(num_requests: int = 40, rates: tuple[float, ...] = (4.0, 1
     four 32-token shared prefixes; seeds other than calibration's."""
     return {
         f"poisson {rate:g}/s": Workload.poisson(num_requests, rate=rate, input_len=(40, 400), output_len=(4, 96),
-                                                num_prefix_groups=4, prefix_len=32, seed=100 + i)
+                                                num_prefix_groups=4, prefix_len=32, seed=100 + i, clock="wall")
         for i, rate in enumerate(rates)
     }
 
@@ -72,8 +79,6 @@ def signed_errors(real, simulated, metric: str) -> np.ndarray:
 def step_ratio(model, runs) -> float:
     """Median of measured / predicted duration over the non-empty measured steps of ``runs``
     (RunResults or histories of real runs; see :mod:`workbench.lab.sim.measurements`)."""
-    from workbench.lab.sim.measurements import measured_steps, records_of
-
     ratios = []
     for run in runs:
         x, y, empty = measured_steps(records_of(run))
@@ -143,12 +148,6 @@ def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
     import pandas as pd
     import torch
 
-    from workbench.lab.compare import run_workload
-    from workbench.engine.llm_engine import LLMEngine
-    from workbench.lab.run import resolve_config
-    from workbench.lab.sim.cost_model import as_cost_model
-    from workbench.lab.sim.simulate import simulate
-
     if not (isinstance(repeats, int) and repeats >= 1):
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}.")
     model = as_cost_model(cost_model)
@@ -159,21 +158,22 @@ def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
                       "(torch.set_num_threads, or `--threads`).", stacklevel=2)
     rows = []
     for name, workload in (workloads or default_workloads()).items():
+        timed, stepped = workload.on_clock("wall"), workload.on_clock("steps")
         engine = LLMEngine(resolve_config(config))
         runs = []
         for i in range(repeats + 1):
-            run = engine.replay(workload, clock="wall", progress=progress)
+            run = engine.replay(timed, progress=progress)
             engine.reset_prefix_cache()
             if i:  # the first run warms the process up
                 runs.append(run)
-        sim = simulate(workload, config, model, clock="wall")
+        sim = simulate(timed, config, model)
         reference = {m: median_of_runs(runs, m) for m in ("ttft_s", "e2e_s")}
         ttft, e2e = (signed_errors(reference[m], sim, m) for m in ("ttft_s", "e2e_s"))
         pairs = list(itertools.combinations(runs, 2))
         floor = {m: float(np.median([np.median(latency_errors(a, b, m)) for a, b in pairs])) if pairs else float("nan")
                  for m in ("ttft_s", "e2e_s")}
-        same = schedule_of(run_workload(workload, config, clock="steps", progress=progress)) == \
-            schedule_of(simulate(workload, config, model, clock="steps"))
+        same = schedule_of(run_real(stepped, config, progress=progress)) == \
+            schedule_of(simulate(stepped, config, model))
         rows.append({
             "workload": name, "requests": len(workload), "real_runs": repeats,
             "steps_real": int(np.median([r.num_steps for r in runs])), "steps_sim": sim.num_steps,

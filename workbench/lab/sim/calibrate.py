@@ -30,11 +30,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from workbench.config import EngineConfig
-from workbench.sampling_params import SamplingParams
+from workbench.engine.llm_engine import LLMEngine
+from workbench.lab.run import resolve_config
 from workbench.lab.sim.cost_model import UNITS, CostModel, describe_hardware, describe_model, nonnegative_lstsq
 from workbench.lab.sim.features import FEATURES
 from workbench.lab.sim.measurements import driver_arrivals, measured_steps
 from workbench.lab.workload import Workload, WorkloadRequest
+from workbench.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class CalibrationGrid:
         longest = max(49, min(600, max_model_len - 65))
         return [(f"traffic {rate:g}/s", Workload.poisson(
             n, rate=rate, input_len=(48, longest), output_len=(1, 64), num_prefix_groups=3, prefix_len=32,
-            seed=seed + 10 + i, id_prefix=f"t{i}_")) for i, (rate, n) in enumerate(self.traffic)]
+            seed=seed + 10 + i, clock="wall", id_prefix=f"t{i}_")) for i, (rate, n) in enumerate(self.traffic)]
 
     def phases(self, *, max_num_seqs: int, num_tokens: int, max_model_len: int, block_size: int,
                vocab_size: int, seed: int = 0) -> list[tuple[str, Workload]]:
@@ -120,9 +122,6 @@ def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid |
         raise ValueError(f"aggregate must be one of {sorted(AGGREGATES)}, got {aggregate!r}.")
     from tqdm.auto import tqdm
 
-    from workbench.lab.run import resolve_config
-    from workbench.engine.llm_engine import LLMEngine
-
     grid = grid or CalibrationGrid()
     engine = LLMEngine(resolve_config(config))
     mc = engine.model_config
@@ -145,7 +144,7 @@ def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid |
         traffic_runs = []
         for name, workload in traffic:
             bar.set_postfix_str(name)
-            traffic_runs.append(engine.replay(workload, clock="wall"))
+            traffic_runs.append(engine.replay(workload))
             engine.reset_prefix_cache()
             bar.update(1)
     input_s = (0.0, 0.0)
@@ -204,7 +203,7 @@ def measure_wake(engine, model: CostModel, num_arrivals: int, *, gaps: tuple[flo
     for i, r in enumerate(drawn):
         t += gaps[i // num_arrivals] + 0.03  # a request is served in a few steps (< 30 ms here)
         arrivals.append(dataclasses.replace(r, request_id=f"idle{i}", arrival_time=t, arrival_step=None))
-    runs = [*runs, engine.replay(Workload(arrivals), clock="wall")]
+    runs = [*runs, engine.replay(Workload(arrivals, clock="wall"))]
     engine.reset_prefix_cache()
     extra = []
     for run in runs:

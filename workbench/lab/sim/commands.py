@@ -77,7 +77,8 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default=None, help="a Workload JSON (Workload.save); else a Poisson one:")
     parser.add_argument("--num-requests", type=int, default=None,
                         help="requests of the Poisson workload (default 100; accuracy: 40 per rate)")
-    parser.add_argument("--rate", type=float, default=4.0, help="arrivals per second (per step with --clock steps)")
+    parser.add_argument("--rate", type=float, default=4.0,
+                        help="arrivals of the Poisson workload per second (per step with --clock steps)")
     parser.add_argument("--rates", type=float, nargs="+", default=[4.0, 12.0], help="accuracy: the Poisson rates")
     parser.add_argument("--real-runs", type=int, default=3,
                         help="accuracy: timed real runs per workload (a request's real latency is their median)")
@@ -87,7 +88,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-len", type=int, nargs=2, default=[4, 128], metavar=("LOW", "HIGH"))
     parser.add_argument("--token-ids", action="store_true", help="prompts as token ids (no text to tokenize)")
     parser.add_argument("--workload-seed", type=int, default=1, help="seed of the Poisson workload")
-    parser.add_argument("--clock", choices=["wall", "steps"], default="wall")
+    parser.add_argument("--clock", choices=["wall", "steps"], default=None,
+                        help="the clock of the Poisson workload (default wall); a --workload file runs on its own "
+                             "clock, which --clock, when given, must name")
     parser.add_argument("--progress", action="store_true", help="a progress bar over requests")
     add_threads_argument(parser)
     EngineArgs.add_cli_args(parser)
@@ -124,7 +127,8 @@ def simulate_main(args: argparse.Namespace) -> int:
             workload = Workload.load(args.workload)
         else:
             workload = Workload.poisson(args.num_requests or 100, rate=args.rate, input_len=tuple(args.input_len),
-                                        output_len=tuple(args.output_len), seed=args.workload_seed, text=not args.token_ids)
+                                        output_len=tuple(args.output_len), seed=args.workload_seed,
+                                        text=not args.token_ids, clock=args.clock or "wall")
         start = time.perf_counter()
         result = simulate(workload, config, model, clock=args.clock, progress=args.progress)
         took = time.perf_counter() - start

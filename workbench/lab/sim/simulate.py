@@ -1,11 +1,12 @@
 """simulate(): a workload on the real scheduler and KV cache with a SimulatedRunner.
 
-Returns the same :class:`~workbench.lab.run.RunResult` as :func:`workbench.lab.compare.run_workload`
+Returns the same :class:`~workbench.engine.replay.RunResult` as :func:`workbench.lab.run.run_real`
 (StepRecords, request metrics in simulated seconds), so plots, widgets and ``compare_runs``
-read it alike. Clocks (see :mod:`workbench.lab.run`): ``"wall"`` -- arrivals at their
-``arrival_time`` on the simulated clock, which each step advances by the cost model's
-duration and an idle engine jumps to the next arrival; ``"steps"`` -- arrivals by step, and
-the schedule is the one a real ``run_workload(..., clock="steps")`` makes.
+read it alike. It runs on the workload's clock, as a real run does (see
+:mod:`workbench.engine.replay`): ``"wall"`` -- arrivals at their ``arrival_time`` on the
+simulated clock, which each step advances by the cost model's duration and an idle engine
+jumps to the next arrival; ``"steps"`` -- arrivals by step, and the schedule is the one a real
+``run_workload`` of the same workload makes.
 
 Every request is run with ``detokenize=False`` and ``output_kind=FINAL_ONLY`` (its tokens
 are fillers, so its text means nothing), unless it has stop strings (which need text).
@@ -14,19 +15,19 @@ are fillers, so its text means nothing), unless it has stop strings (which need 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import numpy as np
 
 from workbench.config import EngineConfig
 from workbench.engine.llm_engine import LLMEngine
-from workbench.utils.heap import rare_collections
-from workbench.lab.run import RunResult, drive, resolve_config
-from workbench.sampling_params import RequestOutputKind
+from workbench.engine.replay import RunResult, drive
+from workbench.lab.run import resolve_config
 from workbench.lab.sim.clock import SimClock
 from workbench.lab.sim.cost_model import CostModel, as_cost_model
 from workbench.lab.sim.simulated_runner import SimulatedRunner
-from workbench.lab.workload import LengthSpec, Workload, WorkloadRequest, _lengths
+from workbench.lab.workload import LengthSpec, Workload, WorkloadRequest, draw_lengths
+from workbench.sampling_params import RequestOutputKind
+from workbench.utils.heap import rare_collections
 
 
 def simulate(
@@ -34,12 +35,13 @@ def simulate(
     config: EngineConfig | dict | None = None,
     cost_model: CostModel | str | None = None,
     *,
-    clock: str = "wall",
+    clock: str | None = None,
     progress: bool = False,
     output_len: LengthSpec | None = None,
     seed: int = 0,
 ) -> RunResult:
-    """Simulate ``workload`` on an engine built from ``config`` (as ``run_workload``).
+    """Simulate ``workload`` on an engine built from ``config`` (as ``run_workload``), on the
+    workload's clock (``clock``, when given, must be it; a plain list of requests is on ``clock``).
 
     ``cost_model``: a CostModel, a path to its JSON, or None for the shipped calibration of
     the embedded model on CPU. Output lengths: a request with ``ignore_eos`` runs to its
@@ -49,21 +51,20 @@ def simulate(
     A top-level function of picklable arguments: process pools can run it.
     """
     if not isinstance(workload, Workload):
-        workload = Workload(workload)
+        workload = Workload(workload, clock=clock)
     config = resolve_config(config)
     model = as_cost_model(cost_model)
     lengths = _output_lengths(workload, output_len, seed)
     sim_clock = SimClock()
     engine = LLMEngine(
         config,
-        make_runner=functools.partial(SimulatedRunner, cost_model=model, clock=sim_clock,
-                                      output_lengths=lengths),
+        make_runner=SimulatedRunner.factory(model, sim_clock, lengths),
         clock=sim_clock,
     )
     engine.runner.tokenizer = engine.tokenizer
     with rare_collections():
-        result = drive(engine, Workload([_lean(r) for r in workload], workload.info), clock=clock,
-                       progress=progress, exclusive=True)
+        result = drive(engine, Workload([_lean(r) for r in workload], workload.info, clock=workload.clock),
+                       clock=clock, progress=progress, exclusive=True)
     return dataclasses.replace(result, workload=workload, simulated=True)
 
 
@@ -81,7 +82,7 @@ def _output_lengths(workload: Workload, output_len: LengthSpec | None, seed: int
         raise ValueError(
             f"{len(open_ended)} request(s), the first {open_ended[0].request_id!r}, have no exact output "
             "length: give them max_tokens with ignore_eos=True, or pass simulate(output_len=...) to draw one.")
-    drawn = _lengths("output_len", output_len, len(workload), np.random.default_rng(seed), low=1)
+    drawn = draw_lengths("output_len", output_len, len(workload), np.random.default_rng(seed), low=1)
     return {r.request_id: n for r, n in zip(workload, drawn) if not r.params.ignore_eos}
 
 

@@ -1,7 +1,7 @@
-"""SimulatedRunner: the ModelRunner's interface with no model: time is predicted, tokens are fillers.
+"""SimulatedRunner: a :class:`~workbench.worker.runner_protocol.Runner` with no model: time is predicted, tokens are fillers.
 
-The engine builds it in place of the ModelRunner (``LLMEngine(make_runner=...)``), so the
-real Scheduler and KVCacheManager run unchanged. Each ``execute`` advances the simulated clock
+The engine builds it in place of the ModelRunner (``LLMEngine(make_runner=SimulatedRunner.factory(...))``),
+so the real Scheduler and KVCacheManager run unchanged. Each ``execute`` advances the simulated clock
 by the CostModel's duration for the batch and gives every sampling request one token:
 
 * a *filler* that can never end it by accident: not its eos, not one of its
@@ -15,17 +15,19 @@ A request with ``ignore_eos`` runs to ``max_tokens`` (the scheduler's length cap
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import torch
 
 from workbench.core.sched.output import SchedulerOutput
-from workbench.model.model_config import ModelConfig
-from workbench.request import Request
-from workbench.worker.model_runner import RunnerOutput
 from workbench.lab.sim.clock import SimClock
 from workbench.lab.sim.cost_model import CostModel
 from workbench.lab.sim.features import step_features
+from workbench.model.model_config import ModelConfig
+from workbench.request import Request
+from workbench.worker.model_runner import RunnerOutput
+from workbench.worker.runner_protocol import RunnerFactory
 
 
 class SimulatedRunner:
@@ -36,20 +38,14 @@ class SimulatedRunner:
         self,
         model_config: ModelConfig,
         *,
-        device: torch.device,
         block_size: int,
-        attention_backend: str,
-        load_format: str = "auto",
-        seed: int = 0,
-        batch_invariant: bool = False,
         cost_model: CostModel,
         clock: SimClock,
+        batch_invariant: bool = False,
         output_lengths: Mapping[str, int] | None = None,
     ) -> None:
         self.model_config = model_config
-        self.device = device
         self.block_size = block_size
-        self.attention_backend = attention_backend
         self.cost_model = cost_model
         #: Nothing to compute, so nothing to keep invariant: a cost model calibrated on an
         #: engine with ``batch_invariant=True`` prices that mode.
@@ -60,10 +56,16 @@ class SimulatedRunner:
         #: Set to the engine's tokenizer so that fillers avoid stop strings' characters.
         self.tokenizer = None
         self.num_blocks = 0
-        self.sync_timings = False
         self._fillers: dict[tuple, int] = {}  # (eos, stop ids, stop strings, allowed) -> filler
 
-    # ------------------------------------------------------------ ModelRunner's interface
+    @classmethod
+    def factory(cls, cost_model: CostModel, clock: SimClock,
+                output_lengths: Mapping[str, int] | None = None) -> RunnerFactory:
+        """What ``LLMEngine(make_runner=...)`` takes: builds a SimulatedRunner from the engine's
+        runner arguments (picklable)."""
+        return functools.partial(_build, cls, cost_model=cost_model, clock=clock, output_lengths=output_lengths)
+
+    # ------------------------------------------------------------ the Runner interface
     def determine_num_blocks(self, *, num_kv_blocks: int | None, kv_cache_memory_bytes: int,
                              gpu_memory_utilization: float, max_num_batched_tokens: int,
                              max_num_kv_blocks: int = 2**18) -> int:
@@ -145,3 +147,13 @@ class SimulatedRunner:
     def _repr_html_(self) -> str:
         return (f"<b>SimulatedRunner</b>: {self.model_config.path.name}, {self.num_blocks} blocks x "
                 f"{self.block_size}, simulated time {self.clock.now:.6f} s")
+
+
+def _build(cls: type[SimulatedRunner], model_config: ModelConfig, *, device: torch.device, block_size: int,
+           attention_backend: str, load_format: str, seed: int, batch_invariant: bool, cost_model: CostModel,
+           clock: SimClock, output_lengths: Mapping[str, int] | None) -> SimulatedRunner:
+    """A :class:`~workbench.worker.runner_protocol.RunnerFactory`: the device, the attention
+    kernels, the weights and the sampling seed have nothing to simulate."""
+    del device, attention_backend, load_format, seed
+    return cls(model_config, block_size=block_size, batch_invariant=batch_invariant, cost_model=cost_model,
+               clock=clock, output_lengths=output_lengths)

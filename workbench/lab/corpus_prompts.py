@@ -1,0 +1,118 @@
+"""Prompts cut from the embedded Shakespeare corpus to exact token lengths.
+
+A prompt starts at a line start of the corpus (from its first act on) and is exactly the
+requested number of tokens as the engine counts them (special tokens such as bos included):
+a text prompt is kept only when re-encoding it gives back exactly the cut tokens. A prompt
+may continue a given prefix (requests sharing a system prompt), on a new line.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import importlib.resources
+import pathlib
+
+import numpy as np
+
+#: The corpus file (``workbench.data/shakespeare/corpus/<name>.txt.gz``) prompts are cut from.
+CORPUS_WORK = "romeo_and_juliet"
+
+
+class PromptCutter:
+    """Cuts prompts of exact token lengths out of the corpus, from ``rng``-chosen line starts.
+
+    ``tokenizer``: what measures the prompts (None: the embedded model's; a path: loaded
+    from it); ``text=False``: prompts are token ids instead of text."""
+
+    MAX_TRIES = 200
+
+    def __init__(self, tokenizer, rng: np.random.Generator, text: bool):
+        self.tokenizer = _tokenizer(tokenizer)
+        self.rng = rng
+        self.text = text
+        corpus, ids, offsets, line_starts = _corpus_tokens(self.tokenizer)
+        self.corpus, self.ids, self.offsets, self.line_starts = corpus, ids, offsets, line_starts
+        self.bos = _encode(self.tokenizer, "")  # what the tokenizer adds in front
+
+    def prompt(self, length: int, prefix: str | tuple[int, ...] | None = None) -> str | tuple[int, ...]:
+        """A prompt of exactly ``length`` tokens (as the engine counts them) that starts with
+        ``prefix``'s tokens."""
+        base_ids = self._encode(prefix) if prefix is not None else list(self.bos)
+        need = length - len(base_ids)
+        if need < 1:
+            raise ValueError(f"input_len {length} is too short: at least {len(base_ids) + 1} tokens are needed.")
+        if need > len(self.ids) // 2:
+            raise ValueError(f"input_len {length} exceeds what the corpus provides ({len(self.ids) // 2} tokens).")
+        starts = self.line_starts[self.line_starts < len(self.ids) - need]
+        first = int(self.rng.integers(len(starts)))
+        for k in range(self.MAX_TRIES):
+            i = int(starts[(first + k) % len(starts)])
+            if prefix is not None:  # continue the prefix on a new line: start at the newline
+                i -= 1
+                if i < 0 or self.corpus[self.offsets[i][0] : self.offsets[i][1]].strip():
+                    continue
+            piece = self.ids[i : i + need]
+            if not self.text:
+                return tuple(base_ids) + tuple(int(t) for t in piece)
+            text = (prefix or "") + self.corpus[self.offsets[i][0] : self.offsets[i + need - 1][1]]
+            if self._encode(text) == base_ids + [int(t) for t in piece]:
+                return text
+        raise ValueError(f"no text prompt of exactly {length} tokens found in {self.MAX_TRIES} tries.")
+
+    def _encode(self, prompt: str | tuple[int, ...]) -> list[int]:
+        return list(prompt) if isinstance(prompt, tuple) else _encode(self.tokenizer, prompt)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer(path: str):
+    """A tokenizers.Tokenizer from a tokenizer.json, or a transformers tokenizer otherwise."""
+    file = pathlib.Path(path) / "tokenizer.json"
+    if file.is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(file))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _tokenizer(tokenizer):
+    """The tokenizer to measure prompts with: given, loaded from a path, or the embedded
+    model's (read from its tokenizer.json: fast, and without importing torch)."""
+    if tokenizer is None:
+        tokenizer = importlib.resources.files("workbench.data") / "tiny-shakespeare"
+    if isinstance(tokenizer, (str, pathlib.Path)) or hasattr(tokenizer, "joinpath"):
+        return _load_tokenizer(str(tokenizer))
+    return tokenizer
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    """Token ids as the engine sees them (special tokens such as bos included)."""
+    if hasattr(tokenizer, "backend_tokenizer"):  # a transformers tokenizer
+        return list(tokenizer(text).input_ids)
+    return list(tokenizer.encode(text).ids)
+
+
+_CORPUS_CACHE: dict[int, tuple] = {}  # id(tokenizer) -> corpus data and the tokenizer (kept alive)
+
+
+def _corpus_tokens(tokenizer) -> tuple[str, np.ndarray, list[tuple[int, int]], np.ndarray]:
+    """The corpus text (from its first act on), its token ids and character offsets, and the
+    indices of the tokens that start a non-empty line. Cached per tokenizer."""
+    key = id(tokenizer)
+    if key not in _CORPUS_CACHE:
+        path = importlib.resources.files("workbench.data") / "shakespeare" / "corpus" / f"{CORPUS_WORK}.txt.gz"
+        with gzip.open(str(path), "rt", encoding="utf-8") as f:
+            text = f.read()
+        text = text[max(0, text.find("ACT I")) :]
+        backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+        if not hasattr(backend, "encode_batch"):
+            raise ValueError("prompts need a fast (tokenizers-backed) tokenizer to cut the corpus.")
+        enc = backend.encode(text, add_special_tokens=False)
+        offsets = list(enc.offsets)
+        starts = [
+            i for i, (a, b) in enumerate(offsets) if (a == 0 or text[a - 1] == "\n") and text[a:b].strip()
+        ]
+        _CORPUS_CACHE[key] = (text, np.array(enc.ids, dtype=np.int64), offsets, np.array(starts), tokenizer)
+    return _CORPUS_CACHE[key][:4]

@@ -1,0 +1,57 @@
+"""The runner interface: what LLMEngine builds, calls and reads of the thing that executes its batches.
+
+Declared once, here, and implemented by :class:`~workbench.worker.model_runner.ModelRunner`
+(the model, its KV tensors and the sampler) and by
+:class:`~workbench.lab.sim.simulated_runner.SimulatedRunner` (a cost model's predicted time,
+filler tokens). The engine sizes the pool with ``determine_num_blocks``, then calls
+``allocate_kv_cache`` once and ``warm_up`` once (on CUDA), then ``execute`` once per step; the
+scheduler and KV cache manager never see which runner it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from workbench.core.sched.output import SchedulerOutput
+from workbench.model.model_config import ModelConfig
+from workbench.request import Request
+from workbench.worker.model_runner import RunnerOutput
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Executes the scheduler's batches. ``batch_invariant``: whether a request's results are
+    the same in any batch (shown in the engine's repr)."""
+
+    batch_invariant: bool
+
+    def determine_num_blocks(self, *, num_kv_blocks: int | None, kv_cache_memory_bytes: int,
+                             gpu_memory_utilization: float, max_num_batched_tokens: int,
+                             max_num_kv_blocks: int = 2**18) -> int:
+        """How many KV blocks the pool gets: ``num_kv_blocks`` when given, else what the
+        memory budget holds, at most ``max_num_kv_blocks``."""
+        ...
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """Make room for ``num_blocks`` blocks (called once, before any request)."""
+        ...
+
+    def warm_up(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        """Run the batch shapes of a serving run once before the first request (CUDA)."""
+        ...
+
+    def execute(self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request]) -> RunnerOutput:
+        """One step's batch: a token for every scheduled request that samples, and timings."""
+        ...
+
+
+class RunnerFactory(Protocol):
+    """How the engine builds its runner (``LLMEngine(make_runner=...)``): the ModelRunner class
+    itself, or :meth:`SimulatedRunner.factory(...) <workbench.lab.sim.simulated_runner.SimulatedRunner.factory>`."""
+
+    def __call__(self, model_config: ModelConfig, *, device: torch.device, block_size: int,
+                 attention_backend: str, load_format: str, seed: int, batch_invariant: bool) -> Runner:
+        ...
