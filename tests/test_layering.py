@@ -34,14 +34,6 @@ LAYERS = (
 )
 HOOKS = {"workbench", "workbench.__main__"}  # the package's hooks may import any layer
 
-# Known violations, each removed by another branch; the lead deletes these after merging.
-KNOWN_CLIMBS = {  # LLMEngine.replay's lazy import of lab.run (and of the lab package): branch `lab`
-    ("workbench.engine.llm_engine", "workbench.lab.run"),
-    ("workbench.engine.llm_engine", "workbench.lab"),
-}
-KNOWN_CYCLES = {  # compare -> sim (its __init__) -> sim.accuracy -> compare: branch `lab`
-    "workbench.lab.compare",
-}
 
 
 def package_modules() -> dict[str, Path]:
@@ -160,10 +152,10 @@ def test_imports_run_one_way():
                 climbs.add((module, target))  # only `from workbench import <public name>` may
             elif layer(target) > layer(module):
                 climbs.add((module, target))
-    assert climbs - KNOWN_CLIMBS == set(), "imports that climb a layer:\n" + "\n".join(
+    assert climbs == set(), "imports that climb a layer:\n" + "\n".join(
         f"  {m} (layer {layer(m)}: {LAYERS[layer(m)]}) imports {t}"
         + ("" if t in HOOKS else f" (layer {layer(t)}: {LAYERS[layer(t)]})")
-        for m, t in sorted(climbs - KNOWN_CLIMBS)
+        for m, t in sorted(climbs)
     )
 
 
@@ -211,7 +203,7 @@ def test_import_cycles_are_found():
 
 
 def test_no_import_cycles():
-    cycles = [c for c in import_cycles(GRAPH) if not KNOWN_CYCLES & set(c)]
+    cycles = import_cycles(GRAPH)
     assert cycles == [], "modules that import each other:\n" + "\n".join(f"  {' <-> '.join(c)}" for c in cycles)
 
 
