@@ -1,0 +1,1 @@
+"""The engine: LLMEngine and AsyncLLM, input and output processing, the step history."""

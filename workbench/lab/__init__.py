@@ -1,0 +1,1 @@
+"""The research layer: workloads, runs, comparisons, sweeps and the simulator."""

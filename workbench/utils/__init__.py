@@ -1,0 +1,1 @@
+"""Small helpers every room may use (no torch, no engine)."""

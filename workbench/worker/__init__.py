@@ -1,0 +1,1 @@
+"""The worker: the model runner (a batch in, sampled tokens out) and the sampler."""
