@@ -12,6 +12,7 @@ request's name beside its colour (row labels, chips, block cells): the second en
 from __future__ import annotations
 
 import colorsys
+import html
 import itertools
 
 #: Request colours, in the order they are handed out.
@@ -77,3 +78,10 @@ def text_color(background: str) -> str:
     """Black or white, whichever reads better on ``background`` (``#rrggbb``)."""
     r, g, b = (int(background[i : i + 2], 16) for i in (1, 3, 5))
     return "#000000" if 0.299 * r + 0.587 * g + 0.114 * b > 140 else "#ffffff"
+
+
+def request_chip(request_id: str) -> str:
+    """The request's name on its colour, as HTML (chips in tables and queues)."""
+    colour = request_color(request_id)
+    return (f'<span style="background:{colour};color:{text_color(colour)};padding:0 4px;'
+            f'font:11px monospace">{html.escape(request_id)}</span>')

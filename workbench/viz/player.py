@@ -22,7 +22,7 @@ from workbench.core.kv_events import BlockAllocated, BlockFreed
 from workbench.viz.block_map import BlockMap
 from workbench.viz.busy import busy
 from workbench.viz.chunks import chunk_kinds, empty_batch_reason
-from workbench.viz.colors import STATE_COLORS, assign_colors, request_color, text_color
+from workbench.viz.colors import STATE_COLORS, assign_colors, request_chip
 from workbench.viz.live import LiveUpdater
 from workbench.viz.source import ViewSource
 
@@ -105,12 +105,6 @@ def _set_range(widget, low: int, high: int) -> None:
         widget.min, widget.max = low, high
 
 
-def _chip(request_id: str) -> str:
-    colour = request_color(request_id)
-    return (f'<span style="background:{colour};color:{text_color(colour)};padding:0 4px;'
-            f'font:11px monospace">{html.escape(request_id)}</span>')
-
-
 class StepPlayer(widgets.VBox):
     """``StepPlayer(engine | history | run_result)``: a slider and play button over the
     recorded steps (``show(k)`` from code). It follows the newest step unless scrubbed back.
@@ -181,7 +175,7 @@ class StepPlayer(widgets.VBox):
             self.step = None
             self.batch_rows, self.queues, self.notes = [], {"running": [], "waiting": [], "added": pending}, []
             self.batch.value = self.events.value = ""
-            self.queue_view.value = ("<b>added</b> (they arrive in the first step): " + " ".join(map(_chip, pending))
+            self.queue_view.value = ("<b>added</b> (they arrive in the first step): " + " ".join(map(request_chip, pending))
                                      if pending else "")
             self.slider.disabled = True
             self.position.value = "no steps recorded yet: add requests and step"
@@ -237,10 +231,10 @@ class StepPlayer(widgets.VBox):
         self.events.value = "<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in self.notes) + "</ul>" \
             if self.notes else ""
         self.queue_view.value = (
-            "<b>after this step</b> running: " + (" ".join(map(_chip, running)) or "none")
-            + " &nbsp; waiting: " + (" ".join(map(_chip, waiting)) or "none")
+            "<b>after this step</b> running: " + (" ".join(map(request_chip, running)) or "none")
+            + " &nbsp; waiting: " + (" ".join(map(request_chip, waiting)) or "none")
             + (f" &nbsp; <b>added since step {step}</b> (they arrive in step {step + 1}): "
-               + " ".join(map(_chip, pending)) if pending else "")
+               + " ".join(map(request_chip, pending)) if pending else "")
         )
         lost = {b: f"lost by {e.request_id}" for e in record.request_events if e.kind == "preempted"
                 for b in e.block_ids}
@@ -274,7 +268,7 @@ class StepPlayer(widgets.VBox):
         head = "".join(f"<th>{h}</th>" for h in
                        ("request", "kind", "tokens [from, to)", "new", "prefix hit", "block table", "sampled"))
         body = "".join(
-            "<tr>" + f"<td>{_chip(r['request_id'])}</td><td>{r['kind']}</td>"
+            "<tr>" + f"<td>{request_chip(r['request_id'])}</td><td>{r['kind']}</td>"
             f"<td>[{r['tokens'][0]}, {r['tokens'][1]})</td><td>{r['num_new_tokens']}</td>"
             f"<td>{r['num_cached_tokens'] or ''}</td><td>{' '.join(map(str, r['block_ids']))}</td>"
             f"<td><code>{html.escape(repr(r['sampled'])) if r['sampled'] is not None else ''}</code></td></tr>"
