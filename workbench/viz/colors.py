@@ -19,7 +19,7 @@ import itertools
 PALETTE = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
     "#393b79", "#ffbb78", "#98df8a", "#7b4173", "#c49c94", "#f7b6d2", "#637939", "#9edae5",
-    "#8c6d31", "#c5b0d5", "#6b6ecf", "#e7ba52",
+    "#00a087", "#c5b0d5", "#6b6ecf", "#e7ba52",
 )
 _GOLDEN = 0.618033988749895
 _LEVELS = ((0.65, 0.45), (0.80, 0.33), (0.55, 0.62))  # (saturation, lightness)
