@@ -431,7 +431,7 @@ def test_a_recompute_chunk_is_drawn_as_one_in_every_view_and_finishes_sit_on_the
     from matplotlib.figure import Figure
 
     from workbench.viz.encoding import CHUNK_HATCH
-    from workbench.viz.timeline import draw_timeline
+    from workbench.viz.timeline import FINISH_MARKERS, draw_timeline
 
     rows, spans = request_spans(run.history[:])
     recompute = [s for s in spans if s["kind"] == "recompute"]
@@ -447,7 +447,7 @@ def test_a_recompute_chunk_is_drawn_as_one_in_every_view_and_finishes_sit_on_the
     figure = Figure()
     ax = figure.add_subplot()
     draw_timeline(ax, rows, spans, steps=(run.history[0].step, run.history[-1].step))
-    markers = [line for line in ax.get_lines() if line.get_marker() in ("o", "|", "x")]
+    markers = [line for line in ax.get_lines() if line.get_marker() in FINISH_MARKERS.values()]
     y = {rid: len(rows) - 1 - i for i, rid in enumerate(rows)}
     assert sorted((line.get_xdata()[0], line.get_ydata()[0]) for line in markers) == sorted(
         (step, y[rid]) for rid, step in finished.items())

@@ -85,8 +85,7 @@ def _cell_html(cell: dict, table_pos: int | None, selected: bool, mark: str | No
     else:
         background = STATE_COLORS[kind]
         label = "" if kind == "never used" else f"#{cell['evict_rank']}"
-    if table_pos is not None:
-        label = f"[{table_pos}]"
+    head = f"{cell['block_id']}" if table_pos is None else f"{cell['block_id']} [{table_pos}]"
     border = "3px solid #000" if selected else f"3px solid {STATE_COLORS['preempted']}" if mark else (
         "2px solid #222" if table_pos is not None else
         "2px double #333" if kind == "shared" else "1px dashed #bbb" if kind == "never used" else "1px solid #999"
@@ -104,7 +103,7 @@ def _cell_html(cell: dict, table_pos: int | None, selected: bool, mark: str | No
         f'<div class="wb-block" data-block="{cell["block_id"]}" title="{html.escape(title)}" '
         f'style="background:{background};color:{text_color(background)};border:{border};'
         f'width:60px;height:30px;box-sizing:border-box;font:10px/13px monospace;text-align:center;'
-        f'overflow:hidden">{cell["block_id"]}<br>{label}</div>'
+        f'overflow:hidden">{head}<br>{label}</div>'
     )
 
 
@@ -245,7 +244,7 @@ class BlockMap(widgets.VBox):
         return (
             "<div>" + "".join(parts) + "<br><small>cell: block id, then the owner (used; a long name is elided in the middle "
             "with …, the whole name shows on hover), ×ref_count "
-            "(shared, double border), #n = n-th in the eviction order (free/cached), [i] = position "
+            "(shared, double border), #n = n-th in the eviction order (free/cached), id [i] = position "
             "in the selected request's block table; red outline: blocks a preemption released "
             "in this step (red marks preemption in every view)</small></div>"
         )

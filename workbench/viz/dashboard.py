@@ -72,6 +72,7 @@ class EngineDashboard(widgets.VBox):
         self.timeline = RequestTimeline(self.source)
         self.plots = widgets.Image(format="png")
         self.added = widgets.HTML()
+        self.added.add_class("wb-added")
         self.requests = widgets.HTML(layout=widgets.Layout(width="100%"))
         self.finished = widgets.HTML(layout=widgets.Layout(width="100%"))
         self.outputs: list = []

@@ -7,7 +7,7 @@ from matplotlib.patches import Patch
 
 #: Hatch per chunk kind: a prompt chunk computed for the first time, one computed again
 #: after a preemption dropped its K/V, a decode token.
-CHUNK_HATCH = {"prefill": "////", "recompute": "\\\\\\\\", "decode": None}
+CHUNK_HATCH = {"prefill": "////", "recompute": "xx", "decode": None}
 CHUNK_LABELS = {"prefill": "prefill chunk", "recompute": "recompute chunk (after a preemption)",
                 "decode": "decode"}
 

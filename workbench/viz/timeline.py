@@ -25,7 +25,7 @@ from workbench.viz.encoding import CHUNK_HATCH, chunk_handles
 from workbench.viz.figures import figure_png, new_figure, png_img
 from workbench.viz.source import ViewSource
 
-FINISH_MARKERS = {"stop": "o", "length": "|", "abort": "x"}
+FINISH_MARKERS = {"stop": "o", "length": "D", "abort": "X"}
 
 
 def request_spans(history) -> tuple[list[str], list[dict]]:
@@ -109,7 +109,7 @@ def draw_timeline(ax, rows: list[str], spans: list[dict], *, steps: tuple[int, i
                     edgecolor="black", linewidth=0.3)
         elif kind == "finish":
             ax.plot(span["start"], row, marker=FINISH_MARKERS.get(span["reason"], "o"), color="black",
-                    markerfacecolor="white", markersize=6, markeredgewidth=1.5, linestyle="none")
+                    markerfacecolor="white", markersize=7, markeredgewidth=1.5, linestyle="none", zorder=3)
     n = len(rows)
     every = max(1, n // 40)
     ax.set_yticks([y[r] for r in rows[::every]], rows[::every], fontsize=7 if n > 20 else 9)
