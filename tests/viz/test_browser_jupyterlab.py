@@ -55,7 +55,7 @@ CHIPS = """root => [...root.querySelectorAll('span[style*="background"][style*="
     .map(chip => [chip.innerText, getComputedStyle(chip).backgroundColor])"""
 #: In the page: (owner, label, background) of every used block cell.
 CELLS_JS = """root => [...root.querySelectorAll('.wb-block')]
-    .filter(cell => / used,/.test(cell.title))
+    .filter(cell => /^block \\d+: used,/.test(cell.title))
     .map(cell => [cell.title.match(/owners ([^,;]+)/)[1], cell.innerText.split('\\n')[1],
                   getComputedStyle(cell).backgroundColor])"""
 

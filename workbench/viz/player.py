@@ -294,5 +294,6 @@ class StepPlayer(widgets.VBox):
         return f"StepPlayer(step={self.step}, steps={len(self.source.history)})"
 
     def _repr_html_(self) -> str:
-        return (self.position.value + self.batch.value + self.events.value + "<br>" + self.queue_view.value
-                + self.block_map._repr_html_())
+        return "".join(f"<div>{part}</div>" for part in (
+            self.position.value, self.batch.value, self.events.value, self.queue_view.value,
+            self.block_map._repr_html_()))
