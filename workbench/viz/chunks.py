@@ -8,9 +8,6 @@ empty gets a sentence saying why nothing ran.
 
 from __future__ import annotations
 
-CHUNK_KINDS = ("prefill", "recompute", "decode")
-
-
 def chunk_kinds(records) -> dict[tuple[int, str], str]:
     """``(step, request_id) -> kind`` for every chunk the records scheduled."""
     high_water: dict[str, int] = {}
