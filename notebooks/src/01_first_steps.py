@@ -31,6 +31,10 @@ print(out.outputs[0].finish_reason, len(out.outputs[0].token_ids), "tokens")
 # `llm.engine` is the `LLMEngine` behind `LLM`. Add requests, then call `step()`: each call
 # schedules one batch, runs the model once over it, samples one token for every request whose
 # prompt is fully computed, and appends a `StepRecord` to `engine.history`.
+#
+# `history.clear()` forgets the steps the `generate` above took, but step numbers keep
+# counting from the engine's first step (as vLLM's iteration counter does), so our first
+# step is not step 0: every view says where the kept steps start and why.
 
 # %%
 engine = llm.engine
@@ -112,13 +116,14 @@ for record in engine.history:
 # `StepPlayer` can show any past step as it was: the batch, the queues after it, what
 # happened and why, and the block map of that moment. We open it at the first preemption;
 # in JupyterLab the slider moves to any other step, and the text below is what the player
-# shows at this one.
+# shows at this one. It spans the steps recorded so far, as the timeline and the step plots
+# below do (`live_updates=False`: the steps later cells take do not move it).
 
 # %%
 from workbench import StepPlayer
 
 first_preemption = next(r.step for r in engine.history if r.scheduler_output.preempted_request_ids)
-player = StepPlayer(engine)
+player = StepPlayer(engine, live_updates=False)  # the run as it is now: the steps below stay out
 player.show(first_preemption)
 player
 

@@ -26,15 +26,25 @@ def test_load_binds_the_teaching_engine_under_the_name_given(shell):
     assert engine.max_num_batched_tokens == TEACHING_DEFAULTS["max_num_batched_tokens"]
 
 
-def test_help_lists_every_command_from_the_parser(shell, capsys):
+def test_help_is_a_short_grouped_command_list_and_help_load_has_the_flags(shell, capsys):
+    from workbench.config import EngineConfig
     from workbench.entrypoints.magics import build_parser
 
     shell.run_line_magic("llm", "")
     out = capsys.readouterr().out
     commands = next(a for a in build_parser()._actions if hasattr(a, "choices") and a.choices).choices
-    for name in commands:
-        assert f"%llm {name}" in out
-    assert "--max-tokens MAX_TOKENS" in out and "%%llm" in out
+    lines = out.splitlines()
+    for name in commands:  # every command on exactly one line, under a group heading
+        assert len([line for line in lines if line.strip().startswith(f"%llm {name} ") or line.strip() == f"%llm {name}"]) == 1
+    assert {"engine:", "requests:", "views:", "serving:"} <= {line.strip() for line in lines}
+    assert len(lines) <= len(commands) + 8  # one line each, a heading per group, %%llm, the intro
+    assert "%llm add PROMPT [--id ID]" in out  # as typed: the prompt first (the README says so too)
+    assert "--block-size" not in out and "%%llm" in out
+    shell.run_line_magic("llm", "help load")
+    flags = capsys.readouterr().out
+    for field in ("block_size", "num_kv_blocks", "policy", "enable_prefix_caching"):
+        assert "--" + field.replace("_", "-") in flags
+    assert len([f for f in EngineConfig.__dataclass_fields__ if "--" + f.replace("_", "-") in flags]) >= 15
 
 
 @pytest.mark.parametrize("line, message", [
@@ -42,7 +52,7 @@ def test_help_lists_every_command_from_the_parser(shell, capsys):
     ("step many", "invalid int value: 'many'"),
     ("show everything", "invalid choice: 'everything'"),
     ("load --block-size big", "argument --block-size: invalid int value"),
-    ("add", "the following arguments are required: prompt"),
+    ("add", "the following arguments are required: PROMPT"),
     ("replay nothing_here", "no variable 'nothing_here'"),
     ("add " + "word " * 300, "num_blocks=40"),  # refused by the engine: too long for the pool
 ])

@@ -2,8 +2,12 @@
 
 Widget callbacks then arrive over the real comm (on a second kernel thread with JupyterLab's
 default "Kernel Comms over subshells"), which kernel-level tests never exercise. The test runs
-the notebook, clicks Step in the dashboard, moves the player's slider with the keyboard,
-checks that the views changed and that no cell or widget shows an error, and saves the
+the notebook, adds a request and clicks Step in the dashboard, moves the player's slider
+with the keyboard and by a drag, checks that the views changed and that no cell or widget
+shows an error, and checks what a reader would trust: the slider's readout is the step
+shown (after ``show(k)`` and after a drag), distinct ids have distinct colours, no label is
+shorter than the id it names unless elided with a marker, and no figure is shown below half
+its size. It saves the
 screenshots (into a temp dir; ``WORKBENCH_SCREENSHOTS=1`` writes them into docs/, where the
 README shows them); on a failure the whole page is saved to $TMPDIR/workbench-browser-failure.png.
 """
@@ -34,13 +38,49 @@ CELLS = [
     "block_map",
     "RequestTimeline(result)",
     "player = StepPlayer(result)\n"
-    "player.slider.value = next(r.step for r in result.history if r.scheduler_output.preempted_request_ids)\n"
+    "player.show(next(r.step for r in result.history if r.scheduler_output.preempted_request_ids))\n"
     "player",
-    "%llm compare workload --policies fcfs spf",
+    "%llm compare workload --policies fcfs spf priority",
     "%llm add ROMEO: --max-tokens 12\n%llm add 'JULIET:\\nO Romeo, Romeo!' --max-tokens 12\n%llm dashboard",
     f"print({DONE!r})",
 ]
 SHOTS = {2: "block_map.png", 3: "timeline.png", 4: "player.png", 5: "comparison.png", 6: "dashboard.png"}
+
+#: In the page: every visible figure's shown width over its drawn width (an <img> of PNG bytes).
+FIGURE_SCALES = """() => [...document.querySelectorAll('.jp-Notebook .jp-OutputArea-output img')]
+    .filter(img => img.offsetParent !== null && img.naturalWidth > 0)
+    .map(img => [img.clientWidth / img.naturalWidth, img.naturalWidth, img.closest('.jp-Cell').innerText.slice(0, 40)])"""
+#: In the page: (text, background) of every request chip (a monospace span on a colour).
+CHIPS = """root => [...root.querySelectorAll('span[style*="background"][style*="monospace"]')]
+    .map(chip => [chip.innerText, getComputedStyle(chip).backgroundColor])"""
+#: In the page: (owner, label, background) of every used block cell.
+CELLS_JS = """root => [...root.querySelectorAll('.wb-block')]
+    .filter(cell => /^block \\d+: used,/.test(cell.title))
+    .map(cell => [cell.title.match(/owners ([^,;]+)/)[1], cell.innerText.split('\\n')[1],
+                  getComputedStyle(cell).backgroundColor])"""
+
+
+def check_colours_and_labels(root) -> None:
+    """Distinct ids -> distinct colours (and one colour per id); a cell's name is the id, or
+    elided with "…" around the id's head and tail."""
+    colour_of: dict[str, set[str]] = {}
+    for text, colour in root.evaluate(CHIPS):
+        colour_of.setdefault(text, set()).add(colour)
+    for owner, label, colour in root.evaluate(CELLS_JS):
+        colour_of.setdefault(owner, set()).add(colour)
+        head, marker, tail = label.partition("…")
+        assert label == owner or (marker and owner.startswith(head) and owner.endswith(tail)), (owner, label)
+    assert all(len(colours) == 1 for colours in colour_of.values()), colour_of
+    assert len({c for colours in colour_of.values() for c in colours}) == len(colour_of), colour_of
+
+
+def _readout_is_the_step(player) -> int:
+    readout = int(_text(player.locator(".widget-readout").first))
+    shown = int(re.search(r"step (\d+) of", _text(player.locator(".widget-html", has_text=" of ").first)).group(1))
+    batch = int(re.match(r"Step (\d+)", _text(player.locator(".widget-html", has_text=re.compile(r"^Step \d+")).first)).group(1))
+    assert readout == shown == batch, (readout, shown, batch)
+    return shown
+
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists(CHROMIUM), reason="chromium is not installed (CI installs it: apt-get install chromium)"
@@ -97,6 +137,14 @@ def test_notebook_runs_and_widgets_answer_clicks(lab, tmp_path):
             header.wait_for()
             before = _text(header)
             assert "no steps yet" not in before and "2 waiting" in before
+            dashboard.locator("button", has_text=re.compile(r"^Add request$")).click()  # a made-up id
+            added = dashboard.locator(".wb-added", has_text="added ").first
+            added.wait_for()
+            made_up = re.search(r"added (\S+):", _text(added)).group(1)
+            page.wait_for_function("el => el.innerText.includes('3 waiting')", arg=header.element_handle())
+            queues = dashboard.locator(".widget-html", has_text="added since").first
+            assert made_up in _text(queues)  # the player shows it at once, not "waiting: none"
+            before = _text(header)
             dashboard.locator("button", has_text=re.compile(r"^Step$")).click()
             page.wait_for_function(
                 "([el, old]) => el.innerText !== old", arg=[header.element_handle(), before], timeout=30_000)
@@ -104,23 +152,55 @@ def test_notebook_runs_and_widgets_answer_clicks(lab, tmp_path):
             steps = [int(m) for m in re.findall(r"last step (\d+)", before + " " + after)]
             assert len(steps) == 2 and steps[1] == steps[0] + 1, (before, after)
             assert "ready" in _text(dashboard.locator(".widget-html", has_text="ready").first)
+            page.wait_for_function("el => /Step \\d+:/.test(el.innerText)", arg=dashboard.last.element_handle())
+            check_colours_and_labels(dashboard.last.element_handle())  # req-0, req-1 and ui-0: three colours
+            assert len({t for t, _ in dashboard.last.element_handle().evaluate(CHIPS)}) >= 3
 
             player = cells.nth(4).locator(".jp-OutputArea-output")
-            position = player.locator(".widget-html", has_text="of ").first
-            shown = _text(position)
+            shown = _readout_is_the_step(player)  # opened with show(k): the slider says k too
+            position = player.locator(".widget-html", has_text=" of ").first
+            text = _text(position)
             player.locator(".noUi-handle").first.focus()
             page.keyboard.press("ArrowLeft")
             page.wait_for_function(
-                "([el, old]) => el.innerText !== old", arg=[position.element_handle(), shown], timeout=30_000)
-            old_step = int(re.search(r"step (\d+)", shown).group(1))
-            new_step = int(re.search(r"step (\d+)", _text(position)).group(1))
-            assert new_step == old_step - 1
+                "([el, old]) => el.innerText !== old", arg=[position.element_handle(), text], timeout=30_000)
+            assert _readout_is_the_step(player) == shown - 1
+
+            player.locator(".noUi-target").first.scroll_into_view_if_needed()
+            handle = player.locator(".noUi-handle").first.bounding_box()
+            track = player.locator(".noUi-target").first.bounding_box()
+            text = _text(position)
+            middle = handle["x"] + handle["width"] / 2
+            far = 0.9 if middle < track["x"] + track["width"] / 2 else 0.1  # the other end of the track
+            page.mouse.move(middle, handle["y"] + handle["height"] / 2)
+            page.mouse.down()
+            page.mouse.move(track["x"] + track["width"] * far, handle["y"] + handle["height"] / 2, steps=8)
+            page.mouse.up()
+            page.wait_for_function(
+                "([el, old]) => el.innerText !== old", arg=[position.element_handle(), text], timeout=30_000)
+            page.wait_for_timeout(500)
+            dragged = _readout_is_the_step(player)
+            assert dragged != shown - 1
 
             player.locator(".noUi-handle").first.focus()
-            page.keyboard.press("ArrowRight")  # back to the preemption step for the screenshot
+            for _ in range(abs(shown - dragged)):  # back to the preemption step for the screenshot
+                page.keyboard.press("ArrowRight" if dragged < shown else "ArrowLeft")
+            page.wait_for_function("([el, text]) => el.innerText.includes(text)",
+                                   arg=[position.element_handle(), f"step {shown} of"], timeout=30_000)
             page.wait_for_function(
                 "([el]) => el.innerText.includes('lost blocks')",
                 arg=[player.locator(".widget-html", has_text="preempted").first.element_handle()], timeout=30_000)
+            assert _readout_is_the_step(player) == shown
+            check_colours_and_labels(cells.nth(2).element_handle())
+            check_colours_and_labels(player.element_handle())
+
+            small = [scale for scale in page.evaluate(FIGURE_SCALES) if scale[0] < 0.5]
+            assert not small, small  # e.g. the three-config CDF squeezed beside its table
+            comparison = cells.nth(5).locator(".jp-Cell-outputArea")
+            area = comparison.bounding_box()
+            for select in comparison.locator("select:visible").all():  # "CDF of" is not cut off
+                box = select.bounding_box()
+                assert box["x"] + box["width"] <= area["x"] + area["width"] + 1, (box, area)
 
             errors = page.locator(
                 ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr'], "
@@ -130,6 +210,7 @@ def test_notebook_runs_and_widgets_answer_clicks(lab, tmp_path):
             assert page.locator(".widget-html:has-text('✗')").count() == 0
             assert page.locator(".jp-Notebook .widget-image").count() >= 4
             shots = DOCS if os.environ.get("WORKBENCH_SCREENSHOTS") == "1" else tmp_path
+            page.set_viewport_size({"width": 1500, "height": 2600})  # tall: no output is cut at the fold
             for index, name in SHOTS.items():
                 output = cells.nth(index).locator(".jp-Cell-outputArea")
                 output.scroll_into_view_if_needed()

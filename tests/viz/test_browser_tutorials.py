@@ -3,18 +3,25 @@
 nbval (``pytest --nbval``) runs every tutorial and compares its outputs; this test opens the
 stored notebooks in a real JupyterLab and checks what a reader sees before running anything:
 every cell rendered, no error or stderr output, no widget that fails to display from the
-widget state stored with the notebook. Skips only when chromium is absent (CI installs it).
+widget state stored with the notebook, every player's slider readout naming the step it
+shows, distinct colours for distinct request ids, no figure below half its size. With
+``WORKBENCH_SCREENSHOTS=1`` it saves tutorial 01's player and tutorial 03's block map into
+docs/. Skips only when chromium is absent (CI installs it).
 """
 
 import os
 import pathlib
+import re
 import shutil
 
 import pytest
 
 from lab_support import start_lab
-from test_browser_jupyterlab import CHROMIUM
+from test_browser_jupyterlab import CHROMIUM, DOCS, FIGURE_SCALES, check_colours_and_labels
 
+#: (notebook prefix, text of the cell whose output is shot, file in docs/)
+SHOTS = [("01", "player = StepPlayer(engine", "tutorial_player.png"),
+         ("03", "plot_kv_blocks(engine.kv_cache", "tutorial_block_map.png")]
 NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 pytestmark = pytest.mark.skipif(
@@ -31,7 +38,7 @@ def lab(tmp_path_factory):
         yield url, token
 
 
-def test_every_tutorial_opens_without_errors(lab):
+def test_every_tutorial_opens_without_errors(lab, tmp_path):
     playwright = pytest.importorskip("playwright.sync_api")
     url, token = lab
     assert len(NOTEBOOKS) == 9
@@ -55,5 +62,18 @@ def test_every_tutorial_opens_without_errors(lab):
                     assert failure not in text, f"{path.name} shows {failure!r}"
                 figures = notebook.locator(".jp-OutputArea-output img")
                 assert figures.count() > 0 or path.name.startswith("06"), f"{path.name} shows no figure"
+                small = [scale for scale in page.evaluate(FIGURE_SCALES) if scale[0] < 0.5]
+                assert not small, f"{path.name}: figures shown below half their size: {small}"
+                check_colours_and_labels(notebook.element_handle())
+                for player in notebook.locator(".widget-vbox:has(> .widget-hbox .widget-play)").all():
+                    readout = player.locator(".widget-readout").first.inner_text()
+                    shown = re.search(r"step (\d+) of", player.inner_text()).group(1)
+                    assert readout == shown, f"{path.name}: the slider reads {readout}, the player shows {shown}"
+                for prefix, code, name in SHOTS:
+                    if path.name.startswith(prefix):
+                        cell = notebook.locator(".jp-Cell", has_text=code).first
+                        cell.scroll_into_view_if_needed()
+                        shots = DOCS if os.environ.get("WORKBENCH_SCREENSHOTS") == "1" else tmp_path
+                        cell.locator(".jp-Cell-outputArea").screenshot(path=str(shots / name))
         finally:
             browser.close()

@@ -264,3 +264,183 @@ def test_views_have_deterministic_plain_reprs_and_static_html(run):
     assert repr(views[0]) == (f"BlockMap(step={run.history[-1].step}, used=0, shared=0, "
                               f"cached={final.num_cached_blocks}, free={12 - final.num_cached_blocks}, never used=0)")
     assert '<img src="data:image/png;base64,' in views[1]._repr_html_()
+
+
+def _rgb(colour: str) -> tuple[int, int, int]:
+    return tuple(int(colour[i:i + 2], 16) for i in (1, 3, 5))
+
+
+def _distance(a: str, b: str) -> float:
+    return sum((x - y) ** 2 for x, y in zip(_rgb(a), _rgb(b))) ** 0.5
+
+
+def test_thirty_requests_get_distinct_colours_and_none_is_a_state_colour():
+    from workbench.viz.colors import PALETTE, STATE_COLORS
+
+    # Ids that share a trailing number (the magics', the dashboard's, a workload's) and
+    # hashed names (tutorial 03's) used to collide or nearly so.
+    ids = ["req-0", "ui-0", "r0", "second", "third", "first"] + [f"x{i}-{k}" for i in range(8) for k in range(3)]
+    assert len(set(ids)) == 30
+    colours = {rid: request_color(rid) for rid in ids}
+    assert len(set(colours.values())) == 30
+    assert not set(colours.values()) & set(STATE_COLORS.values())
+    for rid, colour in colours.items():  # no request reads as a state: not grey, not preemption red
+        r, g, b = _rgb(colour)
+        assert max(r, g, b) - min(r, g, b) > 30, (rid, colour)
+        assert _distance(colour, STATE_COLORS["preempted"]) > 60, (rid, colour)
+    # The first 20 (a notebook's usual run) are far apart; past them the names tell apart.
+    assert min(_distance(a, b) for i, a in enumerate(PALETTE) for b in PALETTE[i + 1:]) > 40
+    assert request_color("ui-0") == colours["ui-0"]  # kept for the kernel
+
+
+def test_every_view_draws_a_request_in_one_colour(run):
+    from matplotlib.figure import Figure
+
+    from workbench.viz.timeline import draw_timeline, empty_steps
+
+    rows, spans = request_spans(run.history[:])
+    ax = Figure().add_subplot()
+    draw_timeline(ax, rows, spans, steps=(run.history[0].step, run.history[-1].step), empty=empty_steps(run.history))
+    bars = {matplotlib.colors.to_hex(p.get_facecolor()) for p in ax.patches if abs(p.get_height() - 0.8) < 1e-6}
+    block_map = BlockMap(run, step=run.history[2].step)
+    owners = {o for c in block_map.cells for o in c["owners"]}
+    assert owners and all(f"background:{request_color(o)}" in block_map.grid.value for o in owners)
+    assert bars == {request_color(r) for r in rows}
+
+
+def _figure_agrees(player, step):
+    """The player's readout, text, batch and block map all name ``step``."""
+    assert player.step == step and player.slider.value == step and player.play.value == step
+    assert f"step <b>{step}</b> of" in player.position.value
+    assert player.batch.value.startswith(f"<b>Step {step}</b>")
+    assert player.block_map.step == step and f"after step {step})" in player.block_map.title.value
+
+
+def test_the_slider_is_the_players_one_step_whatever_moves_it():
+    engine = tight_engine()
+    for i, prompt in enumerate(PROMPTS[:2]):
+        engine.add_request(f"p{i}", prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    for _ in range(4):
+        engine.step()
+    player = StepPlayer(engine, live_updates=False)
+    _figure_agrees(player, 3)  # opens on the newest
+    player.show(1)  # from code: the slider moves too (it used to stay at the far right)
+    _figure_agrees(player, 1)
+    player.slider.value = 2  # a drag or an arrow key
+    _figure_agrees(player, 2)
+    player.play.value = 0  # the play button's tick
+    _figure_agrees(player, 0)
+    player.slider.value = 3
+    engine.step()
+    player.refresh()  # live following: on the newest, it follows
+    _figure_agrees(player, 4)
+    player.advance(1)
+    _figure_agrees(player, 5)
+    with pytest.raises(IndexError, match="not recorded"):
+        player.show(99)
+    _figure_agrees(player, 5)
+    player.close()
+
+
+def test_block_cells_name_their_owner_in_full_or_elided_with_a_marker():
+    import re
+
+    engine = LLMEngine(device="cpu", block_size=4, num_kv_blocks=16)
+    names = ["hamlet", "juliet", "the-king-of-denmark"]
+    for name, prompt in zip(names, PROMPTS[1:]):
+        engine.add_request(name, prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    engine.step()
+    block_map = BlockMap(engine)
+    cells = re.findall(r'title="block (\d+): used[^"]*owners ([^",]+)[^"]*"[^>]*>\d+<br>([^<]*)</div>',
+                       block_map.grid.value)
+    assert {owner for _, owner, _ in cells} == set(names)
+    for _, owner, label in cells:
+        label = html.unescape(label)
+        if label != owner:  # shorter than the name only when elided, with the marker
+            head, marker, tail = label.partition("…")
+            assert marker and owner.startswith(head) and owner.endswith(tail) and head and tail, (owner, label)
+    assert any(label == "hamlet" for _, _, label in cells)
+
+
+def test_every_view_spans_the_kept_steps_and_says_where_they_start():
+    engine = tight_engine()
+    engine.add_request("warm", "ROMEO:", SamplingParams(temperature=0, max_tokens=3))
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.history.clear()  # as tutorial 01 does after its warm-up: step numbers go on
+    engine.add_request("a", "JULIET:", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    first, last = engine.history.steps[0], engine.history.steps[-1]
+    assert first > 0
+    player, timeline = StepPlayer(engine, live_updates=False), RequestTimeline(engine)
+    assert (player.slider.min, player.slider.max) == (first, last)
+    assert timeline.step_range == [first, last]
+    assert f"steps before {first} are not kept" in player.position.value
+    ax = plot_step_tokens(engine.history)
+    low, high = ax.get_xlim()
+    assert first - 1 < low < first and last < high < last + 1
+    plt.close("all")
+    player.close()
+
+
+def test_a_request_added_since_the_last_step_shows_at_once():
+    engine = tight_engine()
+    dashboard = EngineDashboard(engine)
+    rid = dashboard.add("ROMEO:", max_tokens=3)  # no step yet
+    waiting = [r.request_id for r in engine.scheduler.waiting]
+    assert waiting == [rid] and rid in dashboard.added.value and dashboard.last_added == rid
+    assert dashboard.player.queues["added"] == waiting and rid in dashboard.player.queue_view.value
+    assert dashboard.timeline.rows == waiting and dashboard.timeline.pending == waiting
+    dashboard.step(2)
+    other = dashboard.add("JULIET:", max_tokens=3)
+    assert dashboard.player.queues["added"] == [other] and other in dashboard.timeline.rows
+    assert f"waiting for step {engine.history[-1].step + 1}" in dashboard.timeline._title(engine.history[:], [other])
+    dashboard.close()
+
+
+def test_an_empty_batch_is_explained_and_marked_in_every_view(run):
+    import dataclasses
+
+    from workbench.viz.chunks import empty_batch_reason
+    from workbench.viz.timeline import empty_steps
+
+    records = run.history[:]
+    victim = records[3].scheduler_output.scheduled[0].request_id
+    so = dataclasses.replace(records[3].scheduler_output, scheduled=(), preempted_request_ids=(victim,))
+    records[3] = dataclasses.replace(records[3], scheduler_output=so)
+    reason = empty_batch_reason(records[3])
+    assert reason.startswith("empty batch") and victim in reason and "own victim" in reason
+    assert empty_steps(records) == [records[3].step] and all(empty_batch_reason(r) is None for r in run.history)
+    ax = plot_step_tokens(records)
+    shaded = [p for p in ax.patches if matplotlib.colors.to_hex(p.get_facecolor()) == "#505050"]
+    assert len(shaded) == 1 and round(shaded[0].get_x() + shaded[0].get_width() / 2) == records[3].step
+    assert any(t.get_text() == "empty batch" for t in ax.get_legend().get_texts())
+    plt.close("all")
+
+
+def test_a_recompute_chunk_is_drawn_as_one_in_every_view_and_finishes_sit_on_their_step(run):
+    from matplotlib.figure import Figure
+
+    from workbench.viz.encoding import CHUNK_HATCH
+    from workbench.viz.timeline import FINISH_MARKERS, draw_timeline
+
+    rows, spans = request_spans(run.history[:])
+    recompute = [s for s in spans if s["kind"] == "recompute"]
+    assert recompute  # the tight engine preempts, so some prompt is computed again
+    ax = plot_step_tokens(run.history)
+    hatched = {(round(p.get_x() + p.get_width() / 2), p.get_hatch()) for p in ax.patches}
+    for span in recompute:
+        assert (span["start"], CHUNK_HATCH["recompute"]) in hatched
+    player = StepPlayer(run, live_updates=False)
+    player.show(recompute[0]["start"])
+    assert {r["kind"] for r in player.batch_rows if r["request_id"] == recompute[0]["request_id"]} == {"recompute"}
+    finished = {e.request_id: e.step for r in run.history for e in r.request_events if e.kind == "finished"}
+    figure = Figure()
+    ax = figure.add_subplot()
+    draw_timeline(ax, rows, spans, steps=(run.history[0].step, run.history[-1].step))
+    markers = [line for line in ax.get_lines() if line.get_marker() in FINISH_MARKERS.values()]
+    y = {rid: len(rows) - 1 - i for i, rid in enumerate(rows)}
+    assert sorted((line.get_xdata()[0], line.get_ydata()[0]) for line in markers) == sorted(
+        (step, y[rid]) for rid, step in finished.items())
+    plt.close("all")

@@ -1,5 +1,6 @@
 """IPython magics: ``%load_ext workbench``, then ``%llm COMMAND ...`` (``%llm`` alone lists
-them, generated from the argument definitions below) and ``%%llm`` (the cell is a prompt).
+them a line each, grouped, generated from the argument definitions below; ``%llm help
+COMMAND`` gives one command's every option) and ``%%llm`` (the cell is a prompt).
 
 ``%llm load`` builds the teaching engine (:func:`workbench.config.teaching_config`: tens
 of blocks, a budget of tens of tokens) unless told otherwise, and binds its LLMEngine in the
@@ -30,6 +31,15 @@ from workbench.sampling_params import SamplingParams
 
 DRIVING_COMMANDS = ("load", "generate", "chat", "add", "step", "run", "replay")
 SHOW_CHOICES = ("blocks", "timeline", "requests", "scheduler", "stats")
+#: How ``%llm`` alone groups the commands (every command is in one group).
+COMMAND_GROUPS = {
+    "engine": ("load", "generate", "chat"),
+    "requests": ("add", "step", "run", "replay", "compare"),
+    "views": ("show", "player", "dashboard"),
+    "serving": ("serve", "stop"),
+    "help": ("help",),
+}
+ENGINE_FLAGS = "engine options"  # the argument group of EngineArgs' flags
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,9 +53,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _sampling_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
-    parser.add_argument("--max-tokens", type=int, default=max_tokens)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--max-tokens", type=int, default=max_tokens, metavar="N",
+                        help=f"tokens to generate at most (default: {max_tokens})")
+    parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                        help="0 is greedy (default: 0)")
+    parser.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed (default: none)")
 
 
 def build_parser() -> _Parser:
@@ -55,57 +67,87 @@ def build_parser() -> _Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     load = sub.add_parser("load", add_help=False, help="build an engine (the teaching engine unless --no-teaching) "
                           "and bind it in the notebook")
-    load.add_argument("model", nargs="?", default=None, help="HF directory or hub id (default: the embedded model)")
-    load.add_argument("--as", dest="name", default="engine", help="variable to bind the engine to (default: engine)")
+    load.add_argument("model", nargs="?", default=None, metavar="MODEL", help="HF directory or hub id (default: the embedded model)")
+    load.add_argument("--as", dest="name", default="engine", metavar="NAME", help="variable to bind the engine to (default: engine)")
     load.add_argument("--no-teaching", action="store_true",
                       help="start from EngineConfig() defaults instead of the small teaching engine")
     EngineArgs.add_cli_args(load, exclude=("model",), keep_defaults=False)
     gen = sub.add_parser("generate", add_help=False, help="generate a continuation and print it")
-    gen.add_argument("prompt", nargs="+")
+    gen.add_argument("prompt", nargs="+", metavar="PROMPT", help="the prompt (quote it, or let the words join)")
     _sampling_options(gen, 64)
     chat = sub.add_parser("chat", add_help=False, help="one user turn through the chat template")
-    chat.add_argument("message", nargs="+")
+    chat.add_argument("message", nargs="+", metavar="MESSAGE", help="the user's message")
     _sampling_options(chat, 64)
     add = sub.add_parser("add", add_help=False, help="queue a request without running it")
-    add.add_argument("prompt", nargs="+")
-    add.add_argument("--id", default=None, help="request id (default: one is made up)")
-    add.add_argument("--priority", type=int, default=0, help="smaller is served first under policy priority")
+    add.add_argument("prompt", nargs="+", metavar="PROMPT", help="the prompt (quote it, or let the words join)")
+    add.add_argument("--id", default=None, metavar="ID", help="request id (default: one is made up, req-N)")
+    add.add_argument("--priority", type=int, default=0, metavar="P", help="smaller is served first under policy priority")
     _sampling_options(add, 32)
     step = sub.add_parser("step", add_help=False, help="advance the engine N steps (default 1); shows the last")
-    step.add_argument("n", nargs="?", type=int, default=1)
+    step.add_argument("n", nargs="?", type=int, default=1, metavar="N", help="steps to take (default: 1)")
     sub.add_parser("run", add_help=False, help="step until every request has finished")
     show = sub.add_parser("show", add_help=False, help="a view of the engine")
-    show.add_argument("what", choices=SHOW_CHOICES)
+    show.add_argument("what", choices=SHOW_CHOICES, help="the view")
     sub.add_parser("player", add_help=False, help="the StepPlayer: scrub through the recorded steps")
     sub.add_parser("dashboard", add_help=False, help="the EngineDashboard: drive the engine and watch it")
     replay = sub.add_parser("replay", add_help=False, help="run a Workload (a notebook variable) on the engine")
-    replay.add_argument("workload", help="name of a Workload variable")
+    replay.add_argument("workload", metavar="WORKLOAD", help="name of a Workload variable")
     replay.add_argument("--clock", choices=["steps", "wall"], default=None,
                         help="the workload's own clock (default); given, it must be that one")
     compare = sub.add_parser("compare", add_help=False,
                              help="run a Workload under several configs (the engine's config, changed)")
-    compare.add_argument("workload", help="name of a Workload variable")
+    compare.add_argument("workload", metavar="WORKLOAD", help="name of a Workload variable")
     compare.add_argument("--policies", nargs="+", default=[], metavar="POLICY",
                          help="one run per policy (fcfs, priority, spf)")
     compare.add_argument("--configs", nargs="+", default=[], metavar="NAME=VAR",
                          help="one run per EngineConfig or dict-of-overrides variable")
     serve = sub.add_parser("serve", add_help=False, help="serve this engine over HTTP (OpenAI API)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None)
+    serve.add_argument("--host", default="127.0.0.1", metavar="HOST", help="(default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, metavar="PORT", help="(default: 8000)")
+    serve.add_argument("--api-key", default=None, metavar="KEY", help="require this bearer token (default: none)")
     sub.add_parser("stop", add_help=False, help="stop serving; the engine is yours to step again")
+    topic = sub.add_parser("help", add_help=False, help="every option of one command")
+    topic.add_argument("topic", nargs="?", default=None, metavar="COMMAND", choices=[*sub.choices],
+                       help="the command (none: the command list)")
     return parser
 
 
-def help_text(parser: _Parser) -> str:
-    """``%llm`` alone: every command's usage line and summary, from the parser."""
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+def _subcommands(parser: _Parser) -> argparse._SubParsersAction:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def command_line(name: str, command: argparse.ArgumentParser) -> str:
+    """One command's call as typed: ``%llm add PROMPT [--id ID] ...``, positionals first;
+    an engine-flags group is one ``[ENGINE FLAGS]``."""
+    engine_flags = next((g._group_actions for g in command._action_groups if g.title == ENGINE_FLAGS), [])
+    words, options = [f"%llm {name}"], []
+    for action in command._actions:
+        if action in engine_flags:
+            continue
+        if not action.option_strings:
+            word = "|".join(action.choices) if action.choices and action.metavar is None else action.metavar
+            words.append(f"[{word}]" if action.nargs == "?" else word)
+        elif action.nargs == 0:
+            options.append(f"[{action.option_strings[0]}]")
+        else:
+            more = " ..." if action.nargs == "+" else ""
+            metavar = action.metavar or "|".join(action.choices or []) or action.dest.upper()
+            options.append(f"[{action.option_strings[0]} {metavar}{more}]")
+    return " ".join(words + options + (["[ENGINE FLAGS]"] if engine_flags else []))
+
+
+def help_text(parser: _Parser, topic: str | None = None) -> str:
+    """``%llm`` alone: a line per command, grouped, from the parser; ``topic``: that
+    command's full help (``%llm help load``: the engine flags)."""
+    sub = _subcommands(parser)
+    if topic is not None:
+        return sub.choices[topic].format_help().replace("usage: ", "", 1)
     summaries = {choice.dest: choice.help for choice in sub._choices_actions}
-    lines = [parser.description, ""]
-    for name, command in sub.choices.items():
-        usage = command.format_usage().strip().removeprefix("usage: ")
-        lines.append(f"{usage}\n    {summaries.get(name, '')}")
-    lines.append("%%llm [--max-tokens N] [--temperature T] [--seed S]\n    the cell body is the prompt")
+    lines = [f"{parser.description} `%llm help COMMAND` gives a command's every option."]
+    for group, names in COMMAND_GROUPS.items():
+        lines.append(f"{group}:")
+        lines += [f"  {command_line(name, sub.choices[name]):<48}  {summaries[name]}" for name in names]
+    lines.append(f"  {'%%llm [--max-tokens N] [--temperature T] [--seed S]':<48}  the cell body is the prompt")
     return "\n".join(lines)
 
 
@@ -276,6 +318,9 @@ class WorkbenchMagics(Magics):
         if len(configs) < 2:
             raise UsageError("compare needs at least two configs: --policies fcfs spf, or --configs a=A b=B")
         return ComparisonView(compare_runs(workload, configs))
+
+    def _cmd_help(self, options):
+        print(help_text(self.parser, options.topic))
 
     def _cmd_serve(self, options):
         from workbench.engine.async_llm import AsyncLLM

@@ -18,7 +18,7 @@ import ipywidgets as widgets
 import traitlets
 
 from workbench.core.kv_state import BLOCK_STATES, block_state, never_used_blocks
-from workbench.viz.colors import STATE_COLORS, request_color, text_color
+from workbench.viz.colors import STATE_COLORS, assign_colors, color_rank, request_color, text_color
 from workbench.viz.source import ViewSource
 
 
@@ -41,17 +41,29 @@ def block_cells(state) -> list[dict]:
     ]
 
 
+#: Characters of an owner's name a cell shows; longer names are elided in the middle.
+CELL_NAME_CHARS = 8
+
+
+def cell_name(request_id: str, width: int = CELL_NAME_CHARS) -> str:
+    """The name as a cell shows it: whole when it fits ``width`` characters, else its head
+    and tail around an ellipsis "…" (the full name is in the cell's tooltip)."""
+    if len(request_id) <= width:
+        return request_id
+    tail = (width - 1) // 2
+    return request_id[: width - 1 - tail] + "…" + request_id[-tail:]
+
+
 def _cell_html(cell: dict, table_pos: int | None, selected: bool, mark: str | None) -> str:
     kind = cell["state"]
     if kind in ("used", "shared"):
         background = request_color(cell["owners"][0])
-        label = f"×{cell['ref_count']}" if kind == "shared" else html.escape(cell["owners"][0][-5:])
+        label = f"×{cell['ref_count']}" if kind == "shared" else html.escape(cell_name(cell["owners"][0]))
     else:
         background = STATE_COLORS[kind]
         label = "" if kind == "never used" else f"#{cell['evict_rank']}"
-    if table_pos is not None:
-        label = f"[{table_pos}]"
-    border = "3px solid #000" if selected else "3px solid #d62728" if mark else (
+    head = f"{cell['block_id']}" if table_pos is None else f"{cell['block_id']} [{table_pos}]"
+    border = "3px solid #000" if selected else f"3px solid {STATE_COLORS['preempted']}" if mark else (
         "2px solid #222" if table_pos is not None else
         "2px double #333" if kind == "shared" else "1px dashed #bbb" if kind == "never used" else "1px solid #999"
     )
@@ -67,8 +79,8 @@ def _cell_html(cell: dict, table_pos: int | None, selected: bool, mark: str | No
     return (
         f'<div class="wb-block" data-block="{cell["block_id"]}" title="{html.escape(title)}" '
         f'style="background:{background};color:{text_color(background)};border:{border};'
-        f'width:40px;height:30px;box-sizing:border-box;font:10px/13px monospace;text-align:center;'
-        f'overflow:hidden">{cell["block_id"]}<br>{label}</div>'
+        f'width:60px;height:30px;box-sizing:border-box;font:10px/13px monospace;text-align:center;'
+        f'overflow:hidden">{head}<br>{label}</div>'
     )
 
 
@@ -119,13 +131,15 @@ class BlockMap(widgets.VBox):
             self.title.value = "<b>KV blocks</b>: no steps recorded yet"
             self.grid.value = self.legend.value = self.details.value = ""
             return
+        assign_colors(e.request_id for r in self.source.records() for e in r.request_events
+                      if e.kind == "arrived")
         self.cells = block_cells(state)
         counts = {kind: 0 for kind in BLOCK_STATES}
         for cell in self.cells:
             counts[cell["state"]] += 1
         self.summary = counts
         self.block_picker.max = state.num_blocks - 1
-        owners = sorted({o for cell in self.cells for o in cell["owners"]})
+        owners = self._owners()
         options = [("(none)", "")] + [(o, o) for o in owners]
         if self.selected_request and self.selected_request not in owners:
             options.append((f"{self.selected_request} (no blocks)", self.selected_request))
@@ -162,6 +176,11 @@ class BlockMap(widgets.VBox):
         last = max(touched) + 1 if touched else 0
         return min(len(self.cells), self.max_cells, max(last, 16))
 
+    def _owners(self) -> list[str]:
+        """The owners of blocks shown, in the order their colours were handed out."""
+        owners = {o for cell in self.cells for o in cell["owners"]}
+        return sorted(owners, key=lambda o: (color_rank(o), o))
+
     def _draw(self) -> None:
         if self._state is None:
             return
@@ -195,15 +214,16 @@ class BlockMap(widgets.VBox):
     def _legend_html(self) -> str:
         chip = ('<span style="background:{};color:{};border:1px solid #999;padding:0 4px;'
                 'margin-right:4px;font:11px monospace">{}</span>')
-        owners = sorted({o for c in self.cells for o in c["owners"]})
+        owners = self._owners()
         parts = [chip.format(request_color(o), text_color(request_color(o)), html.escape(o)) for o in owners]
         for kind in ("cached", "free", "never used"):
             parts.append(chip.format(STATE_COLORS[kind], "#000", kind))
         return (
-            "<div>" + "".join(parts) + "<br><small>cell: block id, then the owner (used), ×ref_count "
-            "(shared, double border), #n = n-th in the eviction order (free/cached), [i] = position "
+            "<div>" + "".join(parts) + "<br><small>cell: block id, then the owner (used; a long name is elided in the middle "
+            "with …, the whole name shows on hover), ×ref_count "
+            "(shared, double border), #n = n-th in the eviction order (free/cached), id [i] = position "
             "in the selected request's block table; red outline: blocks a preemption released "
-            "in this step</small></div>"
+            "in this step (red marks preemption in every view)</small></div>"
         )
 
     def _details_html(self, table: dict[int, int]) -> str:

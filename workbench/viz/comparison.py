@@ -14,8 +14,11 @@ import traitlets
 from workbench.lab.compare import METRIC_LABELS
 from workbench.viz.figures import figure_png, new_figure, png_img
 from workbench.viz.player import StepPlayer
-from workbench.viz.timeline import draw_timeline, request_spans, timeline_height, timeline_legend
+from workbench.viz.timeline import draw_timeline, empty_steps, request_spans, timeline_height, timeline_legend
 
+
+#: The CDF's size in inches, drawn at 100 dpi and shown at that size.
+CDF_SIZE = (6.0, 3.6)
 
 #: The compact table: (row label, summary keys joined as "p50 · p90 · p99" or one value).
 _SHORT = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "e2e latency", "queue": "queue time"}
@@ -45,8 +48,11 @@ def compact_table(table):
 
 
 def aligned_timelines(results: dict, width: float = 12.0):
-    """One timeline panel per run, sharing the step axis and the request rows."""
-    spans = {name: request_spans(result.history[:]) for name, result in results.items()}
+    """One timeline panel per run, sharing the step axis (all runs' steps) and the request rows."""
+    records = {name: result.history[:] for name, result in results.items()}
+    spans = {name: request_spans(run) for name, run in records.items()}
+    kept = [run for run in records.values() if run]
+    steps = (min(run[0].step for run in kept), max(run[-1].step for run in kept)) if kept else (0, 0)
     rows: list[str] = []
     for run_rows, _ in spans.values():
         rows += [r for r in run_rows if r not in rows]
@@ -54,7 +60,7 @@ def aligned_timelines(results: dict, width: float = 12.0):
     figure = new_figure(width, 0.8 + panel * len(results))
     axes = figure.subplots(len(results), 1, sharex=True, squeeze=False)[:, 0]
     for ax, (name, (_, run_spans)) in zip(axes, spans.items()):
-        draw_timeline(ax, rows, run_spans, title=name)
+        draw_timeline(ax, rows, run_spans, steps=steps, empty=empty_steps(records[name]), title=name)
     timeline_legend(figure)
     return figure
 
@@ -83,8 +89,14 @@ class ComparisonView(widgets.VBox):
         self.player_box = widgets.VBox()
         self.metric_picker.observe(lambda change: self.show_metric(change["new"]), "value")
         self.run_picker.observe(lambda change: self.show_run(change["new"]), "value")
+        # Table and CDF side by side when the column is wide enough, else stacked (wrap);
+        # neither shrinks: the CDF keeps its drawn size, the picker its width.
+        self.table.layout = widgets.Layout(flex="0 0 auto", margin="0 16px 8px 0")
+        self.cdf.layout = widgets.Layout(width=f"{CDF_SIZE[0] * 100:.0f}px", max_width="100%")
         tabs = widgets.Tab([
-            widgets.HBox([self.table, widgets.VBox([self.metric_picker, self.cdf])]),
+            widgets.HBox([self.table, widgets.VBox([self.metric_picker, self.cdf],
+                                                   layout=widgets.Layout(flex="0 1 auto", min_width="0"))],
+                         layout=widgets.Layout(flex_flow="row wrap", align_items="flex-start")),
             self.timelines,
             widgets.VBox([self.run_picker, self.player_box]),
         ])
@@ -110,7 +122,7 @@ class ComparisonView(widgets.VBox):
             self.metric_picker.value = metric  # its observer comes back here and draws
             return
         self.metric = metric
-        self.cdf.value = figure_png(self.comparison.cdf_figure(metric=metric))
+        self.cdf.value = figure_png(self.comparison.cdf_figure(metric=metric, figsize=CDF_SIZE), dpi=100)
 
     def show_run(self, name: str) -> None:
         self.run = name

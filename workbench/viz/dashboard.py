@@ -19,12 +19,28 @@ import traitlets
 
 from workbench.sampling_params import SamplingParams
 from workbench.viz.busy import busy
+from workbench.viz.colors import request_chip
 from workbench.viz.figures import figure_png, new_figure
 from workbench.viz.live import LiveUpdater
 from workbench.viz.player import StepPlayer
 from workbench.viz.plots import plot_kv_usage, plot_step_tokens
 from workbench.viz.source import ViewSource
 from workbench.viz.timeline import RequestTimeline
+
+def outputs_html(outputs) -> str:
+    """Finished RequestOutputs as one table, a row per completion: cells top-aligned and
+    rows ruled, so a multi-line text stays inside its row."""
+    cell = "border-bottom:1px solid #ccc;vertical-align:top;text-align:left;padding:2px 6px"
+    rows = "".join(
+        f'<tr><td style="{cell}">{request_chip(out.request_id)}</td>'
+        f'<td style="{cell}"><code>{html.escape(repr(out.prompt))}</code></td>'
+        f'<td style="{cell};white-space:pre-wrap;font-family:monospace">{html.escape(o.text)}</td>'
+        f'<td style="{cell}">{len(o.token_ids)}</td><td style="{cell}">{html.escape(str(o.finish_reason))}</td></tr>'
+        for out in outputs for o in out.outputs
+    )
+    head = "".join(f'<th style="{cell}">{h}</th>' for h in ("request", "prompt", "text", "tokens", "finish"))
+    return f'<table style="border-collapse:collapse"><tr>{head}</tr>{rows}</table>' if rows else ""
+
 
 _NARROW = dict(layout=widgets.Layout(width="200px"), style={"description_width": "initial"})
 
@@ -34,6 +50,7 @@ class EngineDashboard(widgets.VBox):
     / ``reset`` do what the buttons do. ``summary`` is the header line shown."""
 
     summary = traitlets.Unicode("")
+    last_added = traitlets.Unicode("")  # the id of the request the last Add made (echoed beside it)
 
     def __init__(self, engine, params: SamplingParams | None = None, *, read_only: bool = False,
                  live_interval: float = 1.0):
@@ -54,8 +71,10 @@ class EngineDashboard(widgets.VBox):
         self.player = StepPlayer(self.source, controls=False, live_updates=False)
         self.timeline = RequestTimeline(self.source)
         self.plots = widgets.Image(format="png")
-        self.requests = widgets.HTML()
-        self.finished = widgets.HTML()
+        self.added = widgets.HTML()
+        self.added.add_class("wb-added")
+        self.requests = widgets.HTML(layout=widgets.Layout(width="100%"))
+        self.finished = widgets.HTML(layout=widgets.Layout(width="100%"))
         self.outputs: list = []
         buttons = {}
         for label, action in (("Add request", self._on_add), ("Step", lambda: self.step(1)),
@@ -70,7 +89,7 @@ class EngineDashboard(widgets.VBox):
             controls = [widgets.HBox([buttons["Refresh"], self.status])]
         else:
             controls = [
-                widgets.HBox([self.prompt, self.request_id, buttons["Add request"]]),
+                widgets.HBox([self.prompt, self.request_id, buttons["Add request"], self.added]),
                 widgets.HBox([self.max_tokens, self.temperature, self.priority]),
                 widgets.HBox([buttons[k] for k in ("Step", "Run 10 steps", "Run to the end", "Reset")]
                              + [self.status]),
@@ -90,6 +109,10 @@ class EngineDashboard(widgets.VBox):
         priority = params.pop("priority", 0)
         rid = request_id or self._new_id()
         self.engine.add_request(rid, prompt, SamplingParams(**params), priority=priority)
+        self.last_added = rid
+        last = self.source.last_step
+        self.added.value = (f"added {request_chip(rid)}: waiting, it arrives in step "
+                            f"{0 if last is None else last + 1}")
         self.refresh()
         return rid
 
@@ -151,11 +174,18 @@ class EngineDashboard(widgets.VBox):
 
     def _draw_requests(self) -> None:
         frame = self.source.requests()
-        self.requests.value = frame.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="") \
-            if frame is not None and len(frame) else "no requests yet"
+        if frame is None or not len(frame):
+            self.requests.value = "no requests yet"
+            return
+        table = frame.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="")
+        self.requests.value = (
+            f"<small>{len(frame.columns)} columns: scroll sideways for all of them →</small>"
+            '<div class="wb-scroll" style="overflow-x:scroll;max-width:100%;border:1px solid #ccc">'
+            f"{table}</div>"
+        )
 
     def _draw_outputs(self) -> None:
-        self.finished.value = "".join(out._repr_html_() for out in self.outputs[-10:]) or "no finished requests yet"
+        self.finished.value = outputs_html(self.outputs[-10:]) or "no finished requests yet"
 
     def _draw_plots(self) -> None:
         self.plots.value = self._plots_png()

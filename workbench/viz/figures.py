@@ -21,10 +21,11 @@ def new_figure(width: float, height: float) -> Figure:
     return figure
 
 
-def figure_png(figure: Figure) -> bytes:
-    """The figure rendered to PNG bytes (what an ``ipywidgets.Image`` shows)."""
+def figure_png(figure: Figure, dpi: float | None = None) -> bytes:
+    """The figure rendered to PNG bytes (what an ``ipywidgets.Image`` shows), at ``dpi``
+    (None: the figure's own)."""
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
+    figure.savefig(buffer, format="png", dpi=dpi or "figure")
     return buffer.getvalue()
 
 

@@ -4,6 +4,11 @@ after it and the KV pool as it was (a :class:`BlockMap` of ``history.kv_state(k)
 With a live engine, Step / Run buttons extend the history and the player follows the newest
 step (unless scrubbed back). All it shows lives in ``batch_rows`` (the chunks of step k),
 ``queues`` (running / waiting ids after step k) and ``notes`` (what happened and why).
+
+One source of truth: the slider's value is the step shown. ``show(k)``, dragging, the
+keyboard, the play button (linked to the slider in the kernel) and live following all move
+the slider, and only its observer draws; so the readout, the "step k" text, the batch and
+the block map's title always name the same step.
 """
 
 from __future__ import annotations
@@ -16,33 +21,34 @@ import traitlets
 from workbench.core.kv_events import BlockAllocated, BlockFreed
 from workbench.viz.block_map import BlockMap
 from workbench.viz.busy import busy
-from workbench.viz.colors import request_color, text_color
+from workbench.viz.chunks import chunk_kinds, empty_batch_reason
+from workbench.viz.colors import STATE_COLORS, assign_colors, request_chip
 from workbench.viz.live import LiveUpdater
 from workbench.viz.source import ViewSource
 
 
-def request_states(records, step: int) -> tuple[list[str], list[str], dict[str, int]]:
-    """Replay request events up to ``step``: (running ids, waiting ids, tokens each request
-    had computed before its latest preemption). Waiting lists preempted requests first."""
+def request_states(records, step: int) -> tuple[list[str], list[str], set[str]]:
+    """Replay request events up to ``step``: (running ids, waiting ids, every id seen).
+    Waiting lists preempted requests first."""
     status: dict[str, str] = {}
-    high_water: dict[str, int] = {}
+    seen: set[str] = set()
     for record in records:
         if record.step > step:
             break
         for event in record.request_events:
             rid = event.request_id
+            seen.add(rid)
             if event.kind == "arrived":
                 status[rid] = "waiting"
             elif event.kind == "scheduled":
                 status[rid] = "running"
             elif event.kind == "preempted":
                 status[rid] = "preempted"
-                high_water[rid] = max(high_water.get(rid, 0), event.num_computed_tokens)
             elif event.kind == "finished":
                 status.pop(rid, None)
     running = [r for r, s in status.items() if s == "running"]
     waiting = [r for r, s in status.items() if s == "preempted"] + [r for r, s in status.items() if s == "waiting"]
-    return running, waiting, high_water
+    return running, waiting, seen
 
 
 def preemption_notes(record, policy: str) -> list[str]:
@@ -99,12 +105,6 @@ def _set_range(widget, low: int, high: int) -> None:
         widget.min, widget.max = low, high
 
 
-def _chip(request_id: str) -> str:
-    colour = request_color(request_id)
-    return (f'<span style="background:{colour};color:{text_color(colour)};padding:0 4px;'
-            f'font:11px monospace">{html.escape(request_id)}</span>')
-
-
 class StepPlayer(widgets.VBox):
     """``StepPlayer(engine | history | run_result)``: a slider and play button over the
     recorded steps (``show(k)`` from code). It follows the newest step unless scrubbed back.
@@ -126,13 +126,13 @@ class StepPlayer(widgets.VBox):
         self.slider = widgets.IntSlider(description="step", continuous_update=False,
                                         layout=widgets.Layout(width="480px"))
         self.play = widgets.Play(interval=600, description="play")
-        widgets.jslink((self.play, "value"), (self.slider, "value"))
+        widgets.link((self.play, "value"), (self.slider, "value"))
         self.position = widgets.HTML()
         self.batch = widgets.HTML()
         self.events = widgets.HTML()
         self.queue_view = widgets.HTML()
         self.status = widgets.HTML()
-        self.slider.observe(lambda change: self.show(change["new"]), "value")
+        self.slider.observe(lambda change: self._render(change["new"]), "value")
         self.buttons: list[widgets.Button] = []
         engine = self.source.engine
         if engine is not None and self.source.live and controls:
@@ -171,56 +171,70 @@ class StepPlayer(widgets.VBox):
         slider was on the previous newest (or nothing was shown yet)."""
         steps = self.source.steps
         if not steps:
+            pending = self.source.pending(set())
             self.step = None
-            self.batch_rows, self.queues, self.notes = [], {}, []
-            self.batch.value = self.events.value = self.queue_view.value = ""
+            self.batch_rows, self.queues, self.notes = [], {"running": [], "waiting": [], "added": pending}, []
+            self.batch.value = self.events.value = ""
+            self.queue_view.value = ("<b>added</b> (they arrive in the first step): " + " ".join(map(request_chip, pending))
+                                     if pending else "")
             self.slider.disabled = True
             self.position.value = "no steps recorded yet: add requests and step"
             self.block_map.refresh()
             return
         following = self.step is None or self.step >= self.slider.max or self.step < steps[0]
         self.slider.disabled = False
-        with self.slider.hold_trait_notifications():
+        with self.slider.hold_trait_notifications(), self.play.hold_trait_notifications():
             _set_range(self.slider, steps[0], steps[-1])
-        _set_range(self.play, steps[0], steps[-1])
-        target = steps[-1] if following else self.step
-        if self.slider.value != target:
-            self.slider.value = target  # observe -> show
-        else:
-            self.show(target)
+            _set_range(self.play, steps[0], steps[-1])
+        self.show(steps[-1] if following else self.step, redraw=True)
 
-    def show(self, step: int) -> None:
-        """Show step ``step`` (a recorded step number)."""
-        record = self.source.record(step)
+    def show(self, step: int, *, redraw: bool = False) -> None:
+        """Show step ``step`` (a recorded step number) by moving the slider there; ``redraw``
+        draws it again even when the slider is already there (the history grew)."""
+        if step not in self.source.steps:
+            raise IndexError(f"step {step} is not recorded; the player spans steps "
+                             f"{self.slider.min}–{self.slider.max}.")
+        if self.slider.value != step:
+            self.slider.value = step  # the observer draws
+        elif redraw or self.step != step:
+            self._render(step)
+
+    def _render(self, step: int) -> None:
+        """Draw step ``step``: the slider's observer, and nothing else, calls this."""
         records = self.source.records()
+        record = self.source.record(step)
         self.step = step
-        running, waiting, high_water = request_states(records, step)
+        running, waiting, seen = request_states(records, step)
+        assign_colors(e.request_id for r in records for e in r.request_events if e.kind == "arrived")
+        kinds = chunk_kinds(records)
         so = record.scheduler_output
         rows = []
         for chunk in so.scheduled:
-            kind = "decode"
-            if chunk.is_prefill:
-                kind = "recompute" if chunk.num_computed_tokens < high_water.get(chunk.request_id, 0) else "prefill"
             sampled = record.sampled_token_ids.get(chunk.request_id)
             rows.append({
-                "request_id": chunk.request_id, "kind": kind,
+                "request_id": chunk.request_id, "kind": kinds[step, chunk.request_id],
                 "tokens": [chunk.num_computed_tokens, chunk.seq_len], "num_new_tokens": chunk.num_new_tokens,
                 "num_cached_tokens": chunk.num_cached_tokens, "block_ids": list(chunk.block_ids),
                 "sampled": None if sampled is None else self.source.decode([sampled]),
             })
         self.batch_rows = rows
-        self.queues = {"running": running, "waiting": waiting}
-        self.notes = self._notes(record) + [
+        last = self.source.last_step
+        pending = self.source.pending(seen) if step == last else []
+        self.queues = {"running": running, "waiting": waiting, "added": pending}
+        self.notes = [n for n in [empty_batch_reason(record)] if n] + self._notes(record) + [
             n for n in [waiting_note(record, waiting, self.source.scheduler_setting("max_num_seqs"),
                                      self.source.scheduler_setting("enable_chunked_prefill"))] if n]
-        last = self.source.last_step
-        self.position.value = f"step <b>{step}</b> of {self.slider.min}–{last}"
+        note = self.source.first_step_note()
+        self.position.value = (f"step <b>{step}</b> of {self.slider.min}–{last}"
+                               + (f" <small>({html.escape(note)})</small>" if note else ""))
         self.batch.value = self._batch_html(record)
         self.events.value = "<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in self.notes) + "</ul>" \
             if self.notes else ""
         self.queue_view.value = (
-            "<b>after this step</b> running: " + (" ".join(map(_chip, running)) or "none")
-            + " &nbsp; waiting: " + (" ".join(map(_chip, waiting)) or "none")
+            "<b>after this step</b> running: " + (" ".join(map(request_chip, running)) or "none")
+            + " &nbsp; waiting: " + (" ".join(map(request_chip, waiting)) or "none")
+            + (f" &nbsp; <b>added since step {step}</b> (they arrive in step {step + 1}): "
+               + " ".join(map(request_chip, pending)) if pending else "")
         )
         lost = {b: f"lost by {e.request_id}" for e in record.request_events if e.kind == "preempted"
                 for b in e.block_ids}
@@ -254,12 +268,16 @@ class StepPlayer(widgets.VBox):
         head = "".join(f"<th>{h}</th>" for h in
                        ("request", "kind", "tokens [from, to)", "new", "prefix hit", "block table", "sampled"))
         body = "".join(
-            "<tr>" + f"<td>{_chip(r['request_id'])}</td><td>{r['kind']}</td>"
+            "<tr>" + f"<td>{request_chip(r['request_id'])}</td><td>{r['kind']}</td>"
             f"<td>[{r['tokens'][0]}, {r['tokens'][1]})</td><td>{r['num_new_tokens']}</td>"
             f"<td>{r['num_cached_tokens'] or ''}</td><td>{' '.join(map(str, r['block_ids']))}</td>"
             f"<td><code>{html.escape(repr(r['sampled'])) if r['sampled'] is not None else ''}</code></td></tr>"
             for r in self.batch_rows
         )
+        if not so.scheduled:
+            reason = html.escape(empty_batch_reason(record))
+            return (f'<b>Step {record.step}</b>: <span style="background:{STATE_COLORS["empty batch"]};'
+                    f'color:#fff;padding:0 4px">{reason}</span>')
         return (
             f"<b>Step {record.step}</b>: {len(so.scheduled)} requests, budget used {bar} "
             f"<b>{used}</b> / {budget} tokens; KV usage after the step {record.kv_usage:.0%} "
@@ -276,5 +294,6 @@ class StepPlayer(widgets.VBox):
         return f"StepPlayer(step={self.step}, steps={len(self.source.history)})"
 
     def _repr_html_(self) -> str:
-        return (self.position.value + self.batch.value + self.events.value + "<br>" + self.queue_view.value
-                + self.block_map._repr_html_())
+        return "".join(f"<div>{part}</div>" for part in (
+            self.position.value, self.batch.value, self.events.value, self.queue_view.value,
+            self.block_map._repr_html_()))

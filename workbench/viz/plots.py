@@ -12,7 +12,9 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from workbench.viz.block_map import block_cells
-from workbench.viz.colors import STATE_COLORS, request_color
+from workbench.viz.chunks import chunk_kinds, empty_batch_reason
+from workbench.viz.colors import STATE_COLORS, assign_colors, request_color
+from workbench.viz.encoding import CHUNK_HATCH, chunk_handles
 
 
 def _axes(ax, size=(8, 3)):
@@ -29,8 +31,8 @@ def _records(history, last: int | None):
 
 
 def plot_step_tokens(history, ax=None, last: int = 200):
-    """Tokens scheduled per step, stacked per request in the request's colour (prefill chunks
-    hatched), against the token budget.
+    """Tokens scheduled per step, stacked per request in the request's colour (hatched by
+    chunk kind as in the timeline; empty batches shaded), against the token budget.
 
     The y axis is scaled to the bars; the budget is a dashed reference line drawn behind them
     when it is within twice the tallest bar, otherwise noted in the legend ("off scale").
@@ -41,18 +43,24 @@ def plot_step_tokens(history, ax=None, last: int = 200):
     if not records:
         ax.set_title("no steps yet")
         return ax
+    kinds = chunk_kinds(history[:])
+    assign_colors(e.request_id for r in records for e in r.request_events)
+    empty = [r.step for r in records if empty_batch_reason(r)]
+    for step in empty:
+        ax.axvspan(step - 0.5, step + 0.5, color=STATE_COLORS["empty batch"], alpha=0.25, linewidth=0)
     for record in records:
         bottom = 0
         for chunk in record.scheduler_output.scheduled:
             ax.bar(record.step, chunk.num_new_tokens, bottom=bottom, width=0.85,
-                   color=request_color(chunk.request_id), hatch="///" if chunk.is_prefill else None,
-                   edgecolor="white", linewidth=0.3)
+                   color=request_color(chunk.request_id), hatch=CHUNK_HATCH[kinds[record.step, chunk.request_id]],
+                   edgecolor="black", linewidth=0.3)
             bottom += chunk.num_new_tokens
     tallest = max(r.num_scheduled_tokens for r in records) or 1
     budget = records[-1].scheduler_output.token_budget
     top = tallest * 1.2
-    handles = [Patch(facecolor="0.7", hatch="///", edgecolor="white", label="prefill chunk"),
-               Patch(color="0.7", label="decode")]
+    handles = chunk_handles()
+    if empty:
+        handles.append(Patch(color=STATE_COLORS["empty batch"], alpha=0.25, label="empty batch"))
     if budget <= 2 * tallest:
         top = max(top, budget * 1.1)
         line = ax.axhline(budget, color="black", lw=1, ls="--", zorder=0)
@@ -66,12 +74,13 @@ def plot_step_tokens(history, ax=None, last: int = 200):
                                   [r.num_scheduled_tokens + tallest * 0.06 for r in preempted],
                                   marker="v", color=STATE_COLORS["preempted"], zorder=3, label="preemption"))
     ax.set_ylim(0, top)
+    ax.set_xlim(records[0].step - 0.6, records[-1].step + 0.6)
     ax.set_xlabel("step")
     ax.set_ylabel("tokens")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title("Tokens scheduled per step (colour = request)")
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize="small",
-              ncols=len(handles), frameon=False)
+              ncols=3, frameon=False)
     return ax
 
 
@@ -84,15 +93,16 @@ def plot_kv_usage(history, ax=None, last: int | None = None):
         ax.set_title("no steps yet")
         return ax
     steps = [r.step for r in records]
-    ax.fill_between(steps, [r.kv_usage * 100 for r in records], color="tab:green", alpha=0.3,
+    ax.set_xlim(steps[0] - 0.6, steps[-1] + 0.6)
+    ax.fill_between(steps, [r.kv_usage * 100 for r in records], color="0.8",
                     step="mid", label="KV usage (% of blocks)")
     peak = max(r.kv_usage for r in records) * 100
     ax.set_ylim(0, min(105, max(1.0, peak * 1.25)))  # scaled to the data: 0.1% of a big pool shows
     ax.set_ylabel("KV usage (% of blocks)")
     ax.set_xlabel("step")
     twin = ax.twinx()
-    twin.step(steps, [r.num_running for r in records], where="mid", color="tab:blue", label="running")
-    twin.step(steps, [r.num_waiting for r in records], where="mid", color="tab:red", label="waiting")
+    twin.step(steps, [r.num_running for r in records], where="mid", color="black", label="running")
+    twin.step(steps, [r.num_waiting for r in records], where="mid", color=STATE_COLORS["waiting"], lw=2, label="waiting")
     twin.set_ylabel("requests")
     twin.set_ylim(0, max(1, max(max(r.num_running, r.num_waiting) for r in records)) * 1.15)
     twin.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -130,7 +140,7 @@ def plot_kv_blocks(kv, ax=None, columns: int = 16, max_blocks: int = 256):
     ax.set_ylim(0, rows)
     ax.set_aspect("equal")
     ax.axis("off")
-    owners = sorted({o for cell in cells for o in cell["owners"]})
+    owners = list(dict.fromkeys(o for cell in cells for o in cell["owners"]))
     handles = [Patch(color=request_color(o), label=o) for o in owners[:30]]
     handles += [Patch(facecolor=STATE_COLORS[k], edgecolor="0.6", label=k) for k in ("cached", "free", "never used")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")

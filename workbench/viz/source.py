@@ -59,6 +59,21 @@ class ViewSource:
         """The StepRecord of ``step`` (a step number, not a position)."""
         return self.history.record(step)
 
+    def first_step_note(self) -> str:
+        """Where the kept steps start and why, when not at step 0 ("" otherwise)."""
+        steps = self.history.steps
+        if not steps or steps[0] == 0:
+            return ""
+        return (f"steps before {steps[0]} are not kept (the history was cleared or trimmed; "
+                f"step numbers count on from the engine's first step)")
+
+    def pending(self, known) -> list[str]:
+        """Ids the live engine holds waiting that ``known`` (the ids the recorded steps saw)
+        lacks: requests added since the last step, whose arrival belongs to the next step."""
+        if self.engine is None or not self.live:
+            return []
+        return [r.request_id for r in list(self.engine.scheduler.waiting) if r.request_id not in known]
+
     # ----------------------------------------------------------------- pool
     def kv_state(self, step: int | None = None):
         """The KV pool after ``step`` (None: the latest recorded step), rebuilt from the

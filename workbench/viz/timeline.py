@@ -5,6 +5,8 @@ Span kinds (``[start, end)`` in steps): ``waiting`` (arrived, not yet scheduled)
 ``decode`` (consecutive one-token steps, merged), ``preempted`` (from preemption to
 resumption). ``finish`` marks the step a request finished, with its reason. Spans are derived
 from the request events each StepRecord carries, so a replayed history draws the same rows.
+The x axis spans exactly the kept steps (what the player's slider spans), plus one column
+for the next step while requests wait that no step has seen yet.
 """
 
 from __future__ import annotations
@@ -17,21 +19,24 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from workbench.viz.colors import STATE_COLORS, request_color
+from workbench.viz.chunks import empty_batch_reason, chunk_kinds
+from workbench.viz.colors import STATE_COLORS, assign_colors, request_color
+from workbench.viz.encoding import CHUNK_HATCH, chunk_handles
 from workbench.viz.figures import figure_png, new_figure, png_img
 from workbench.viz.source import ViewSource
 
-FINISH_MARKERS = {"stop": "o", "length": "|", "abort": "x"}
+FINISH_MARKERS = {"stop": "o", "length": "D", "abort": "X"}
 
 
 def request_spans(history) -> tuple[list[str], list[dict]]:
     """``(rows, spans)`` from a history's request events: request ids in arrival order, and
-    dicts with request_id, kind, start, end (steps, end exclusive), tokens, reason."""
+    dicts with request_id, kind, start, end (steps, end exclusive), tokens, reason. A
+    ``finish`` span covers the step that finished the request."""
     rows: list[str] = []
     spans: list[dict] = []
     open_since: dict[str, tuple[str, int]] = {}  # request -> (waiting|preempted, since step)
-    high_water: dict[str, int] = {}  # tokens computed before the latest preemption
     last_span: dict[str, dict] = {}  # request -> its latest chunk span
+    kinds = chunk_kinds(history)
     last_step = history[-1].step if len(history) else 0
 
     def close(rid: str, step: int) -> None:
@@ -44,15 +49,13 @@ def request_spans(history) -> tuple[list[str], list[dict]]:
     for record in history:
         for event in record.request_events:
             rid, step = event.request_id, event.step
-            if rid not in high_water:
+            if rid not in last_span and rid not in rows:
                 rows.append(rid)
-                high_water[rid] = 0
             if event.kind == "arrived":
                 open_since[rid] = ("waiting", step)
             elif event.kind == "scheduled":
                 close(rid, step)
-                kind = ("recompute" if event.start < high_water[rid] else "prefill") \
-                    if event.is_prefill else "decode"
+                kind = kinds[step, rid]
                 previous = last_span.get(rid)
                 if kind == "decode" and previous and previous["kind"] == "decode" and previous["end"] == step:
                     previous["end"] = step + 1
@@ -62,7 +65,6 @@ def request_spans(history) -> tuple[list[str], list[dict]]:
                                       "tokens": event.num_tokens, "reason": ""}
                     spans.append(last_span[rid])
             elif event.kind == "preempted":
-                high_water[rid] = max(high_water[rid], event.num_computed_tokens)
                 open_since[rid] = ("preempted", step)
             elif event.kind == "finished":
                 close(rid, step + 1)
@@ -75,33 +77,44 @@ def request_spans(history) -> tuple[list[str], list[dict]]:
     return rows, spans
 
 
-def draw_timeline(ax, rows: list[str], spans: list[dict], *, title: str = "") -> None:
-    """Draw ``request_spans`` output on ``ax``: row i (top = first arrival) is rows[i]."""
+def empty_steps(records) -> list[int]:
+    """The steps whose batch was empty (no request ran)."""
+    return [r.step for r in records if empty_batch_reason(r)]
+
+
+def draw_timeline(ax, rows: list[str], spans: list[dict], *, steps: tuple[int, int], empty: list[int] = (),
+                  title: str = "") -> None:
+    """Draw ``request_spans`` output on ``ax`` over ``steps`` = (first, last), both drawn:
+    row i (top = first arrival) is rows[i]; step s is the column centred on tick s, as in the
+    step plot; a finish marker sits on the finishing step; empty batches are shaded columns."""
+    assign_colors(rows)
     y = {rid: len(rows) - 1 - i for i, rid in enumerate(rows)}
+    for step in empty:
+        ax.axvspan(step - 0.5, step + 0.5, color=STATE_COLORS["empty batch"], alpha=0.25, linewidth=0)
     for span in spans:
         row = y[span["request_id"]]
         width = span["end"] - span["start"]
+        left = span["start"] - 0.5
         colour = request_color(span["request_id"])
         kind = span["kind"]
         if kind == "waiting":
-            ax.barh(row, width, left=span["start"], height=0.35, color=STATE_COLORS["waiting"])
+            ax.barh(row, width, left=left, height=0.35, color=STATE_COLORS["waiting"])
         elif kind == "preempted":
-            ax.barh(row, width, left=span["start"], height=0.35, color="none",
+            ax.barh(row, width, left=left, height=0.35, color="none",
                     edgecolor=STATE_COLORS["preempted"], hatch="xxx", linewidth=0)
         elif kind == "decode":
-            ax.barh(row, width, left=span["start"], height=0.8, color=colour)
+            ax.barh(row, width, left=left, height=0.8, color=colour)
         elif kind in ("prefill", "recompute"):
-            ax.barh(row, width - 0.1, left=span["start"], height=0.8, color=colour, alpha=0.55,
-                    hatch="////" if kind == "prefill" else None,
-                    edgecolor=STATE_COLORS["preempted"] if kind == "recompute" else "black",
-                    linewidth=1.5 if kind == "recompute" else 0.3)
+            ax.barh(row, width - 0.1, left=left, height=0.8, color=colour, hatch=CHUNK_HATCH[kind],
+                    edgecolor="black", linewidth=0.3)
         elif kind == "finish":
-            ax.plot(span["end"] + 0.15, row, marker=FINISH_MARKERS.get(span["reason"], "o"), color="black",
-                    markersize=6, markeredgewidth=1.5, linestyle="none")
+            ax.plot(span["start"], row, marker=FINISH_MARKERS.get(span["reason"], "o"), color="black",
+                    markerfacecolor="white", markersize=7, markeredgewidth=1.5, linestyle="none", zorder=3)
     n = len(rows)
     every = max(1, n // 40)
     ax.set_yticks([y[r] for r in rows[::every]], rows[::every], fontsize=7 if n > 20 else 9)
     ax.set_ylim(-0.6, max(n, 1) - 0.4)
+    ax.set_xlim(steps[0] - 0.6, steps[1] + 0.6)
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(axis="x", alpha=0.3)
@@ -112,19 +125,17 @@ def draw_timeline(ax, rows: list[str], spans: list[dict], *, title: str = "") ->
 def timeline_legend(figure) -> None:
     handles = [
         Patch(color=STATE_COLORS["waiting"], label="waiting"),
-        Patch(facecolor="0.6", alpha=0.55, hatch="////", edgecolor="black", label="prefill chunk"),
-        Patch(facecolor="0.6", alpha=0.55, edgecolor=STATE_COLORS["preempted"], linewidth=1.5,
-              label="recompute chunk"),
-        Patch(color="0.6", label="decode"),
+        *chunk_handles(),
         Patch(facecolor="none", edgecolor=STATE_COLORS["preempted"], hatch="xxx", label="preempted"),
-    ] + [Line2D([], [], marker=m, color="black", linestyle="none", label=f"finished: {r}")
-         for r, m in FINISH_MARKERS.items()]
-    figure.legend(handles=handles, loc="outside lower center", ncols=8, fontsize="small")
+        Patch(color=STATE_COLORS["empty batch"], alpha=0.25, label="empty batch (nothing ran)"),
+    ] + [Line2D([], [], marker=m, color="black", markerfacecolor="white", linestyle="none",
+                label=f"finished: {r}") for r, m in FINISH_MARKERS.items()]
+    figure.legend(handles=handles, loc="outside lower center", ncols=5, fontsize="small")
 
 
 def timeline_height(num_rows: int) -> float:
     """Inches: 0.28 per row up to 30 rows, then 0.12 per row (100+ rows stay readable)."""
-    return 1.4 + (0.28 * num_rows if num_rows <= 30 else 8.4 + 0.12 * (num_rows - 30))
+    return 1.8 + (0.28 * num_rows if num_rows <= 30 else 8.4 + 0.12 * (num_rows - 30))
 
 
 class RequestTimeline(widgets.VBox):
@@ -135,6 +146,8 @@ class RequestTimeline(widgets.VBox):
 
     rows = traitlets.List()
     spans = traitlets.List()
+    pending = traitlets.List()  # requests added since the last step (no step has seen them)
+    step_range = traitlets.List()  # [first, last] recorded step drawn ([] before any)
     selected_request = traitlets.Unicode("")
 
     def __init__(self, source, *, tokenizer=None, width: float = 11.0, last: int | None = 200):
@@ -151,20 +164,27 @@ class RequestTimeline(widgets.VBox):
 
     def refresh(self) -> None:
         """Re-derive the rows from the history and redraw the ``last`` steps (None: all) and
-        the requests active in them."""
+        the requests active in them; requests added since the last step wait in the next
+        step's column."""
         records = self.source.records()
         rows, spans = request_spans(records)
-        title = "Requests by step (one colour per request)"
         if self.last and len(records) > self.last:
-            first = records[-self.last].step
+            records = records[-self.last:]
+            first = records[0].step
             spans = [dict(s, start=max(s["start"], first)) for s in spans if s["end"] > first]
             rows = [r for r in rows if any(s["request_id"] == r for s in spans)]
-            title += f", the last {self.last} steps"
-        self.rows, self.spans = rows, spans
+        pending = self.source.pending(set(rows))
+        last = records[-1].step if records else -1
+        spans += [{"request_id": rid, "kind": "waiting", "start": last + 1, "end": last + 2, "tokens": 0,
+                   "reason": ""} for rid in pending]
+        self.rows, self.spans, self.pending = rows + pending, spans, pending
+        self.step_range = [records[0].step, last] if records else []
         figure = new_figure(self.width, timeline_height(len(self.rows)))
         ax = figure.add_subplot()
         if self.rows:
-            draw_timeline(ax, self.rows, self.spans, title=title)
+            first = records[0].step if records else 0
+            draw_timeline(ax, self.rows, self.spans, steps=(first, last + 1 if pending else last),
+                          empty=empty_steps(records), title=self._title(records, pending))
             timeline_legend(figure)
         else:
             ax.set_title("no requests yet")
@@ -174,6 +194,17 @@ class RequestTimeline(widgets.VBox):
             self.picker.options = [("(pick a request)", "")] + [(r, r) for r in self.rows]
             self.picker.value = self.selected_request if self.selected_request in self.rows else ""
         self._describe()
+
+    def _title(self, records, pending: list[str]) -> str:
+        title = "Requests by step (one colour per request)"
+        if records:
+            title += f", steps {records[0].step}–{records[-1].step}"
+            if self.last and len(self.source.history) > len(records):
+                title += f" (the last {self.last})"
+        if pending:
+            title += f"; {', '.join(pending)} added, waiting for step {records[-1].step + 1 if records else 0}"
+        note = self.source.first_step_note()
+        return title + (f"\n{note}" if note and not (self.last and len(self.source.history) > len(records)) else "")
 
     def select_request(self, request_id: str) -> None:
         self.selected_request = request_id or ""
