@@ -166,3 +166,25 @@ def test_trace_export_command_writes_both_runs_of_a_saved_workload(tmp_path, cap
     assert sorted(read_requests(trace)) == ["real run (fcfs)", "simulated run (fcfs)"]
     assert cli_main(["trace", "export", str(tmp_path / "missing.json")]) == 2
     assert "missing.json" in capsys.readouterr().err
+
+
+def test_a_live_engine_history_nests_the_real_stages_and_ends_an_unfinished_request_with_the_run(tmp_path):
+    from workbench import LLMEngine
+    from workbench.engine.history import TIMING_STAGES
+
+    engine = LLMEngine(device="cpu", block_size=8, num_kv_blocks=16)
+    engine.add_request("r", "ROMEO:", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    engine.step()
+    engine.step()
+    trace = json.loads(engine.history.to_perfetto(tmp_path / "live.json").read_text())
+    check_trace_format(trace)
+    events = trace["traceEvents"]
+    for record in engine.history:
+        step = next(e for e in events if e["name"] == f"step {record.step}")
+        stages = [e for e in events if e.get("cat") == "stage" and step["ts"] <= e["ts"] < step["ts"] + step["dur"]]
+        assert [e["name"] for e in stages] == list(TIMING_STAGES)
+        assert [e["dur"] for e in stages] == pytest.approx([record.timings[s] * 1e6 for s in TIMING_STAGES],
+                                                           abs=2e-3)
+    end = next(e for e in events if e["ph"] == "E")
+    last = next(e for e in events if e["name"] == "step 1")
+    assert end["args"] == {"finished": False} and end["ts"] == pytest.approx(last["ts"] + last["dur"], abs=1e-3)

@@ -147,18 +147,20 @@ def trace_events(records: Iterable, *, pid: int = 1, name: str = "engine",
     beneficiaries = {(r.step, v): b for r in records for v, b in _beneficiaries(r).items()}
     flows = {key: pid * 1_000_000 + i  # (step, beneficiary) -> flow id, unique in the trace
              for i, key in enumerate(sorted(set((step, b) for (step, _), b in beneficiaries.items())))}
+    run_end = max(step_ends.values(), default=origin)
     for i, life in enumerate(lives):
-        events += _request_track(life, pid, ENGINE_TID + 1 + i, ts, placed, step_ends, beneficiaries, flows)
+        events += _request_track(life, pid, ENGINE_TID + 1 + i, ts, placed, step_ends, run_end, beneficiaries,
+                                 flows)
     return events
 
 
-def _request_track(life: _Life, pid: int, tid: int, ts, placed, step_ends, beneficiaries, flows) -> list[dict]:
-    """One request's track: see the module docstring."""
+def _request_track(life: _Life, pid: int, tid: int, ts, placed, step_ends, run_end: float, beneficiaries,
+                   flows) -> list[dict]:
+    """One request's track (see the module docstring); an unfinished request's ends with the run."""
     a = life.arrived
     rid = a.request_id
     finish = next((e for e in life.events if isinstance(e, RequestFinished)), None)
-    last = max([step_ends[s] for s in step_ends], default=a.time)
-    end_time = finish.time if finish is not None else max(last, a.time)
+    end_time = finish.time if finish is not None else max(run_end, a.time)
 
     def slice_(name, begin, stop, cat, **args):
         begin, stop = max(begin, a.time), min(stop, end_time)
