@@ -22,7 +22,7 @@ import html
 import os
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
 from workbench.engine.engine_core_request import EngineCoreRequest
@@ -187,12 +187,17 @@ class AsyncLLM:
     async def process_inputs(
         self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, *,
         priority: int = 0, tokenization_kwargs: dict[str, Any] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> EngineCoreRequest:
         """``InputProcessor.process_inputs`` on the input thread (raises its ValueError)."""
         return await self.run_input(
             self.input_processor.process_inputs, request_id, prompt, params,
-            priority=priority, tokenization_kwargs=tokenization_kwargs,
+            priority=priority, tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
         )
+
+    def is_tracing_enabled(self) -> bool:
+        """Whether the engine sends request spans (``otlp_traces_endpoint``; vLLM's name)."""
+        return self.engine.is_tracing_enabled()
 
     async def render_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
         """``InputProcessor.render_chat`` on the input thread (raises its ValueError)."""

@@ -31,6 +31,7 @@ from workbench.engine.parallel_sampling import ParentRequest
 from workbench.engine.replay import RunResult, drive
 from workbench.request import RequestStatus
 from workbench.metrics.request_tracker import RequestTracker
+from workbench.metrics.tracing import RequestTracer, log_tracing_disabled_warning
 from workbench.worker.model_runner import ModelRunner
 from workbench.worker.runner_protocol import Runner, RunnerFactory
 from workbench.sampling_params import SamplingParams
@@ -145,6 +146,12 @@ class LLMEngine:
         self._step_end: float | None = None  # when the last step left unfinished work (perf_counter)
         #: How a driver waits for requests: keeping a CPU's worker threads awake (workbench.engine.idle).
         self.idle = IdleWaiter(self.device, config.keep_warm_s)
+        #: The OpenTelemetry request tracer (``otlp_traces_endpoint``), else None: no cost per step.
+        self.tracer: RequestTracer | None = None
+        if config.otlp_traces_endpoint:
+            self.tracer = RequestTracer.from_endpoint(
+                config.otlp_traces_endpoint, config.model or model_path.name, self.clock,
+                collect_detailed_traces=config.collect_detailed_traces)
 
     @classmethod
     def from_engine_args(
@@ -215,6 +222,11 @@ class LLMEngine:
         except ValueError:
             self.output_processor.discard(request.request_id)
             raise
+        if self.tracer is not None:
+            self.tracer.add_request(request.request_id, [c.request_id for c in parent.children],
+                                    request.sampling_params, request.trace_headers)
+        elif request.trace_headers:
+            log_tracing_disabled_warning()
 
     def abort_request(self, request_id: str | Iterable[str], *, report: bool = True) -> None:
         """Abort requests (by the id given to add_request) in any state; frees their blocks.
@@ -244,6 +256,10 @@ class LLMEngine:
     def get_unfinished_request_ids(self) -> list[str]:
         """The ids (as given to ``add_request``) of every request not finished yet."""
         return list(self.output_processor.parents)
+
+    def is_tracing_enabled(self) -> bool:
+        """Whether finished requests become OpenTelemetry spans (vLLM's name)."""
+        return self.tracer is not None
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached block's hash (only possible while no request holds blocks)."""
@@ -341,6 +357,8 @@ class LLMEngine:
         )
         self.history.append(record)
         self.request_tracker.consume(record.request_events)
+        if self.tracer is not None:
+            self.tracer.consume(record)
         return record
 
     # ------------------------------------------------------------ research layer
