@@ -37,6 +37,7 @@ NON_DEFAULT = {
     "max_history": ("12", 12),
     "log_stats_interval": ("1.5", 1.5),
     "otlp_traces_endpoint": ("http://127.0.0.1:4318/v1/traces", "http://127.0.0.1:4318/v1/traces"),
+    "torch_profiler_dir": ("/tmp/profiles", "/tmp/profiles"),
 }
 #: Options valid only with another (here: with otlp_traces_endpoint), parsed all at once.
 DEPENDENT = {"collect_detailed_traces": ("all", "all")}
@@ -115,5 +116,5 @@ def test_invalid_values_are_refused_by_the_parser_or_the_class():
 def test_repr_names_the_engine_config():
     text = repr(EngineArgs(block_size=8))
     assert text.startswith("EngineConfig(model=None, tokenizer=None, dtype='auto',")
-    assert ", block_size=8," in text and text.endswith("log_stats_interval=5.0, otlp_traces_endpoint=None, collect_detailed_traces=None)")
+    assert ", block_size=8," in text and text.endswith("log_stats_interval=5.0, otlp_traces_endpoint=None, collect_detailed_traces=None, torch_profiler_dir=None)")
     assert "EngineConfig" in EngineArgs()._repr_html_()

@@ -105,6 +105,9 @@ class EngineArgs:
         None, "with otlp_traces_endpoint: add the scheduling decisions as span events and the "
         "model forward ('model'), execute ('worker') or both ('all') times as attributes",
         choices=list(DETAILED_TRACE_MODULES))
+    torch_profiler_dir: str | None = option(
+        None, "directory of start_profile()'s torch.profiler traces; also enables the server's "
+        "/start_profile and /stop_profile (vLLM's VLLM_TORCH_PROFILER_DIR)")
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

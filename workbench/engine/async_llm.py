@@ -195,6 +195,14 @@ class AsyncLLM:
             priority=priority, tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
         )
 
+    async def start_profile(self) -> None:
+        """``LLMEngine.start_profile()`` on the engine thread, between two steps."""
+        await self.call(self.engine.start_profile)
+
+    async def stop_profile(self):
+        """``LLMEngine.stop_profile()`` on the engine thread; the trace's path."""
+        return await self.call(self.engine.stop_profile)
+
     def is_tracing_enabled(self) -> bool:
         """Whether the engine sends request spans (``otlp_traces_endpoint``; vLLM's name)."""
         return self.engine.is_tracing_enabled()

@@ -146,6 +146,8 @@ class LLMEngine:
         self._step_end: float | None = None  # when the last step left unfinished work (perf_counter)
         #: How a driver waits for requests: keeping a CPU's worker threads awake (workbench.engine.idle).
         self.idle = IdleWaiter(self.device, config.keep_warm_s)
+        #: The latest :class:`~workbench.engine.profiler.EngineProfiler` (start_profile), else None.
+        self.profiler = None
         #: The OpenTelemetry request tracer (``otlp_traces_endpoint``), else None: no cost per step.
         self.tracer: RequestTracer | None = None
         if config.otlp_traces_endpoint:
@@ -256,6 +258,28 @@ class LLMEngine:
     def get_unfinished_request_ids(self) -> list[str]:
         """The ids (as given to ``add_request``) of every request not finished yet."""
         return list(self.output_processor.parents)
+
+    def start_profile(self, directory: str | None = None) -> None:
+        """Start ``torch.profiler`` over the following steps, the engine's stages as ranges
+        (see :mod:`workbench.engine.profiler`); ``directory`` (default ``torch_profiler_dir``)
+        receives the trace at :meth:`stop_profile`."""
+        from workbench.engine.profiler import EngineProfiler
+
+        directory = directory or self.config.torch_profiler_dir
+        if directory is None:
+            raise ValueError("start_profile: no trace directory: set torch_profiler_dir "
+                             "(--torch-profiler-dir) or pass start_profile(directory=...).")
+        if self.profiler is not None and self.profiler.is_running:
+            raise RuntimeError("The profiler is already running: stop_profile() first.")
+        self.profiler = EngineProfiler(self, directory)
+        self.profiler.start()
+
+    def stop_profile(self):
+        """Stop the profiler; write its trace (the torch profile beside the profiled steps'
+        engine timeline) and print the top operators. Returns the trace's path."""
+        if self.profiler is None or not self.profiler.is_running:
+            raise RuntimeError("The profiler is not running: start_profile() first.")
+        return self.profiler.stop()
 
     def is_tracing_enabled(self) -> bool:
         """Whether finished requests become OpenTelemetry spans (vLLM's name)."""

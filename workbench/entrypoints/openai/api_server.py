@@ -3,7 +3,8 @@
 Endpoints: ``POST /v1/completions`` (completion.py), ``POST /v1/chat/completions`` (chat.py),
 both JSON or SSE (``stream: true``: ``data: {json}\\n\\n`` chunks ending ``data: [DONE]\\n\\n``);
 ``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize`` (tokenization.py); ``GET /health``;
-``GET /metrics`` (vLLM's ``vllm:`` series from the engine's PrometheusStatLogger). Errors are
+``GET /metrics`` (vLLM's ``vllm:`` series from the engine's PrometheusStatLogger); with
+``torch_profiler_dir``, ``POST /start_profile`` and ``POST /stop_profile``. Errors are
 OpenAI-shaped (errors.py). A client that disconnects has its request aborted (blocks freed).
 """
 
@@ -100,6 +101,30 @@ def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | None = Non
     async def show_metrics() -> Response:
         return PlainTextResponse(generate_latest(metrics.registry),
                                  media_type=CONTENT_TYPE_LATEST)
+
+    if async_llm.engine.config.torch_profiler_dir:
+        logger.warning("Torch profiler enabled: /start_profile and /stop_profile write traces to %s",
+                       async_llm.engine.config.torch_profiler_dir)
+
+        @app.post("/start_profile")
+        async def start_profile() -> Response:
+            logger.info("Starting profiler...")
+            try:
+                await async_llm.start_profile()
+            except RuntimeError as exc:  # already running
+                return error_response(400, str(exc))
+            logger.info("Profiler started.")
+            return Response(status_code=200)
+
+        @app.post("/stop_profile")
+        async def stop_profile() -> Response:
+            logger.info("Stopping profiler...")
+            try:
+                path = await async_llm.stop_profile()
+            except RuntimeError as exc:  # not running
+                return error_response(400, str(exc))
+            logger.info("Profiler stopped: %s", path)
+            return Response(status_code=200)
 
     return app
 
