@@ -105,6 +105,8 @@ class EngineArgs:
         None, "with otlp_traces_endpoint: add the scheduling decisions as span events and the "
         "model forward ('model'), execute ('worker') or both ('all') times as attributes",
         choices=list(DETAILED_TRACE_MODULES))
+    enable_sleep_mode: bool = option(
+        False, "allow sleep(level) / wake_up(tags): free the weights and KV cache between uses")
     torch_profiler_dir: str | None = option(
         None, "directory of start_profile()'s torch.profiler traces; also enables the server's "
         "/start_profile and /stop_profile (vLLM's VLLM_TORCH_PROFILER_DIR)")

@@ -195,6 +195,16 @@ class AsyncLLM:
             priority=priority, tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
         )
 
+    async def sleep(self, level: int = 1) -> None:
+        """``LLMEngine.sleep(level)`` on the engine thread, between two steps."""
+        await self.call(lambda: self.engine.sleep(level))
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        await self.call(lambda: self.engine.wake_up(tags))
+
+    async def is_sleeping(self) -> bool:
+        return await self.call(self.engine.is_sleeping)
+
     async def start_profile(self) -> None:
         """``LLMEngine.start_profile()`` on the engine thread, between two steps."""
         await self.call(self.engine.start_profile)
