@@ -127,6 +127,8 @@ class AsyncLLM:
         self.engine = engine
         #: The model's facts (max_model_len, vocab_size, path): read them from any thread.
         self.model_config = engine.model_config
+        #: The engine's configuration (its own copy, never changed): read it from any thread.
+        self.config = engine.config
         #: The engine's input processor, from now on used by the input thread (the engine
         #: thread gets processed requests); its tokenizer is shared with the detokenizer.
         self.input_processor = engine.input_processor
@@ -203,19 +205,20 @@ class AsyncLLM:
         await self.call(lambda: self.engine.wake_up(tags))
 
     async def is_sleeping(self) -> bool:
-        return await self.call(self.engine.is_sleeping)
+        return await self.call(lambda: self.engine.is_sleeping())
 
     async def start_profile(self) -> None:
         """``LLMEngine.start_profile()`` on the engine thread, between two steps."""
-        await self.call(self.engine.start_profile)
+        await self.call(lambda: self.engine.start_profile())
 
     async def stop_profile(self):
         """``LLMEngine.stop_profile()`` on the engine thread; the trace's path."""
-        return await self.call(self.engine.stop_profile)
+        return await self.call(lambda: self.engine.stop_profile())
 
     def is_tracing_enabled(self) -> bool:
-        """Whether the engine sends request spans (``otlp_traces_endpoint``; vLLM's name)."""
-        return self.engine.is_tracing_enabled()
+        """Whether the engine sends request spans (``otlp_traces_endpoint``; vLLM's name), read
+        from the config, off the engine thread."""
+        return bool(self.config.otlp_traces_endpoint)
 
     async def render_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
         """``InputProcessor.render_chat`` on the input thread (raises its ValueError)."""

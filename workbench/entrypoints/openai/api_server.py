@@ -107,9 +107,9 @@ def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | None = Non
     if os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
         _add_dev_endpoints(app, async_llm)
 
-    if async_llm.engine.config.torch_profiler_dir:
+    if async_llm.config.torch_profiler_dir:
         logger.warning("Torch profiler enabled: /start_profile and /stop_profile write traces to %s",
-                       async_llm.engine.config.torch_profiler_dir)
+                       async_llm.config.torch_profiler_dir)
 
         @app.post("/start_profile")
         async def start_profile() -> Response:
