@@ -208,11 +208,10 @@ def _request_track(life: _Life, pid: int, tid: int, ts, placed, step_ends, run_e
         elif isinstance(e, RequestPreempted):
             close_decode()
             wait_from, wait_name, lost = e.time, "preempted", e.num_computed_tokens
-            flow = {"ph": "s", "pid": pid, "tid": tid, "name": "preemption", "cat": "preemption",
-                    "ts": ts(e.time)}
             beneficiary = beneficiaries.get((e.step, rid))
             if beneficiary is not None:
-                out.append({**flow, "id": flows[(e.step, beneficiary)]})
+                out.append({"ph": "s", "pid": pid, "tid": tid, "name": "preemption", "cat": "preemption",
+                            "id": flows[(e.step, beneficiary)], "ts": ts(e.time)})
         elif isinstance(e, RequestFirstToken):
             out.append({"ph": "i", "s": "t", "pid": pid, "tid": tid, "name": "first token", "cat": "token",
                         "ts": ts(e.time)})
@@ -226,8 +225,10 @@ def _request_track(life: _Life, pid: int, tid: int, ts, placed, step_ends, run_e
         out.append(slice_(wait_name, wait_from, end_time, wait_name))
     out.append({"ph": "E", "pid": pid, "tid": tid, "name": f"request {rid}", "cat": "request",
                 "ts": ts(end_time), "args": {"finished": finish is not None}})
+    # Time order; at one instant the span opens first and closes last, and of two sibling
+    # slices the shorter (a zero-length wait) comes before the one it precedes.
     rank = {"M": -1, "B": 0, "X": 1, "s": 2, "f": 2, "i": 2, "E": 3}
-    out.sort(key=lambda ev: (ev["ph"] != "M", ev.get("ts", 0.0), rank[ev["ph"]], -ev.get("dur", 0.0)))
+    out.sort(key=lambda ev: (ev["ph"] != "M", ev.get("ts", 0.0), rank[ev["ph"]], ev.get("dur", 0.0)))
     return out
 
 
