@@ -36,8 +36,12 @@ NON_DEFAULT = {
     "max_logprobs": ("5", 5),
     "max_history": ("12", 12),
     "log_stats_interval": ("1.5", 1.5),
+    "otlp_traces_endpoint": ("http://127.0.0.1:4318/v1/traces", "http://127.0.0.1:4318/v1/traces"),
+    "torch_profiler_dir": ("/tmp/profiles", "/tmp/profiles"),
 }
-BOOLEANS = ("enable_prefix_caching", "enable_chunked_prefill", "batch_invariant", "log_stats")
+#: Options valid only with another (here: with otlp_traces_endpoint), parsed all at once.
+DEPENDENT = {"collect_detailed_traces": ("all", "all")}
+BOOLEANS = ("enable_prefix_caching", "enable_chunked_prefill", "batch_invariant", "log_stats", "enable_sleep_mode")
 
 
 def flag(name: str) -> str:
@@ -56,7 +60,7 @@ def test_one_class_under_both_names():
 
 
 def test_every_option_is_in_this_table():
-    assert {f.name for f in fields(EngineArgs)} == set(NON_DEFAULT) | set(BOOLEANS)
+    assert {f.name for f in fields(EngineArgs)} == set(NON_DEFAULT) | set(DEPENDENT) | set(BOOLEANS)
 
 
 def test_no_flags_give_the_defaults():
@@ -80,9 +84,9 @@ def test_each_boolean_parses_both_ways(name):
 
 
 def test_all_flags_at_once_round_trip_and_make_the_engine_config():
-    argv = [a for name, (text, _) in NON_DEFAULT.items() for a in (flag(name), text)]
+    argv = [a for name, (text, _) in {**NON_DEFAULT, **DEPENDENT}.items() for a in (flag(name), text)]
     argv += ["--no-enable-prefix-caching", "--batch-invariant"]
-    expected = EngineArgs(**{name: value for name, (_, value) in NON_DEFAULT.items()},
+    expected = EngineArgs(**{name: value for name, (_, value) in {**NON_DEFAULT, **DEPENDENT}.items()},
                           enable_prefix_caching=False, batch_invariant=True)
     args = parse(argv)
     assert args == expected
@@ -112,5 +116,5 @@ def test_invalid_values_are_refused_by_the_parser_or_the_class():
 def test_repr_names_the_engine_config():
     text = repr(EngineArgs(block_size=8))
     assert text.startswith("EngineConfig(model=None, tokenizer=None, dtype='auto',")
-    assert ", block_size=8," in text and text.endswith("log_stats_interval=5.0)")
+    assert ", block_size=8," in text and text.endswith("log_stats_interval=5.0, otlp_traces_endpoint=None, collect_detailed_traces=None, enable_sleep_mode=False, torch_profiler_dir=None)")
     assert "EngineConfig" in EngineArgs()._repr_html_()

@@ -20,6 +20,10 @@ from typing import Any
 from workbench.utils.reprs import html_table
 
 
+#: vLLM's ``collect_detailed_traces`` choices.
+DETAILED_TRACE_MODULES = ("model", "worker", "all")
+
+
 def option(default: Any, help: str, **cli: Any) -> Any:
     """A config field with its help text (``EngineArgs.add_cli_args`` turns it into a flag;
     ``cli`` adds argparse settings such as ``choices``)."""
@@ -93,6 +97,19 @@ class EngineArgs:
     max_history: int = option(10_000, "StepRecords kept in engine.history")
     log_stats: bool = option(False, "log vLLM's periodic stats line")
     log_stats_interval: float = option(5.0, "seconds between two stats lines")
+    otlp_traces_endpoint: str | None = option(
+        None, "send an OpenTelemetry span per finished request (vLLM's llm_request) to this OTLP "
+        "endpoint, e.g. http://127.0.0.1:4318/v1/traces (HTTP/protobuf; "
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc for gRPC)")
+    collect_detailed_traces: str | None = option(
+        None, "with otlp_traces_endpoint: add the scheduling decisions as span events and the "
+        "model forward ('model'), execute ('worker') or both ('all') times as attributes",
+        choices=list(DETAILED_TRACE_MODULES))
+    enable_sleep_mode: bool = option(
+        False, "allow sleep(level) / wake_up(tags): free the weights and KV cache between uses")
+    torch_profiler_dir: str | None = option(
+        None, "directory of start_profile()'s torch.profiler traces; also enables the server's "
+        "/start_profile and /stop_profile (vLLM's VLLM_TORCH_PROFILER_DIR)")
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -126,6 +143,12 @@ class EngineArgs:
             )
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}.")
+        if self.collect_detailed_traces is not None:
+            if self.collect_detailed_traces not in DETAILED_TRACE_MODULES:
+                raise ValueError(f"collect_detailed_traces must be one of {list(DETAILED_TRACE_MODULES)}, "
+                                 f"got {self.collect_detailed_traces!r}.")
+            if not self.otlp_traces_endpoint:
+                raise ValueError("collect_detailed_traces requires `--otlp-traces-endpoint` to be set.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."

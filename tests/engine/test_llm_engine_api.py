@@ -95,7 +95,7 @@ def test_add_request_takes_vllms_positional_order(llm):
         (dict(lora_request=object()), "lora_request"),
         (dict(priority=1), r"priority: got 1, but the scheduling policy 'fcfs' ignores"),
         (dict(tokenization_kwargs={"truncation": True}), r"unsupported keys \['truncation'\]"),
-        (dict(trace_headers={"traceparent": "x"}), "trace_headers"),
+        (dict(trace_headers={"traceparent": 1}), "trace_headers must be a mapping of header names to strings"),
     ]:
         with pytest.raises(ValueError, match=match):
             engine.add_request("bad", PROMPTS[1], greedy(2), **bad)

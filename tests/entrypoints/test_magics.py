@@ -142,3 +142,18 @@ def test_serve_from_a_notebook_then_stop(shell, capsys):
     capsys.readouterr()
     shell.run_line_magic("llm", "generate --max-tokens 3 ROMEO:")  # the engine is ours again
     assert capsys.readouterr().out.startswith("ROMEO:")
+
+
+def test_profile_n_steps_writes_a_trace_and_prints_the_top_operators(shell, tmp_path, capsys):
+    import json
+
+    engine = shell.user_ns["eng"]
+    shell.run_line_magic("llm", "add ROMEO: --max-tokens 4")
+    first = engine.scheduler.step_count
+    path = shell.run_line_magic("llm", f"profile 2 --dir {tmp_path}")
+    assert "Self CPU" in capsys.readouterr().out
+    names = {e.get("name") for e in json.loads(path.read_text())["traceEvents"]}
+    assert {f"step {first}", f"step {first + 1}", "forward"} <= names and f"step {first + 2}" not in names
+    with pytest.raises(UsageError, match="N must be >= 1"):
+        shell.run_line_magic("llm", "profile 0")
+    shell.run_line_magic("llm", "run")

@@ -22,7 +22,7 @@ import html
 import os
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
 from workbench.engine.engine_core_request import EngineCoreRequest
@@ -127,6 +127,8 @@ class AsyncLLM:
         self.engine = engine
         #: The model's facts (max_model_len, vocab_size, path): read them from any thread.
         self.model_config = engine.model_config
+        #: The engine's configuration (its own copy, never changed): read it from any thread.
+        self.config = engine.config
         #: The engine's input processor, from now on used by the input thread (the engine
         #: thread gets processed requests); its tokenizer is shared with the detokenizer.
         self.input_processor = engine.input_processor
@@ -187,12 +189,36 @@ class AsyncLLM:
     async def process_inputs(
         self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, *,
         priority: int = 0, tokenization_kwargs: dict[str, Any] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> EngineCoreRequest:
         """``InputProcessor.process_inputs`` on the input thread (raises its ValueError)."""
         return await self.run_input(
             self.input_processor.process_inputs, request_id, prompt, params,
-            priority=priority, tokenization_kwargs=tokenization_kwargs,
+            priority=priority, tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
         )
+
+    async def sleep(self, level: int = 1) -> None:
+        """``LLMEngine.sleep(level)`` on the engine thread, between two steps."""
+        await self.call(lambda: self.engine.sleep(level))
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        await self.call(lambda: self.engine.wake_up(tags))
+
+    async def is_sleeping(self) -> bool:
+        return await self.call(lambda: self.engine.is_sleeping())
+
+    async def start_profile(self) -> None:
+        """``LLMEngine.start_profile()`` on the engine thread, between two steps."""
+        await self.call(lambda: self.engine.start_profile())
+
+    async def stop_profile(self):
+        """``LLMEngine.stop_profile()`` on the engine thread; the trace's path."""
+        return await self.call(lambda: self.engine.stop_profile())
+
+    def is_tracing_enabled(self) -> bool:
+        """Whether the engine sends request spans (``otlp_traces_endpoint``; vLLM's name), read
+        from the config, off the engine thread."""
+        return bool(self.config.otlp_traces_endpoint)
 
     async def render_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
         """``InputProcessor.render_chat`` on the input thread (raises its ValueError)."""

@@ -28,3 +28,5 @@ class EngineCoreRequest:
     #: In the engine's ``clock`` seconds; None: the moment the engine queues it.
     arrival_time: float | None = None
     priority: int = 0
+    #: The caller's W3C trace context (``traceparent``, ``tracestate``) the request's span continues.
+    trace_headers: dict[str, str] | None = None

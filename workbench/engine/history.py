@@ -16,6 +16,7 @@ from workbench.core.kv_events import KVEvent
 from workbench.core.kv_state import KVReplay, KVState
 from workbench.core.request_events import RequestEvent
 from workbench.core.sched.output import SchedulerOutput
+from workbench.metrics.perfetto import write_trace
 from workbench.metrics.stats import SchedulerStats
 
 #: The stages of a step whose wall time a StepRecord keeps (seconds); together they are the
@@ -266,6 +267,11 @@ class StepHistory:
 
         frame = pd.DataFrame([r.to_row() for r in self._records])
         return frame.set_index("step") if len(frame) else frame
+
+    def to_perfetto(self, path, name: str = "engine"):
+        """Write the kept steps as a Chrome trace-event JSON file that ui.perfetto.dev and
+        chrome://tracing open (one process ``name``; see :mod:`workbench.metrics.perfetto`)."""
+        return write_trace(path, [(name, self)], stages=TIMING_STAGES)
 
     def __repr__(self) -> str:
         return f"StepHistory({len(self)} steps)"

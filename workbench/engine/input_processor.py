@@ -9,6 +9,7 @@ from typing import Any, Union
 
 from workbench.core.sched.request_queue import FCFSPolicy, SchedulingPolicy
 from workbench.engine.engine_core_request import EngineCoreRequest
+from workbench.metrics.tracing import check_trace_headers
 from workbench.sampling_params import SamplingParams, check_logprobs
 
 #: A prompt as vLLM accepts it: text, a list of token ids, or {"prompt_token_ids": [...]} / {"prompt": "..."}.
@@ -69,8 +70,7 @@ class InputProcessor:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}.")
         if lora_request is not None:
             raise ValueError("lora_request: LoRA adapters are not supported by this engine.")
-        if trace_headers:
-            raise ValueError("trace_headers: tracing is not supported by this engine.")
+        trace_headers = check_trace_headers(trace_headers)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}.")
         if priority != 0 and not self.policy.uses_priority:
@@ -90,7 +90,7 @@ class InputProcessor:
                 params, stop_token_ids=params.stop_token_ids + self._extra_eos_ids
             )
         return EngineCoreRequest(request_id, text, token_ids, params, self.eos_token_id,
-                                 arrival_time=arrival_time, priority=priority)
+                                 arrival_time=arrival_time, priority=priority, trace_headers=trace_headers)
 
     def process(
         self, prompt: PromptType, params: SamplingParams, *, add_special_tokens: bool = True

@@ -31,7 +31,10 @@ from workbench.engine.parallel_sampling import ParentRequest
 from workbench.engine.replay import RunResult, drive
 from workbench.request import RequestStatus
 from workbench.metrics.request_tracker import RequestTracker
+from workbench.metrics.tracing import RequestTracer, log_tracing_disabled_warning
 from workbench.worker.model_runner import ModelRunner
+from workbench.worker.sleep_mode import TAGS as SLEEP_TAGS
+from workbench.worker.sleep_mode import SleepMode
 from workbench.worker.runner_protocol import Runner, RunnerFactory
 from workbench.sampling_params import SamplingParams
 from workbench.metrics.stats import IterationStats, LoggingStatLogger, SchedulerStats, StatLoggerBase
@@ -145,6 +148,16 @@ class LLMEngine:
         self._step_end: float | None = None  # when the last step left unfinished work (perf_counter)
         #: How a driver waits for requests: keeping a CPU's worker threads awake (workbench.engine.idle).
         self.idle = IdleWaiter(self.device, config.keep_warm_s)
+        #: The runner's :class:`~workbench.worker.sleep_mode.SleepMode` once it first slept.
+        self.sleep_mode: SleepMode | None = None
+        #: The latest :class:`~workbench.engine.profiler.EngineProfiler` (start_profile), else None.
+        self.profiler = None
+        #: The OpenTelemetry request tracer (``otlp_traces_endpoint``), else None: no cost per step.
+        self.tracer: RequestTracer | None = None
+        if config.otlp_traces_endpoint:
+            self.tracer = RequestTracer.from_endpoint(
+                config.otlp_traces_endpoint, config.model or model_path.name, self.clock,
+                collect_detailed_traces=config.collect_detailed_traces)
 
     @classmethod
     def from_engine_args(
@@ -191,6 +204,8 @@ class LLMEngine:
         child sequences ``"{i}_{request_id}"`` reported as one RequestOutput
         (see :class:`~workbench.engine.parallel_sampling.ParentRequest`).
         """
+        if self.is_sleeping():
+            raise ValueError("The engine is sleeping: wake_up() before adding requests.")
         if isinstance(prompt, EngineCoreRequest):
             if request_id != prompt.request_id:
                 raise ValueError(f"request_id {request_id!r} differs from the EngineCoreRequest's "
@@ -215,6 +230,11 @@ class LLMEngine:
         except ValueError:
             self.output_processor.discard(request.request_id)
             raise
+        if self.tracer is not None:
+            self.tracer.add_request(request.request_id, [c.request_id for c in parent.children],
+                                    request.sampling_params, request.trace_headers)
+        elif request.trace_headers:
+            log_tracing_disabled_warning()
 
     def abort_request(self, request_id: str | Iterable[str], *, report: bool = True) -> None:
         """Abort requests (by the id given to add_request) in any state; frees their blocks.
@@ -244,6 +264,65 @@ class LLMEngine:
     def get_unfinished_request_ids(self) -> list[str]:
         """The ids (as given to ``add_request``) of every request not finished yet."""
         return list(self.output_processor.parents)
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode (``enable_sleep_mode``): level 1 keeps the weights in host memory
+        and frees the KV cache, level 2 frees both (see :mod:`workbench.worker.sleep_mode`).
+        The prefix cache is reset first, which needs every request finished or aborted
+        (RuntimeError otherwise, nothing changed). Asleep already: a warning, nothing done."""
+        if not self.config.enable_sleep_mode:
+            raise ValueError("Sleep mode is not enabled: create the engine with enable_sleep_mode=True "
+                             "(--enable-sleep-mode).")
+        if level not in (1, 2):
+            raise ValueError(f"level must be 1 or 2, got {level!r}.")
+        if self.is_sleeping():
+            logger.warning("Executor is already sleeping.")
+            return
+        if self.has_unfinished_requests() or not self.reset_prefix_cache():
+            raise RuntimeError(
+                "Failed to reset prefix cache because some blocks "
+                f"({self.kv_cache.num_blocks - self.kv_cache.num_free_blocks}) are not freed yet: sleep() "
+                f"needs every request finished or aborted ({self.get_num_unfinished_requests()} in flight).")
+        if self.sleep_mode is None:
+            self.sleep_mode = SleepMode(self.runner, load_format=self.config.load_format, seed=self.config.seed)
+        self.sleep_mode.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Wake what sleeps: ``tags`` "weights", "kv_cache" or both (None), in any order."""
+        unknown = sorted(set(tags or ()) - set(SLEEP_TAGS))
+        if unknown:
+            raise ValueError(f"tags: unknown {unknown}; known: {list(SLEEP_TAGS)}.")
+        if self.sleep_mode is not None:
+            self.sleep_mode.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.sleep_mode is not None and self.sleep_mode.is_sleeping
+
+    def start_profile(self, directory: str | None = None) -> None:
+        """Start ``torch.profiler`` over the following steps, the engine's stages as ranges
+        (see :mod:`workbench.engine.profiler`); ``directory`` (default ``torch_profiler_dir``)
+        receives the trace at :meth:`stop_profile`."""
+        from workbench.engine.profiler import EngineProfiler
+
+        directory = directory or self.config.torch_profiler_dir
+        if directory is None:
+            raise ValueError("start_profile: no trace directory: set torch_profiler_dir "
+                             "(--torch-profiler-dir) or pass start_profile(directory=...).")
+        if self.profiler is not None and self.profiler.is_running:
+            raise RuntimeError("The profiler is already running: stop_profile() first.")
+        self.profiler = EngineProfiler(self, directory)
+        self.profiler.start()
+
+    def stop_profile(self):
+        """Stop the profiler; write its trace (the torch profile beside the profiled steps'
+        engine timeline) and print the top operators. Returns the trace's path."""
+        if self.profiler is None or not self.profiler.is_running:
+            raise RuntimeError("The profiler is not running: start_profile() first.")
+        return self.profiler.stop()
+
+    def is_tracing_enabled(self) -> bool:
+        """Whether finished requests become OpenTelemetry spans (vLLM's name)."""
+        return self.tracer is not None
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached block's hash (only possible while no request holds blocks)."""
@@ -341,6 +420,8 @@ class LLMEngine:
         )
         self.history.append(record)
         self.request_tracker.consume(record.request_events)
+        if self.tracer is not None:
+            self.tracer.consume(record)
         return record
 
     # ------------------------------------------------------------ research layer

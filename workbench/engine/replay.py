@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from workbench.config import EngineConfig
-from workbench.engine.history import StepHistory
+from workbench.engine.history import TIMING_STAGES, StepHistory
+from workbench.metrics.perfetto import write_trace
 from workbench.metrics.request_tracker import RequestTracker
 from workbench.sampling_params import SamplingParams
 from workbench.utils.heap import frozen_heap
@@ -119,6 +120,18 @@ class RunResult:
         out["num_recomputed_tokens"] = int(frame["num_recomputed_tokens"].sum()) if len(frame) else 0
         out["prefix_hit_rate"] = self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
         return out
+
+    def to_perfetto(self, path, *others: RunResult):
+        """Write this run, and ``others`` (e.g. the simulated run of the same workload) beside it,
+        as one Chrome trace-event JSON file: one process per run, each from time 0 (see
+        :mod:`workbench.metrics.perfetto`). Returns the path."""
+        runs, names = [], set()
+        for i, run in enumerate((self, *others)):
+            name = f"{'simulated' if run.simulated else 'real'} run ({run.policy})"
+            name = name if name not in names else f"{name} #{i + 1}"
+            names.add(name)
+            runs.append((name, run.history))
+        return write_trace(path, runs, stages=TIMING_STAGES)
 
     def __repr__(self) -> str:
         s = self.summary()

@@ -83,6 +83,28 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trace_export(args: argparse.Namespace) -> int:
+    """Run a saved workload (real, simulated or both) and write its Perfetto trace."""
+    from workbench.lab.compare import run_workload
+    from workbench.lab.sim import simulate
+    from workbench.lab.workload import Workload
+
+    try:
+        workload = Workload.load(args.workload)
+        config = EngineArgs.from_cli_args(args).create_engine_config()
+        runs = []
+        if args.run in ("real", "both"):
+            runs.append(run_workload(workload, config))
+        if args.run in ("simulated", "both"):
+            runs.append(simulate(workload, config, args.cost_model))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    path = runs[0].to_perfetto(args.output, *runs[1:])
+    print(f"wrote {path}: open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="workbench",
@@ -148,6 +170,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim_commands.add_simulate_arguments(simulate)
     simulate.set_defaults(func=sim_commands.simulate_main)
+
+    trace = sub.add_parser("trace", help="timelines for Perfetto: 'trace export WORKLOAD.json'")
+    trace_sub = trace.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+    export = trace_sub.add_parser(
+        "export", help="run a saved workload and write its Chrome trace-event JSON",
+        description="Runs a Workload JSON (Workload.save) on the engine the flags describe -- for real, "
+                    "simulated, or both as two processes of one trace -- and writes the trace that "
+                    "ui.perfetto.dev and chrome://tracing open.",
+    )
+    export.add_argument("workload", metavar="WORKLOAD.json", help="a Workload JSON (Workload.save)")
+    export.add_argument("--output", "-o", default="trace.json", help="the trace file (default trace.json)")
+    export.add_argument("--run", choices=["real", "simulated", "both"], default="real",
+                        help="which runs to trace (default real)")
+    export.add_argument("--cost-model", default=None,
+                        help="the simulated run's cost model JSON (default: the shipped CPU calibration)")
+    EngineArgs.add_cli_args(export)
+    export.set_defaults(func=_trace_export)
     return parser
 
 

@@ -29,7 +29,7 @@ from workbench.config import EngineConfig
 from workbench.config import EngineArgs
 from workbench.sampling_params import SamplingParams
 
-DRIVING_COMMANDS = ("load", "generate", "chat", "add", "step", "run", "replay")
+DRIVING_COMMANDS = ("load", "generate", "chat", "add", "step", "run", "profile", "replay")
 SHOW_CHOICES = ("blocks", "timeline", "requests", "scheduler", "stats")
 #: How ``%llm`` alone groups the commands (every command is in one group).
 COMMAND_GROUPS = {
@@ -86,6 +86,10 @@ def build_parser() -> _Parser:
     step = sub.add_parser("step", add_help=False, help="advance the engine N steps (default 1); shows the last")
     step.add_argument("n", nargs="?", type=int, default=1, metavar="N", help="steps to take (default: 1)")
     sub.add_parser("run", add_help=False, help="step until every request has finished")
+    profile = sub.add_parser("profile", add_help=False,
+                             help="run N steps under torch.profiler; print the top operators, write the trace")
+    profile.add_argument("n", type=int, help="steps to profile")
+    profile.add_argument("--dir", default=None, help="trace directory (default: torch_profiler_dir, else ./profiles)")
     show = sub.add_parser("show", add_help=False, help="a view of the engine")
     show.add_argument("what", choices=SHOW_CHOICES, help="the view")
     sub.add_parser("player", add_help=False, help="the StepPlayer: scrub through the recorded steps")
@@ -259,6 +263,21 @@ class WorkbenchMagics(Magics):
                 if out.finished:
                     print(out)
         return engine.history[-1] if len(engine.history) else None
+
+    def _cmd_profile(self, options):
+        """Profile ``n`` steps (fewer if the engine runs out of work); returns the trace's path."""
+        if options.n < 1:
+            raise ValueError(f"N must be >= 1, got {options.n}.")
+        engine = self.engine
+        engine.start_profile(options.dir or engine.config.torch_profiler_dir or "profiles")
+        try:
+            for _ in range(options.n):
+                if not engine.has_unfinished_requests():
+                    break
+                engine.step()
+        finally:
+            path = engine.stop_profile()
+        return path
 
     def _cmd_show(self, options):
         from workbench.viz import BlockMap, RequestTimeline

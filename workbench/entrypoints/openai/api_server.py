@@ -3,7 +3,9 @@
 Endpoints: ``POST /v1/completions`` (completion.py), ``POST /v1/chat/completions`` (chat.py),
 both JSON or SSE (``stream: true``: ``data: {json}\\n\\n`` chunks ending ``data: [DONE]\\n\\n``);
 ``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize`` (tokenization.py); ``GET /health``;
-``GET /metrics`` (vLLM's ``vllm:`` series from the engine's PrometheusStatLogger). Errors are
+``GET /metrics`` (vLLM's ``vllm:`` series from the engine's PrometheusStatLogger); with
+``torch_profiler_dir``, ``POST /start_profile`` and ``POST /stop_profile``; with
+``VLLM_SERVER_DEV_MODE=1``, ``POST /sleep``, ``POST /wake_up`` and ``GET /is_sleeping``. Errors are
 OpenAI-shaped (errors.py). A client that disconnects has its request aborted (blocks freed).
 """
 
@@ -11,11 +13,12 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 import threading
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.responses import PlainTextResponse, Response
+from fastapi import FastAPI, Query
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from workbench.metrics.prometheus import PrometheusStatLogger
@@ -101,7 +104,60 @@ def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | None = Non
         return PlainTextResponse(generate_latest(metrics.registry),
                                  media_type=CONTENT_TYPE_LATEST)
 
+    if os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
+        _add_dev_endpoints(app, async_llm)
+
+    if async_llm.config.torch_profiler_dir:
+        logger.warning("Torch profiler enabled: /start_profile and /stop_profile write traces to %s",
+                       async_llm.config.torch_profiler_dir)
+
+        @app.post("/start_profile")
+        async def start_profile() -> Response:
+            logger.info("Starting profiler...")
+            try:
+                await async_llm.start_profile()
+            except RuntimeError as exc:  # already running
+                return error_response(400, str(exc))
+            logger.info("Profiler started.")
+            return Response(status_code=200)
+
+        @app.post("/stop_profile")
+        async def stop_profile() -> Response:
+            logger.info("Stopping profiler...")
+            try:
+                path = await async_llm.stop_profile()
+            except RuntimeError as exc:  # not running
+                return error_response(400, str(exc))
+            logger.info("Profiler stopped: %s", path)
+            return Response(status_code=200)
+
     return app
+
+
+def _add_dev_endpoints(app: FastAPI, async_llm: AsyncLLM) -> None:
+    """vLLM's dev-mode endpoints (``VLLM_SERVER_DEV_MODE=1``): ``POST /sleep?level=N``,
+    ``POST /wake_up?tags=...``, ``GET /is_sleeping``. A refusal is a 400 with the engine's words."""
+    logger.warning("SECURITY WARNING: Development endpoints are enabled! This should NOT be used in production!")
+
+    @app.post("/sleep")
+    async def sleep(level: int = 1) -> Response:
+        try:
+            await async_llm.sleep(level)
+        except (ValueError, RuntimeError) as exc:
+            return error_response(400, str(exc))
+        return Response(status_code=200)
+
+    @app.post("/wake_up")
+    async def wake_up(tags: list[str] | None = Query(None)) -> Response:
+        try:
+            await async_llm.wake_up(tags)
+        except ValueError as exc:
+            return error_response(400, str(exc))
+        return Response(status_code=200)
+
+    @app.get("/is_sleeping")
+    async def is_sleeping() -> JSONResponse:
+        return JSONResponse({"is_sleeping": await async_llm.is_sleeping()})
 
 
 def make_server(app: FastAPI, async_llm: AsyncLLM, **config: Any):

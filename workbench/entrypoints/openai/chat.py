@@ -140,7 +140,8 @@ def chat_router(serving: OpenAIServing) -> APIRouter:
         params = serving.sampling_params(req, max_tokens=requested, logprobs=logprobs)
         response_id = f"chatcmpl-{base_id}"
         prompts = await serving.prepare(req, response_id, [text], params,
-                                        requested_max_tokens=requested)
+                                        requested_max_tokens=requested,
+                                        trace_headers=serving.trace_headers(raw))
         last = req.messages[-1]
         echo = last.for_template(len(req.messages) - 1)["content"] \
             if req.echo and last.role == ROLE else ""

@@ -118,7 +118,8 @@ def completion_router(serving: OpenAIServing) -> APIRouter:
                                          prompt_logprobs=echo_logprobs)
         response_id = f"cmpl-{base_id}"
         prompts = await serving.prepare(req, response_id, req.prompts(), params,
-                                        requested_max_tokens=max_tokens)
+                                        requested_max_tokens=max_tokens,
+                                        trace_headers=serving.trace_headers(raw))
         if req.echo and req.logprobs is not None and not req.return_tokens_as_token_ids:
             for p in prompts:
                 p.first_token_text = await serving.llm.decode(p.token_ids[:1])

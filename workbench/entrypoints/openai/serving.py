@@ -31,6 +31,7 @@ from workbench.sampling_params import SamplingParams
 from workbench.entrypoints.openai import protocol as P
 from workbench.entrypoints.openai import responses as R
 from workbench.engine.async_llm import AsyncLLM, EngineDeadError, RequestStream
+from workbench.metrics.tracing import extract_trace_headers, log_tracing_disabled_warning
 from workbench.entrypoints.openai.errors import APIError, error_event
 
 logger = logging.getLogger("workbench.entrypoints.openai")
@@ -139,6 +140,16 @@ class OpenAIServing:
             raise APIError.bad_request(exc) from exc
         return raw.headers.get("X-Request-Id") or req.request_id or uuid.uuid4().hex
 
+    def trace_headers(self, raw: Request) -> dict[str, str] | None:
+        """The request's W3C trace context (``traceparent``, ``tracestate``) when the engine
+        traces; otherwise None, with vLLM's warning if the caller sent one."""
+        headers = extract_trace_headers(raw.headers)
+        if self.llm.is_tracing_enabled():
+            return headers or None
+        if headers:
+            log_tracing_disabled_warning()
+        return None
+
     def sampling_params(self, req: P._CommonFields, *, max_tokens: int | None,
                         logprobs: int | None, prompt_logprobs: int | None = None
                         ) -> SamplingParams:
@@ -154,7 +165,8 @@ class OpenAIServing:
 
     async def prepare(self, req: P._CommonFields, request_id: str,
                       prompts: Sequence[PromptType], params: SamplingParams, *,
-                      requested_max_tokens: int | None) -> list[PreparedPrompt]:
+                      requested_max_tokens: int | None,
+                      trace_headers: dict[str, str] | None = None) -> list[PreparedPrompt]:
         """Process every prompt once on the input thread into engine request ``request_id``
         (one prompt) or ``{request_id}-{i}``; check each against the context as vLLM's server
         does; cap max_tokens by the model's generation config, as vLLM."""
@@ -167,6 +179,7 @@ class OpenAIServing:
                     request_id if single else f"{request_id}-{i}", prompt, params,
                     priority=req.priority,
                     tokenization_kwargs={"add_special_tokens": req.add_special_tokens},
+                    trace_headers=trace_headers,
                 )
             except (ValueError, TypeError) as exc:
                 raise APIError.bad_request(exc, fields) from exc
