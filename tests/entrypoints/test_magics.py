@@ -157,3 +157,16 @@ def test_profile_n_steps_writes_a_trace_and_prints_the_top_operators(shell, tmp_
     with pytest.raises(UsageError, match="N must be >= 1"):
         shell.run_line_magic("llm", "profile 0")
     shell.run_line_magic("llm", "run")
+
+
+def test_the_readme_shows_what_the_help_prints(shell, capsys):
+    import pathlib
+
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("then `%llm` prints its commands", 1)[1].split("```", 2)[1]
+    shell.run_line_magic("llm", "")
+    printed = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    shown = [line.strip() for line in block.splitlines() if line.strip()]
+    for line in shown:  # each README line is a printed line, less its description
+        assert any(p == line or p.startswith(line + "  ") for p in printed), line
+    assert len(shown) == len(printed) - 1  # every printed line but the intro

@@ -35,7 +35,7 @@ SHOW_CHOICES = ("blocks", "timeline", "requests", "scheduler", "stats")
 COMMAND_GROUPS = {
     "engine": ("load", "generate", "chat"),
     "requests": ("add", "step", "run", "replay", "compare"),
-    "views": ("show", "player", "dashboard"),
+    "views": ("show", "player", "dashboard", "profile"),
     "serving": ("serve", "stop"),
     "help": ("help",),
 }
@@ -88,8 +88,8 @@ def build_parser() -> _Parser:
     sub.add_parser("run", add_help=False, help="step until every request has finished")
     profile = sub.add_parser("profile", add_help=False,
                              help="run N steps under torch.profiler; print the top operators, write the trace")
-    profile.add_argument("n", type=int, help="steps to profile")
-    profile.add_argument("--dir", default=None, help="trace directory (default: torch_profiler_dir, else ./profiles)")
+    profile.add_argument("n", type=int, metavar="N", help="steps to profile")
+    profile.add_argument("--dir", default=None, metavar="DIR", help="trace directory (default: torch_profiler_dir, else ./profiles)")
     show = sub.add_parser("show", add_help=False, help="a view of the engine")
     show.add_argument("what", choices=SHOW_CHOICES, help="the view")
     sub.add_parser("player", add_help=False, help="the StepPlayer: scrub through the recorded steps")
