@@ -122,6 +122,22 @@ class LLM:
                         bar.update(1)
         return [results[i] for i in ids]
 
+    # vLLM's LLM methods for sleep mode and profiling: the engine's, documented there.
+    def sleep(self, level: int = 1) -> None:
+        self.engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.engine.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.engine.is_sleeping()
+
+    def start_profile(self, directory: str | None = None) -> None:
+        self.engine.start_profile(directory)
+
+    def stop_profile(self):
+        return self.engine.stop_profile()
+
     def __repr__(self) -> str:
         return f"LLM({self.engine!r})"
 
