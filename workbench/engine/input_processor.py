@@ -114,12 +114,14 @@ class InputProcessor:
     def validate(self, token_ids: list[int], params: SamplingParams) -> SamplingParams:
         n, limit = len(token_ids), self.max_model_len
         if n == 0:
-            raise ValueError("The prompt is empty: it must contain at least one token.")
+            raise ValueError("The decoder prompt cannot be empty")  # vLLM's wording
         if n >= limit:
             raise ValueError(
                 f"This model's maximum context length is {limit} tokens. However, your request "
                 f"has {n} input tokens. Please reduce the length of the input messages."
             )
+        if max(token_ids) >= self.vocab_size:  # vLLM's wording (negative ids: the caller's type)
+            raise ValueError(f"Token id {max(token_ids)} is out of vocabulary")
         self._check_ids(token_ids, "prompt_token_ids")
         for name in ("logprobs", "prompt_logprobs"):
             check_logprobs(name, getattr(params, name), self.max_logprobs)

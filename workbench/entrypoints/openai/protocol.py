@@ -10,7 +10,7 @@ Fields nobody declares are accepted and named in one warning per request (vLLM's
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional, Union
+from typing import Annotated, Any, ClassVar, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -71,7 +71,7 @@ class _CommonFields(OpenAIModel):
     n: int = 1
     seed: Optional[int] = None
     stop: Union[str, list[str], None] = None
-    stream: bool = False
+    stream: Optional[bool] = False  # null: False, as vLLM
     stream_options: Optional[StreamOptions] = None
     temperature: Optional[float] = None
     top_p: Optional[float] = None
@@ -192,7 +192,8 @@ class _CommonFields(OpenAIModel):
         return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
-PromptInput = Union[str, list[str], list[int], list[list[int]]]
+TokenId = Annotated[int, Field(ge=0)]
+PromptInput = Union[str, list[str], list[TokenId], list[list[TokenId]]]
 
 
 class CompletionRequest(_CommonFields):
@@ -201,19 +202,26 @@ class CompletionRequest(_CommonFields):
 
     prompt: Optional[PromptInput] = None
     prompt_embeds: Any = None
-    echo: bool = False
+    echo: Optional[bool] = False
     logprobs: Optional[int] = None
-    max_tokens: Optional[int] = 16
+    max_tokens: Optional[int] = 16  # null is 16 too (vLLM's normalize_null_max_tokens)
     suffix: Optional[str] = None
     add_special_tokens: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_max_tokens(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "max_tokens" in data and data["max_tokens"] is None:
+            data = {**data, "max_tokens": cls.model_fields["max_tokens"].default}
+        return data
 
     @model_validator(mode="after")
     def _completion_rules(self):
         if self.prompt_embeds is not None:
             raise unsupported("prompt_embeds")
-        if self.prompt is None or self.prompt == [] or self.prompt == [[]]:
-            raise FieldError("prompt", "prompt must be a text, a list of token ids, or a "
-                                       "non-empty list of either.")
+        if self.prompt is None or self.prompt == "":
+            raise FieldError("prompt",
+                             "Either prompt or prompt_embeds must be provided and non-empty.")
         logprobs_rule("logprobs", self.logprobs)
         if self.max_tokens is not None and self.max_tokens < 0:
             raise FieldError("max_tokens", f"max_tokens must be at least 0, got "
@@ -231,11 +239,12 @@ class CompletionRequest(_CommonFields):
             raise unsupported("suffix")
 
     def prompts(self) -> list[Union[str, list[int]]]:
-        """The prompts of this request, one per choice group."""
+        """The prompts of this request, one per choice group (``[]`` is one empty prompt of
+        token ids, which the input processor refuses as vLLM's does)."""
         p = self.prompt
         if isinstance(p, str):
             return [p]
-        if p and all(isinstance(x, int) for x in p):
+        if all(isinstance(x, int) for x in p):
             return [p]  # one prompt of token ids
         return list(p)
 
@@ -269,7 +278,7 @@ class ChatCompletionRequest(_CommonFields):
     neither, the rest of the context is the limit."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: bool = False
+    logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = None
     max_tokens: Optional[int] = None
     max_completion_tokens: Optional[int] = None
