@@ -68,6 +68,9 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
+    #: vLLM's ``cache_salt``: mixed into the first block's hash, so only requests with the
+    #: same salt share prefix-cache blocks.
+    cache_salt: str | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -28,3 +28,6 @@ class EngineCoreRequest:
     #: In the engine's ``clock`` seconds; None: the moment the engine queues it.
     arrival_time: float | None = None
     priority: int = 0
+    #: vLLM's ``cache_salt`` (a prompt dict's key): only requests with the same salt share
+    #: prefix-cache blocks.
+    cache_salt: str | None = None

@@ -84,13 +84,16 @@ class InputProcessor:
         if unknown:
             raise ValueError(f"tokenization_kwargs: unsupported keys {unknown}; "
                              "only 'add_special_tokens' is.")
+        cache_salt = prompt.get("cache_salt") if isinstance(prompt, Mapping) else None
+        check_cache_salt(cache_salt)
         text, token_ids, params = self.process(prompt, params or SamplingParams(), **kwargs)
         if not params.ignore_eos and self._extra_eos_ids:
             params = dataclasses.replace(
                 params, stop_token_ids=params.stop_token_ids + self._extra_eos_ids
             )
         return EngineCoreRequest(request_id, text, token_ids, params, self.eos_token_id,
-                                 arrival_time=arrival_time, priority=priority)
+                                 arrival_time=arrival_time, priority=priority,
+                                 cache_salt=cache_salt)
 
     def process(
         self, prompt: PromptType, params: SamplingParams, *, add_special_tokens: bool = True
@@ -256,3 +259,19 @@ class InputProcessor:
                 if ids and ids not in out:
                     out.append(ids)
         return out
+
+
+_CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+_MAX_CACHE_SALT_LENGTH = 128
+
+
+def check_cache_salt(salt: object) -> None:
+    """vLLM's rule for ``cache_salt``: None, or a non-empty string of at most 128 characters
+    without '@', '/', '\\' or NUL (ValueError in vLLM's wording)."""
+    if salt is None:
+        return
+    if not isinstance(salt, str) or not salt:
+        raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")
+    if len(salt) > _MAX_CACHE_SALT_LENGTH or any(c in _CACHE_SALT_FORBIDDEN for c in salt):
+        raise ValueError("Parameter 'cache_salt' must be at most 128 characters and must not "
+                         "contain '@', '/', '\\\\', or NUL.")

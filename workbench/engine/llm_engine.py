@@ -206,6 +206,7 @@ class LLMEngine:
             request.request_id, request.prompt, request.prompt_token_ids,
             request.sampling_params, eos_token_id=request.eos_token_id, priority=request.priority,
             arrival_time=self.clock() if request.arrival_time is None else request.arrival_time,
+            cache_salt=request.cache_salt,
         )
         self.output_processor.add_request(parent)  # the one check of an id in flight
         try:

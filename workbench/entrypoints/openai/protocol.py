@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from workbench.engine.input_processor import check_cache_salt
 from workbench.sampling_params import RequestOutputKind, SamplingParams, check_logprobs
 
 
@@ -97,7 +98,9 @@ class _CommonFields(OpenAIModel):
     # vLLM's extra serving parameters
     priority: int = 0
     request_id: Optional[str] = None
-    return_tokens_as_token_ids: bool = False
+    return_tokens_as_token_ids: Optional[bool] = False
+    return_token_ids: Optional[bool] = None  # token ids beside the text (vLLM)
+    cache_salt: Optional[str] = Field(default=None, min_length=1, max_length=1024)
     # vLLM fields this server rejects when set (see check_supported)
     guided_json: Any = None
     guided_regex: Optional[str] = None
@@ -108,8 +111,6 @@ class _CommonFields(OpenAIModel):
     structural_tag: Optional[str] = None
     structured_outputs: Any = None
     logits_processors: Any = None
-    return_token_ids: Optional[bool] = None
-    cache_salt: Optional[str] = None
     kv_transfer_params: Optional[dict[str, Any]] = None
     vllm_xargs: Optional[dict[str, Any]] = None
 
@@ -126,11 +127,15 @@ class _CommonFields(OpenAIModel):
         if self.prompt_logprobs is not None and self.stream:
             raise FieldError("prompt_logprobs",
                              "`prompt_logprobs` are not available when `stream=True`.")
+        try:
+            check_cache_salt(self.cache_salt)
+        except ValueError as exc:
+            raise FieldError("cache_salt", str(exc)) from None
         return self
 
     def check_supported(self) -> None:
         """Raise FieldError for a set field this server cannot honour (vLLM honours it with
-        features the workbench does not have: beam search, structured output, KV transfer)."""
+        features the workbench does not have: beam search, KV transfer)."""
         if self.best_of is not None and self.best_of != self.n:
             raise FieldError("best_of", "best_of > n is not supported by this server.")
         if self.use_beam_search:
@@ -148,7 +153,7 @@ class _CommonFields(OpenAIModel):
         if self.logits_processors is not None:
             raise unsupported("logits_processors", "logits_processors (server-side classes; "
                               "use SamplingParams.logits_processors offline)")
-        for name in ("return_token_ids", "cache_salt", "kv_transfer_params", "vllm_xargs"):
+        for name in ("kv_transfer_params", "vllm_xargs"):
             if getattr(self, name):
                 raise unsupported(name)
 
