@@ -11,6 +11,10 @@ from workbench.sampling_params import SamplingParams
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    #: vLLM's status of a request whose grammar (structured outputs) is still compiling: it
+    #: sits in the waiting queue and the scheduler passes over it, until the engine's
+    #: structured-output manager sets it WAITING.
+    WAITING_FOR_FSM = "waiting_for_fsm"
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "finished_stopped"

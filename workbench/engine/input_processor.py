@@ -10,6 +10,7 @@ from typing import Any, Union
 from workbench.core.sched.request_queue import FCFSPolicy, SchedulingPolicy
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.sampling_params import SamplingParams, check_logprobs
+from workbench.structured_output.backend_xgrammar import validate_grammar
 
 #: A prompt as vLLM accepts it: text, a list of token ids, or {"prompt_token_ids": [...]} / {"prompt": "..."}.
 PromptType = Union[str, Sequence[int], Mapping[str, Any]]
@@ -86,6 +87,11 @@ class InputProcessor:
                              "only 'add_special_tokens' is.")
         cache_salt = prompt.get("cache_salt") if isinstance(prompt, Mapping) else None
         check_cache_salt(cache_salt)
+        if params is not None and params.structured_outputs is not None:
+            try:  # before the engine sees it: a bad schema never reaches the compiler thread
+                validate_grammar(params.structured_outputs)
+            except ValueError as exc:
+                raise ValueError(f"structured_outputs: {exc}") from None
         text, token_ids, params = self.process(prompt, params or SamplingParams(), **kwargs)
         if not params.ignore_eos and self._extra_eos_ids:
             params = dataclasses.replace(
