@@ -164,3 +164,10 @@ def test_a_bad_schema_is_refused_before_the_engine_with_the_compilers_message(en
     with pytest.raises(ValueError, match='structured_outputs: Unsupported type "objectx"'):
         engine.add_request("bad", PROMPT, constrained(so=S(json={"type": "objectx"})))
     assert not engine.has_unfinished_requests()
+
+
+def test_an_id_used_again_after_its_request_ended_gets_its_own_grammar(engine):
+    engine.add_request("x", PROMPT, constrained(so=S(choice=["ay"]), temperature=0))
+    assert run(engine)["x"].text == "ay"
+    engine.add_request("x", PROMPT, constrained(so=S(choice=["nay"]), temperature=0))
+    assert run(engine)["x"].text == "nay"  # not lost when the first "x" is forgotten

@@ -61,8 +61,9 @@ class StructuredOutputManager:
         self._executor = executor
         self._backend: XgrammarBackend | None = None
         self._cache: dict[GrammarKey, Future] = {}
-        self._pending: dict[str, Future] = {}
-        self._grammars: dict[str, XgrammarGrammar] = {}
+        # by request id, with the request itself: an id may come back once its request ended
+        self._pending: dict[str, tuple[Request, Future]] = {}
+        self._grammars: dict[str, tuple[Request, XgrammarGrammar]] = {}
         self._step = StructuredOutputStep()
 
     def _timed_compile(self, key: GrammarKey):
@@ -90,28 +91,27 @@ class StructuredOutputManager:
             return
         future = self._compile(grammar_key(params))
         if future.done() and future.exception() is None:
-            self._grammars[request.request_id] = XgrammarGrammar(future.result()[0])
+            self._grammars[request.request_id] = (request, XgrammarGrammar(future.result()[0]))
             self._step.compiled[request.request_id] = 0.0
         else:
             request.status = RequestStatus.WAITING_FOR_FSM
-            self._pending[request.request_id] = future
+            self._pending[request.request_id] = (request, future)
 
     def update_waiting(self, requests: Mapping[str, Request]) -> dict[str, str]:
         """Set WAITING the requests whose grammar compiled; returns {id: the compiler's
         message} of those whose grammar failed (the caller finishes them with an error)."""
         failed = {}
-        for rid, future in list(self._pending.items()):
+        for rid, (request, future) in list(self._pending.items()):
             if not future.done():
                 continue
             del self._pending[rid]
-            request = requests.get(rid)
-            if request is None:
+            if requests.get(rid) is not request:
                 continue
             if future.exception() is not None:
                 failed[rid] = f"structured_outputs: {future.exception()}"
                 continue
             compiled, seconds = future.result()
-            self._grammars[rid] = XgrammarGrammar(compiled)
+            self._grammars[rid] = (request, XgrammarGrammar(compiled))
             self._step.compiled[rid] = seconds
             if request.status is RequestStatus.WAITING_FOR_FSM:
                 request.status = RequestStatus.WAITING
@@ -126,7 +126,7 @@ class StructuredOutputManager:
             return {}
         bitmask = torch.full((len(ids), -(-self.vocab_size // 32)), -1, dtype=torch.int32)
         for row, rid in enumerate(ids):
-            self._grammars[rid].fill_bitmask(bitmask, row)
+            self._grammars[rid][1].fill_bitmask(bitmask, row)
         allowed = unpack_bitmask(bitmask, self.vocab_size)
         counts = allowed.sum(dim=-1).tolist()
         for row, rid in enumerate(ids):
@@ -140,9 +140,10 @@ class StructuredOutputManager:
         the grammar refused (the caller finishes them with an error)."""
         ended, refused = [], {}
         for request in requests:
-            grammar = self._grammars.get(request.request_id)
-            if grammar is None:
+            request_and_grammar = self._grammars.get(request.request_id)
+            if request_and_grammar is None or request_and_grammar[0] is not request:
                 continue
+            grammar = request_and_grammar[1]
             token = request.output_token_ids[-1]
             if not grammar.accept_token(token):
                 refused[request.request_id] = (
@@ -152,15 +153,18 @@ class StructuredOutputManager:
         return ended, refused
 
     def remove(self, request_ids: Iterable[str]) -> None:
-        """Forget finished requests' grammars (their compiled grammars stay cached)."""
+        """Forget the grammars of these ids' finished requests (a new request that took a
+        finished one's id keeps its own); the compiled grammars stay cached."""
         for rid in request_ids:
-            self._grammars.pop(rid, None)
-            self._pending.pop(rid, None)
+            for table in (self._grammars, self._pending):
+                if rid in table and table[rid][0].is_finished:
+                    del table[rid]
 
     def take_step(self, requests: Mapping[str, Request]) -> StructuredOutputStep:
         """This step's work, with the requests still WAITING_FOR_FSM; starts the next."""
         step, self._step = self._step, StructuredOutputStep()
-        step.waiting_for_fsm = tuple(rid for rid in self._pending if rid in requests)
+        step.waiting_for_fsm = tuple(rid for rid, (request, _) in self._pending.items()
+                                     if requests.get(rid) is request)
         return step
 
     def __repr__(self) -> str:
