@@ -171,3 +171,22 @@ def test_an_id_used_again_after_its_request_ended_gets_its_own_grammar(engine):
     assert run(engine)["x"].text == "ay"
     engine.add_request("x", PROMPT, constrained(so=S(choice=["nay"]), temperature=0))
     assert run(engine)["x"].text == "nay"  # not lost when the first "x" is forgotten
+
+
+def test_a_step_with_only_compiling_grammars_waits_on_them_instead_of_spinning(engine):
+    held = HeldExecutor()
+    manager = StructuredOutputManager(engine.tokenizer, engine.model_config.vocab_size, held)
+    engine.structured_output = manager
+    waits = []
+    real_wait = manager.wait_for_compile
+    manager.wait_for_compile = lambda timeout: waits.append(timeout) or real_wait(0)
+    engine.add_request("j", PROMPT, constrained(so=S(choice=["ay"]), temperature=0))
+    engine.add_request("free", PROMPT, SamplingParams(temperature=0, max_tokens=2))
+    engine.step()  # the free request is there to run: no wait
+    assert waits == []
+    while "free" in engine.scheduler.requests:
+        engine.step()
+    engine.step()  # only the compiling grammar is left
+    assert len(waits) == 1 and waits[0] > 0
+    held.release()
+    assert run(engine)["j"].text == "ay"

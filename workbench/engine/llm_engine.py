@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from workbench.config import EngineArgs
 
 logger = logging.getLogger(__name__)
+#: The longest a step with only compiling grammars to wait for blocks on them.
+_COMPILE_WAIT_S = 0.05
 
 
 def _load_tokenizer(path):
@@ -275,6 +277,9 @@ class LLMEngine:
         """
         t0 = time.perf_counter()
         so_manager = self.structured_output
+        if not self.scheduler.running and all(  # only grammars to wait for: wait, not spin
+                r.status is RequestStatus.WAITING_FOR_FSM for r in self.scheduler.waiting):
+            so_manager.wait_for_compile(timeout=_COMPILE_WAIT_S)
         grammar_failed = so_manager.update_waiting(self.scheduler.requests)
         self.scheduler.finish_requests(grammar_failed, RequestStatus.FINISHED_ERROR)
         so = self.scheduler.schedule()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import torch
@@ -116,6 +116,13 @@ class StructuredOutputManager:
             if request.status is RequestStatus.WAITING_FOR_FSM:
                 request.status = RequestStatus.WAITING
         return failed
+
+    def wait_for_compile(self, timeout: float) -> None:
+        """Block until a pending compile ends or ``timeout`` seconds pass: for an engine with
+        nothing else to run, instead of spinning empty steps (no-op with none pending)."""
+        if self._pending:
+            wait([future for _, future in self._pending.values()], timeout,
+                 return_when=FIRST_COMPLETED)
 
     def grammar_bitmask(self, scheduler_output: SchedulerOutput) -> dict[str, torch.Tensor]:
         """{request id: its packed int32 mask row} for the scheduled constrained rows that
