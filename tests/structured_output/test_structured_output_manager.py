@@ -190,3 +190,26 @@ def test_a_step_with_only_compiling_grammars_waits_on_them_instead_of_spinning(e
     assert len(waits) == 1 and waits[0] > 0
     held.release()
     assert run(engine)["j"].text == "ay"
+
+
+class FailingExecutor(Executor):
+    """Every compile fails, as one the parser let through but the compiler refused."""
+
+    def submit(self, fn, *args, **kwargs):
+        future = Future()
+        future.set_exception(ValueError("the compiler refused it"))
+        return future
+
+
+def test_a_grammar_that_fails_to_compile_fails_its_request_only(engine):
+    engine.structured_output = StructuredOutputManager(
+        engine.tokenizer, engine.model_config.vocab_size, FailingExecutor())
+    engine.add_request("bad", PROMPT, constrained(so=S(regex="a+"), temperature=0))
+    engine.add_request("free", PROMPT, SamplingParams(temperature=0, max_tokens=4))
+    outs = {}
+    while engine.has_unfinished_requests():
+        outs.update({o.request_id: o for o in engine.step()})
+    assert outs["bad"].outputs[0].finish_reason == "error"
+    assert "the compiler refused it" in outs["bad"].error
+    assert outs["free"].outputs[0].finish_reason == "length"
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
