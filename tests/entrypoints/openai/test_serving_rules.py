@@ -43,6 +43,14 @@ def test_null_max_tokens_is_sixteen_and_null_flags_are_their_defaults(app):
     assert null.json()["choices"][0]["text"] == absent.json()["choices"][0]["text"]
 
 
+def test_chat_null_n_and_logprobs_are_their_defaults(app):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+            "n": None, "logprobs": None, "stream": None}
+    (answer,) = post_all(app, [("POST", "/v1/chat/completions", body, {})])
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["choices"]) == 1 and answer.json()["choices"][0]["logprobs"] is None
+
+
 @pytest.mark.parametrize("header, ok", [
     (f"Bearer {KEY}", True),
     (f"bearer {KEY}", True),       # the scheme in any case

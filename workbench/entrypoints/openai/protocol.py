@@ -403,6 +403,14 @@ class ChatCompletionRequest(_CommonFields):
     chat_template_kwargs: Optional[dict[str, Any]] = None
     mm_processor_kwargs: Optional[dict[str, Any]] = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_n(cls, data: Any) -> Any:
+        """vLLM's chat ``n`` is nullable: null is its default, 1."""
+        if isinstance(data, dict) and "n" in data and data["n"] is None:
+            data = {**data, "n": 1}
+        return data
+
     @model_validator(mode="after")
     def _chat_rules(self):
         k = self.top_logprobs
