@@ -277,7 +277,7 @@ class LLMEngine:
         """
         t0 = time.perf_counter()
         so_manager = self.structured_output
-        if not self.scheduler.running and all(  # only grammars to wait for: wait, not spin
+        if so_manager.compiling and not self.scheduler.running and all(  # wait, not spin
                 r.status is RequestStatus.WAITING_FOR_FSM for r in self.scheduler.waiting):
             so_manager.wait_for_compile(timeout=_COMPILE_WAIT_S)
         grammar_failed = so_manager.update_waiting(self.scheduler.requests)

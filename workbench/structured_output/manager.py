@@ -117,6 +117,11 @@ class StructuredOutputManager:
                 request.status = RequestStatus.WAITING
         return failed
 
+    @property
+    def compiling(self) -> bool:
+        """Whether some request waits for its grammar."""
+        return bool(self._pending)
+
     def wait_for_compile(self, timeout: float) -> None:
         """Block until a pending compile ends or ``timeout`` seconds pass: for an engine with
         nothing else to run, instead of spinning empty steps (no-op with none pending)."""
