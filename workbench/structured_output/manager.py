@@ -132,6 +132,8 @@ class StructuredOutputManager:
     def grammar_bitmask(self, scheduler_output: SchedulerOutput) -> dict[str, torch.Tensor]:
         """{request id: its packed int32 mask row} for the scheduled constrained rows that
         sample this step (empty when there are none); each row's counts go to the step."""
+        if not self._grammars:  # the common step: nothing constrained, nothing to do
+            return {}
         ids = [c.request_id for c in scheduler_output.scheduled
                if c.samples and c.request_id in self._grammars]
         if not ids:
@@ -151,6 +153,8 @@ class StructuredOutputManager:
         grammar ended (the caller finishes them "stop") and {id: message} of those whose token
         the grammar refused (the caller finishes them with an error)."""
         ended, refused = [], {}
+        if not self._grammars:
+            return ended, refused
         for request in requests:
             request_and_grammar = self._grammars.get(request.request_id)
             if request_and_grammar is None or request_and_grammar[0] is not request:
