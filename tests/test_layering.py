@@ -25,6 +25,7 @@ LAYERS = (
     ("metrics",),
     ("model",),
     ("worker",),
+    ("structured_output",),  # the grammars: the engine owns the manager, the sampler masks
     ("engine",),
     ("lab",),
     ("viz",),

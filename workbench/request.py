@@ -11,6 +11,10 @@ from workbench.sampling_params import SamplingParams
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    #: vLLM's status of a request whose grammar (structured outputs) is still compiling: it
+    #: sits in the waiting queue and the scheduler passes over it, until the engine's
+    #: structured-output manager sets it WAITING.
+    WAITING_FOR_FSM = "waiting_for_fsm"
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "finished_stopped"
@@ -68,6 +72,9 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
+    #: vLLM's ``cache_salt``: mixed into the first block's hash, so only requests with the
+    #: same salt share prefix-cache blocks.
+    cache_salt: str | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -19,6 +19,56 @@ _MAX_LOGIT_BIAS = 100.0  # OpenAI's and vLLM's limit on |logit_bias| values
 LogitsProcessor = Callable[[list[int], "torch.Tensor"], "torch.Tensor"]
 
 
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """vLLM's constraint on a request's output: exactly one of ``json`` (a JSON schema, as a
+    dict or its text), ``regex``, ``choice`` (one of these strings), ``grammar`` (EBNF, as
+    xgrammar reads it) or ``json_object`` (any JSON object). ``disable_any_whitespace``: JSON
+    without free whitespace. ``disable_fallback`` and ``disable_additional_properties`` are
+    accepted for vLLM's API: there is one backend (xgrammar, strict JSON schemas, which allow
+    no extra properties unless the schema does). Raises ValueError in vLLM's words otherwise.
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+
+    def __post_init__(self) -> None:
+        count = sum(getattr(self, name) is not None for name in _CONSTRAINTS)
+        if count > 1:
+            raise ValueError("You can only use one kind of structured outputs constraint but "
+                             f"multiple are specified: {self.__dict__}")
+        if count < 1:
+            raise ValueError("You must use one kind of structured outputs constraint but none "
+                             f"are specified: {self.__dict__}")
+        if self.choice is not None:
+            if isinstance(self.choice, str) or not self.choice or any(
+                    not isinstance(c, str) for c in self.choice):
+                raise ValueError(f"structured_outputs.choice must be a non-empty list of "
+                                 f"strings, got {self.choice!r}.")
+            object.__setattr__(self, "choice", list(self.choice))
+        for name in ("regex", "grammar"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ValueError(f"structured_outputs.{name} must be a string, got "
+                                 f"{getattr(self, name)!r}.")
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise ValueError(f"structured_outputs.json must be a JSON schema (a dict or its "
+                             f"text), got {self.json!r}.")
+
+    @property
+    def kind(self) -> str:
+        """The constraint's name: "json", "regex", "choice", "grammar" or "json_object"."""
+        return next(name for name in _CONSTRAINTS if getattr(self, name) is not None)
+
+
+_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")
+
+
 class RequestOutputKind(enum.Enum):
     """What each RequestOutput of a request carries (vLLM's names).
 
@@ -49,6 +99,9 @@ class SamplingParams:
     notebook experiments). ``prompt_logprobs`` asks for the prompt tokens' logprobs.
     ``truncate_prompt_tokens`` keeps only the last k prompt tokens (-1: the model's context).
     ``detokenize=False`` skips detokenization: outputs carry token ids and empty text.
+    ``structured_outputs`` constrains every sampled token to a grammar (see
+    :mod:`workbench.structured_output`); the request waits in WAITING_FOR_FSM until it is
+    compiled, and ends when the grammar does.
     """
 
     n: int = 1
@@ -79,6 +132,7 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None
     #: Set by InputProcessor from ``bad_words`` and the tokenizer (each word with and
     #: without a leading space, as vLLM); the sampler reads only this.
     bad_words_token_ids: list[list[int]] | None = None
@@ -181,6 +235,9 @@ class SamplingParams:
             not callable(fn) for fn in self.logits_processors
         ):
             raise bad("logits_processors", "a list of callables (output_token_ids, logits)")
+        if self.structured_outputs is not None and not isinstance(
+                self.structured_outputs, StructuredOutputsParams):
+            raise bad("structured_outputs", "a StructuredOutputsParams or None")
 
     @property
     def greedy(self) -> bool:

@@ -98,6 +98,18 @@ def test_hash_chain_same_prefix_same_hash_different_parent_different_hash():
     assert hash_block_tokens(None, [5, 6]) != h1[2]
 
 
+def test_cache_salt_enters_the_first_block_hash_only():
+    """By hand: the salt, uint32-le length-prefixed, follows the first block's tokens; the
+    second block chains on that hash with no salt of its own."""
+    first = hashlib.sha256(ROOT_HASH + struct.pack("<2q", 1, 2) + struct.pack("<I", 3)
+                           + b"abc").digest()
+    second = hashlib.sha256(first + struct.pack("<2q", 3, 4)).digest()
+    assert hash_request_blocks([1, 2, 3, 4], block_size=2, cache_salt="abc") == [first, second]
+    plain = hash_request_blocks([1, 2, 3, 4], block_size=2)
+    other = hash_request_blocks([1, 2, 3, 4], block_size=2, cache_salt="abd")
+    assert not {first, second} & set(plain) and not {first, second} & set(other)
+
+
 # ------------------------------------------------------------------ prefix cache
 def test_hit_shares_blocks_without_copy_and_counts_stats():
     kv = KVCacheManager(num_blocks=8, block_size=4)

@@ -45,10 +45,11 @@ def test_max_tokens_filled_and_not_capped_offline(ip, tok):
 
 
 @pytest.mark.parametrize("prompt, params, message", [
-    ([], SamplingParams(), "The prompt is empty"),
+    ([], SamplingParams(), "The decoder prompt cannot be empty"),
     ([1] * CTX, SamplingParams(), f"maximum context length is {CTX} tokens. However, your "
                                   f"request has {CTX} input tokens"),
-    ([1, VOCAB], SamplingParams(), f"prompt_token_ids must be integers in [0, {VOCAB})"),
+    ([1, VOCAB], SamplingParams(), f"Token id {VOCAB} is out of vocabulary"),
+    ([1, -1], SamplingParams(), f"prompt_token_ids must be integers in [0, {VOCAB})"),
     ([1, True], SamplingParams(), "prompt_token_ids must be integers, got True"),
     ({"text": "x"}, SamplingParams(), "must have 'prompt' (text) or 'prompt_token_ids'"),
     ("ROMEO:", SamplingParams(logprobs=6), "logprobs: Requested sample logprobs of 6, which "

@@ -52,8 +52,10 @@ def test_context_length_errors_use_vllm_wording_and_lose_nothing(llm):
 
 def test_bad_prompts_are_rejected_with_the_field_named(llm):
     vocab = llm.engine.model_config.vocab_size
-    with pytest.raises(ValueError, match=rf"prompt_token_ids must be integers in \[0, {vocab}\)"):
+    with pytest.raises(ValueError, match=f"Token id {vocab} is out of vocabulary"):  # vLLM's
         llm.generate([{"prompt_token_ids": [1, vocab]}], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match=rf"prompt_token_ids must be integers in \[0, {vocab}\)"):
+        llm.generate([{"prompt_token_ids": [1, -2]}], GREEDY, use_tqdm=False)
     with pytest.raises(ValueError, match="empty"):
         llm.generate([{"prompt_token_ids": []}], GREEDY, use_tqdm=False)
     with pytest.raises(ValueError, match="sampling_params has 2 entries but there are 1 prompts"):

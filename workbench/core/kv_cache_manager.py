@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 from workbench.core.block_pool import BlockPool, KVCacheBlock
 from workbench.core.kv_events import KVEvent
 from workbench.core.kv_state import KVState, block_state
-from workbench.core.kv_cache_utils import hash_block_tokens
+from workbench.core.kv_cache_utils import block_extra_keys, hash_block_tokens
 from workbench.request import Request
 
 
@@ -152,7 +152,8 @@ class KVCacheManager:
 
     # ----------------------------------------------------------- prefix cache
     def update_block_hashes(self, request: Request) -> None:
-        """Extend ``request.block_hashes`` to cover every full block of its tokens.
+        """Extend ``request.block_hashes`` to cover every full block of its tokens (the first
+        block's hash mixes in ``request.cache_salt``).
 
         O(new full blocks); a no-op when prefix caching is off.
         """
@@ -163,7 +164,8 @@ class KVCacheManager:
             return
         for i in range(len(hashes), num_full):
             parent = hashes[i - 1] if i else None
-            hashes.append(hash_block_tokens(parent, request.token_ids_slice(i * bs, (i + 1) * bs)))
+            hashes.append(hash_block_tokens(parent, request.token_ids_slice(i * bs, (i + 1) * bs),
+                                            block_extra_keys(i, request.cache_salt)))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest run of the request's leading full blocks found in the cache, and the

@@ -30,3 +30,6 @@ class EngineCoreRequest:
     priority: int = 0
     #: The caller's W3C trace context (``traceparent``, ``tracestate``) the request's span continues.
     trace_headers: dict[str, str] | None = None
+    #: vLLM's ``cache_salt`` (a prompt dict's key): only requests with the same salt share
+    #: prefix-cache blocks.
+    cache_salt: str | None = None

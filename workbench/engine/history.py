@@ -18,6 +18,7 @@ from workbench.core.request_events import RequestEvent
 from workbench.core.sched.output import SchedulerOutput
 from workbench.metrics.perfetto import write_trace
 from workbench.metrics.stats import SchedulerStats
+from workbench.structured_output.manager import StructuredOutputStep
 
 #: The stages of a step whose wall time a StepRecord keeps (seconds); together they are the
 #: whole of ``LLMEngine.step()``. ``record``: keeping this record, the stats, the stat loggers
@@ -35,7 +36,9 @@ class StepRecord:
     ``num_free_blocks``, ``kv_usage`` and ``num_blocks_freed`` read: the state *after* the step. Timings are wall
     seconds and are left out of the plain repr so that it stays deterministic.
     ``kv_events`` and ``request_events`` are those since the previous record (changes made
-    between steps, such as aborts, included), oldest first.
+    between steps, such as aborts, included), oldest first. ``structured_output``: who waited
+    in WAITING_FOR_FSM, grammars compiled, and per constrained row the allowed-token count and
+    forced token (empty without constrained requests).
     """
 
     step: int
@@ -47,6 +50,7 @@ class StepRecord:
     timings: dict[str, float] = field(default_factory=dict)
     kv_events: tuple[KVEvent, ...] = ()
     request_events: tuple[RequestEvent, ...] = ()
+    structured_output: StructuredOutputStep = field(default_factory=StructuredOutputStep)
 
     @property
     def num_running(self) -> int:
@@ -119,6 +123,14 @@ class StepRecord:
         ):
             if ids:
                 extra.append(f"{name}={list(ids)}")
+        grammar = self.structured_output
+        if grammar.waiting_for_fsm:
+            extra.append(f"waiting_for_fsm={list(grammar.waiting_for_fsm)}")
+        if grammar.rows:  # allowed-token count per constrained row, "!token" when forced
+            extra.append("grammar={" + ", ".join(
+                f"{rid}: {row.num_allowed}" + ("" if row.forced_token is None
+                                               else f"!{row.forced_token}")
+                for rid, row in grammar.rows.items()) + "}")
         return (
             f"StepRecord(step={self.step}, tokens={self.num_scheduled_tokens}/{so.token_budget}, "
             f"[{chunks}]{', ' if extra else ''}{', '.join(extra)}, "
@@ -132,9 +144,14 @@ class StepRecord:
             f"<td>{'prefill' if s.is_prefill else 'decode'}</td>"
             f"<td>{s.num_computed_tokens}</td><td>{s.num_new_tokens}</td>"
             f"<td>{s.num_cached_tokens}</td><td>{list(s.block_ids)}</td>"
-            f"<td>{self.sampled_token_ids.get(s.request_id, '')}</td></tr>"
+            f"<td>{self.sampled_token_ids.get(s.request_id, '')}{self._grammar_cell(s.request_id)}"
+            "</td></tr>"
             for s in self.scheduler_output.scheduled
         )
+        waiting = self.structured_output.waiting_for_fsm
+        if waiting:
+            rows += (f'<tr><td colspan="7">waiting for their grammar (WAITING_FOR_FSM): '
+                     f"{html.escape(', '.join(waiting))}</td></tr>")
         return (
             f"<b>Step {self.step}</b>: {self.num_scheduled_tokens} tokens, "
             f"{self.num_running} running, {self.num_waiting} waiting, "
@@ -142,6 +159,15 @@ class StepRecord:
             "<table><tr><th>request</th><th>kind</th><th>computed</th><th>new tokens</th>"
             "<th>cached</th><th>block table</th><th>sampled</th></tr>" + rows + "</table>"
         )
+
+
+    def _grammar_cell(self, request_id: str) -> str:
+        """The sampled cell's grammar note for a constrained row (empty for a free one)."""
+        row = self.structured_output.rows.get(request_id)
+        if row is None:
+            return ""
+        forced = "" if row.forced_token is None else ", forced"
+        return f" (grammar: {row.num_allowed} allowed{forced})"
 
 
 class StepHistory:

@@ -11,6 +11,7 @@ from workbench.core.sched.request_queue import FCFSPolicy, SchedulingPolicy
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.metrics.tracing import check_trace_headers
 from workbench.sampling_params import SamplingParams, check_logprobs
+from workbench.structured_output.backend_xgrammar import validate_grammar
 
 #: A prompt as vLLM accepts it: text, a list of token ids, or {"prompt_token_ids": [...]} / {"prompt": "..."}.
 PromptType = Union[str, Sequence[int], Mapping[str, Any]]
@@ -84,13 +85,21 @@ class InputProcessor:
         if unknown:
             raise ValueError(f"tokenization_kwargs: unsupported keys {unknown}; "
                              "only 'add_special_tokens' is.")
+        cache_salt = prompt.get("cache_salt") if isinstance(prompt, Mapping) else None
+        check_cache_salt(cache_salt)
+        if params is not None and params.structured_outputs is not None:
+            try:  # before the engine sees it: a bad schema never reaches the compiler thread
+                validate_grammar(params.structured_outputs)
+            except ValueError as exc:
+                raise ValueError(f"structured_outputs: {exc}") from None
         text, token_ids, params = self.process(prompt, params or SamplingParams(), **kwargs)
         if not params.ignore_eos and self._extra_eos_ids:
             params = dataclasses.replace(
                 params, stop_token_ids=params.stop_token_ids + self._extra_eos_ids
             )
         return EngineCoreRequest(request_id, text, token_ids, params, self.eos_token_id,
-                                 arrival_time=arrival_time, priority=priority, trace_headers=trace_headers)
+                                 arrival_time=arrival_time, priority=priority,
+                                 trace_headers=trace_headers, cache_salt=cache_salt)
 
     def process(
         self, prompt: PromptType, params: SamplingParams, *, add_special_tokens: bool = True
@@ -114,12 +123,14 @@ class InputProcessor:
     def validate(self, token_ids: list[int], params: SamplingParams) -> SamplingParams:
         n, limit = len(token_ids), self.max_model_len
         if n == 0:
-            raise ValueError("The prompt is empty: it must contain at least one token.")
+            raise ValueError("The decoder prompt cannot be empty")  # vLLM's wording
         if n >= limit:
             raise ValueError(
                 f"This model's maximum context length is {limit} tokens. However, your request "
                 f"has {n} input tokens. Please reduce the length of the input messages."
             )
+        if max(token_ids) >= self.vocab_size:  # vLLM's wording (negative ids: the caller's type)
+            raise ValueError(f"Token id {max(token_ids)} is out of vocabulary")
         self._check_ids(token_ids, "prompt_token_ids")
         for name in ("logprobs", "prompt_logprobs"):
             check_logprobs(name, getattr(params, name), self.max_logprobs)
@@ -254,3 +265,19 @@ class InputProcessor:
                 if ids and ids not in out:
                     out.append(ids)
         return out
+
+
+_CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+_MAX_CACHE_SALT_LENGTH = 128
+
+
+def check_cache_salt(salt: object) -> None:
+    """vLLM's rule for ``cache_salt``: None, or a non-empty string of at most 128 characters
+    without '@', '/', '\\' or NUL (ValueError in vLLM's wording)."""
+    if salt is None:
+        return
+    if not isinstance(salt, str) or not salt:
+        raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")
+    if len(salt) > _MAX_CACHE_SALT_LENGTH or any(c in _CACHE_SALT_FORBIDDEN for c in salt):
+        raise ValueError("Parameter 'cache_salt' must be at most 128 characters and must not "
+                         "contain '@', '/', '\\\\', or NUL.")

@@ -37,12 +37,15 @@ from workbench.worker.sleep_mode import TAGS as SLEEP_TAGS
 from workbench.worker.sleep_mode import SleepMode
 from workbench.worker.runner_protocol import Runner, RunnerFactory
 from workbench.sampling_params import SamplingParams
+from workbench.structured_output.manager import StructuredOutputManager
 from workbench.metrics.stats import IterationStats, LoggingStatLogger, SchedulerStats, StatLoggerBase
 
 if TYPE_CHECKING:
     from workbench.config import EngineArgs
 
 logger = logging.getLogger(__name__)
+#: The longest a step with only compiling grammars to wait for blocks on them.
+_COMPILE_WAIT_S = 0.05
 
 
 def _load_tokenizer(path):
@@ -130,6 +133,9 @@ class LLMEngine:
             policy=self.scheduler.policy,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
+        #: Grammars of the constrained requests (structured outputs), compiled off this thread.
+        self.structured_output = StructuredOutputManager(self.tokenizer,
+                                                         self.model_config.vocab_size)
         self.history = StepHistory(config.max_history, initial_kv_state=self.kv_cache.snapshot())
         self.request_tracker = RequestTracker()
         #: Callables ``fn(record)`` run after every step, in order; one that raises is logged
@@ -221,12 +227,14 @@ class LLMEngine:
             request.request_id, request.prompt, request.prompt_token_ids,
             request.sampling_params, eos_token_id=request.eos_token_id, priority=request.priority,
             arrival_time=self.clock() if request.arrival_time is None else request.arrival_time,
+            cache_salt=request.cache_salt,
         )
         self.output_processor.add_request(parent)  # the one check of an id in flight
         try:
             # Raises (nothing queued) if it can never fit. Its siblings join once it computed
             # the prompt, to share the prompt's blocks through the prefix cache.
             self.scheduler.add_request(parent.children[0])
+            self.structured_output.add_request(parent.children[0])
         except ValueError:
             self.output_processor.discard(request.request_id)
             raise
@@ -347,13 +355,21 @@ class LLMEngine:
         step left unfinished work, so it holds no idle wait.
         """
         t0 = time.perf_counter()
+        so_manager = self.structured_output
+        if so_manager.compiling and not self.scheduler.running and all(  # wait, not spin
+                r.status is RequestStatus.WAITING_FOR_FSM for r in self.scheduler.waiting):
+            so_manager.wait_for_compile(timeout=_COMPILE_WAIT_S)
+        grammar_failed = so_manager.update_waiting(self.scheduler.requests)
+        self.scheduler.finish_requests(grammar_failed, RequestStatus.FINISHED_ERROR)
         so = self.scheduler.schedule()
+        so_manager.remove(so.finished_request_ids)
+        bitmask = so_manager.grammar_bitmask(so)
         t1 = time.perf_counter()
         timings = {"schedule": t1 - t0}
         if self._step_end is not None:
             timings["driver"] = t0 - self._step_end
         try:
-            result = self.runner.execute(so, self.scheduler.requests)
+            result = self.runner.execute(so, self.scheduler.requests, bitmask)
         except BaseException:  # the batch as a whole failed: record the step, nothing sampled
             self._record(so, timings)
             raise
@@ -361,15 +377,19 @@ class LLMEngine:
         t2 = time.perf_counter()
         now = self.clock()
         updated = self.scheduler.update_from_output(so, result.sampled_token_ids, result.failed, now=now)
+        ended, refused = so_manager.accept_tokens(updated)  # a grammar that ended ends its request
+        self.scheduler.finish_requests(ended, RequestStatus.FINISHED_STOPPED, now=now)
+        self.scheduler.finish_requests(refused, RequestStatus.FINISHED_ERROR, now=now)
         iteration = IterationStats()
         processed = self.output_processor.process(
             updated, logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs,
-            failed=result.failed, stats=iteration, now=now,
+            failed={**grammar_failed, **result.failed, **refused}, stats=iteration, now=now,
         )
         for request_id, status in processed.reqs_to_abort.items():
             self.scheduler.finish_requests(request_id, status, now=now)
         for sibling in self.output_processor.release_siblings():
             self.scheduler.add_request(sibling)
+            so_manager.add_request(sibling)
         outputs, self._pending_outputs = self._pending_outputs + processed.outputs, []
         t3 = time.perf_counter()
         timings["output"] = t3 - t2
@@ -417,6 +437,7 @@ class LLMEngine:
             timings=timings,
             kv_events=kv.take_events(),
             request_events=scheduler.take_events(),
+            structured_output=self.structured_output.take_step(scheduler.requests),
         )
         self.history.append(record)
         self.request_tracker.consume(record.request_events)

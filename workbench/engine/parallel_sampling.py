@@ -37,6 +37,7 @@ class ParentRequest:
         eos_token_id: int | None = None,
         priority: int = 0,
         arrival_time: float,
+        cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
@@ -53,6 +54,7 @@ class ParentRequest:
                 eos_token_id=eos_token_id,
                 priority=priority,
                 arrival_time=arrival_time,
+                cache_salt=cache_salt,
             )
             for i in range(self.n)
         ]

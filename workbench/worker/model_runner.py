@@ -142,6 +142,20 @@ def build_batch_inputs(
     )
 
 
+def _stack_masks(row_ids: tuple[str, ...], masks: Mapping[str, torch.Tensor]
+                 ) -> torch.Tensor | None:
+    """The sampling rows' masks as one [rows, words] tensor (-1, all allowed, for free rows);
+    None when no row is constrained."""
+    if not masks:
+        return None
+    words = next(iter(masks.values())).shape[-1]
+    stacked = torch.full((len(row_ids), words), -1, dtype=torch.int32)
+    for row, rid in enumerate(row_ids):
+        if rid in masks:
+            stacked[row] = masks[rid]
+    return stacked
+
+
 @dataclass(frozen=True)
 class RunnerOutput:
     """What one execute() produced, by request id: sampled tokens, their logprobs, prompt
@@ -316,9 +330,11 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
 
     def execute(
-        self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request]
+        self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request],
+        grammar_bitmask: Mapping[str, torch.Tensor] | None = None,
     ) -> RunnerOutput:
-        """Run one step's batch: prepare inputs, forward, sample the requests that need a token.
+        """Run one step's batch: prepare inputs, forward, sample the requests that need a token
+        (``grammar_bitmask``: the packed mask row of each constrained one).
 
         First forgets the per-request state (seeded generators) of the requests the
         scheduler finished since the previous step; an empty step does only that.
@@ -326,18 +342,19 @@ class ModelRunner:
         and ``sample`` (inputs, forgetting finished requests, entering inference mode).
         """
         start = time.perf_counter()
-        out = self._execute(scheduler_output, requests)
+        out = self._execute(scheduler_output, requests, grammar_bitmask or {})
         t = out.timings
         t["prepare"] = time.perf_counter() - start - t.get("forward", 0.0) - t.get("sample", 0.0)
         return out
 
     @torch.inference_mode()
     def _execute(
-        self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request]
+        self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request],
+        grammar_bitmask: Mapping[str, torch.Tensor],
     ) -> RunnerOutput:
         if self.batch_invariant and not batch_invariant.enabled():
             with batch_invariant.batch_invariant_mode():
-                return self._execute(scheduler_output, requests)
+                return self._execute(scheduler_output, requests, grammar_bitmask)
         for request_id in scheduler_output.finished_request_ids:
             self.sampler.remove(request_id)
         if not scheduler_output.scheduled:
@@ -367,7 +384,8 @@ class ModelRunner:
         failed: dict[str, str] = {}
         if batch.sample_request_ids:
             rows = [requests[rid] for rid in batch.sample_request_ids]
-            out = self.sampler(logits, rows)
+            out = self.sampler(logits, rows, _stack_masks(batch.sample_request_ids,
+                                                          grammar_bitmask))
             failed = dict(out.failed)
             for rid, token, lp in zip(batch.sample_request_ids, out.token_ids, out.logprobs):
                 if rid in failed:

@@ -43,8 +43,10 @@ class Runner(Protocol):
         """Run the batch shapes of a serving run once before the first request (CUDA)."""
         ...
 
-    def execute(self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request]) -> RunnerOutput:
-        """One step's batch: a token for every scheduled request that samples, and timings."""
+    def execute(self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request],
+                grammar_bitmask: Mapping[str, torch.Tensor] | None = None) -> RunnerOutput:
+        """One step's batch: a token for every scheduled request that samples (within its
+        grammar's packed mask row, for constrained ones), and timings."""
         ...
 
 

@@ -2,6 +2,9 @@
 
 Order of operations per row (vLLM v1's order, its default ``logprobs_mode="raw_logprobs"``):
 
+0. **Grammar bitmask** (structured outputs): a row with a mask keeps only the tokens its bits
+   allow (bit ``t % 32`` of int32 word ``t // 32``); the others become -inf before anything
+   below, logprobs included (vLLM applies it to the logits the sampler receives).
 1. **Logprobs** come from the *raw* logits: ``log_softmax(logits)`` as the model produced them.
    They do not reflect penalties, min_tokens, temperature or top-k/top-p/min-p truncation.
 2. **Per-request logits work**, row by row and isolated: the request's ``logits_processors``
@@ -115,6 +118,20 @@ def _check_token_ids(tokens: list[int], vocab_size: int, request: Request, what:
             f"request {request.request_id!r}: {what} contains token id {max(tokens)}, "
             f"which must be < the logits' vocab size {vocab_size}."
         )
+
+
+def unpack_bitmask(bitmask: Tensor, vocab_size: int) -> Tensor:
+    """[rows, words] packed int32 -> [rows, vocab_size] bool: token ``t`` is allowed iff bit
+    ``t % 32`` of word ``t // 32`` is set (xgrammar's layout)."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.to(torch.int32).unsqueeze(-1) >> shifts) & 1
+    return bits.flatten(1)[:, :vocab_size].bool()
+
+
+def apply_token_bitmask(logits: Tensor, bitmask: Tensor) -> Tensor:
+    """``logits`` with every token a row's mask forbids set to -inf (a new tensor)."""
+    allowed = unpack_bitmask(bitmask.to(logits.device), logits.shape[1])
+    return logits.masked_fill(~allowed, _NEG_INF)
 
 
 def _request_logits(row: Tensor, request: Request) -> Tensor:
@@ -343,8 +360,10 @@ class Sampler:
                 q[j] = torch.empty(vocab_size, device=device).exponential_(generator=generator)
         return q.clamp_min_(_TINY)  # an Exp draw of exactly 0 would divide by zero
 
-    def __call__(self, logits: Tensor, requests: Sequence[Request]) -> SamplerOutput:
-        """Sample row ``i`` of ``logits`` [num_rows, vocab] for ``requests[i]`` (see module doc)."""
+    def __call__(self, logits: Tensor, requests: Sequence[Request],
+                 grammar_bitmask: Tensor | None = None) -> SamplerOutput:
+        """Sample row ``i`` of ``logits`` [num_rows, vocab] for ``requests[i]`` (see module doc);
+        ``grammar_bitmask`` [num_rows, ceil(vocab / 32)] int32 (-1: a free row) masks first."""
         if logits.dim() != 2:
             raise ValueError(
                 f"logits must be 2-D [num_rows, vocab], got shape {tuple(logits.shape)}."
@@ -357,6 +376,8 @@ class Sampler:
         num_rows, vocab_size = logits.shape
         if num_rows == 0:
             return SamplerOutput(token_ids=[], logprobs=[])
+        if grammar_bitmask is not None:
+            logits = apply_token_bitmask(logits, grammar_bitmask)
         if all(_is_plain_greedy(r) for r in requests):  # the common batch: one argmax
             return SamplerOutput(token_ids=logits.argmax(dim=-1).tolist(), logprobs=[None] * num_rows)
         device = logits.device

@@ -88,7 +88,8 @@ def test_chat_shapes_and_stream(api, hf):
     ({"temperature": -1}, openai.BadRequestError, "temperature"),
     ({"model": "gpt-5"}, openai.NotFoundError, "model"),
     ({"extra_body": {"top_logprobs": 3}}, openai.BadRequestError, "top_logprobs"),
-    ({"response_format": {"type": "json_object"}}, openai.BadRequestError, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {  # the compiler refuses it
+        "name": "x", "schema": {"type": "objectx"}}}}, openai.BadRequestError, "response_format"),
     ({"messages": [{"role": "villain", "content": "Ha"}]}, openai.BadRequestError, "messages"),
 ])
 def test_errors_map_to_the_clients_exceptions(api, kwargs, error, param):

@@ -14,7 +14,8 @@ There is no prefill or decode phase. Each ``schedule()`` moves requests'
    ``max_num_seqs`` allow. A request (re)entering looks up the prefix cache first; the
    rest of its tokens are chunked to the budget (chunked prefill), or -- with chunked
    prefill off -- it is admitted only when all of them fit this step's remaining budget.
-   The pass stops at the first request that does not fit (no overtaking).
+   The pass stops at the first request that does not fit (no overtaking). A request in
+   WAITING_FOR_FSM (its grammar still compiling) is passed over, keeping its place.
 
 A chunk samples (``samples``) iff it reaches the last known token. ``is_prefill`` is True
 iff the chunk holds a prompt token or more than one token; a decode chunk is exactly one
@@ -74,6 +75,7 @@ class WaitingQueue:
         self._deque: deque[Request] = deque()
         self._heap: list[tuple[object, int, Request]] = []
         self._seq = itertools.count()
+        self._skipped: list = []  # heap entries or requests set aside during one pass
 
     def add(self, request: Request) -> None:
         if self._keyed:
@@ -90,6 +92,19 @@ class WaitingQueue:
 
     def peek(self) -> Request:
         return self._heap[0][2] if self._keyed else self._deque[0]
+
+    def skip_front(self) -> None:
+        """Set the front request aside (it keeps its place: see ``restore_skipped``)."""
+        self._skipped.append(heapq.heappop(self._heap) if self._keyed else self._deque.popleft())
+
+    def restore_skipped(self) -> None:
+        """Put the requests set aside back where they were, in their order."""
+        if self._keyed:
+            for entry in self._skipped:
+                heapq.heappush(self._heap, entry)
+        else:
+            self._deque.extendleft(reversed(self._skipped))
+        self._skipped = []
 
     def pop(self) -> Request:
         return heapq.heappop(self._heap)[2] if self._keyed else self._deque.popleft()
@@ -177,8 +192,10 @@ class Scheduler:
         rid = request.request_id
         if rid in self.requests:
             raise ValueError(f"request_id {rid!r} is already in the scheduler.")
-        if request.status is not RequestStatus.WAITING or request.num_computed_tokens or request.output_token_ids:
-            raise ValueError(f"request {rid!r} must be fresh (WAITING, nothing computed or generated).")
+        if (request.status not in (RequestStatus.WAITING, RequestStatus.WAITING_FOR_FSM)
+                or request.num_computed_tokens or request.output_token_ids):
+            raise ValueError(f"request {rid!r} must be fresh (WAITING or WAITING_FOR_FSM, nothing "
+                             "computed or generated).")
         n_prompt = request.num_prompt_tokens
         if n_prompt == 0:
             raise ValueError(f"request {rid!r}: the prompt must contain at least one token.")
@@ -289,6 +306,9 @@ class Scheduler:
         resumed_ids: list[str] = []
         while not preempted and self.waiting and budget > 0 and len(running) < self.max_num_seqs:
             request = self.waiting.peek()
+            if request.status is RequestStatus.WAITING_FOR_FSM:  # vLLM: skipped, not blocking
+                self.waiting.skip_front()
+                continue
             hit_blocks, num_hit = kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_hit
             if self.enable_chunked_prefill:
@@ -313,6 +333,7 @@ class Scheduler:
             running.append(request)
             admitted.append((request, num_new, num_hit))
             budget -= num_new
+        self.waiting.restore_skipped()
 
         scheduled = [self._chunk(r, n, 0) for r, n in running_chunks.items()]
         scheduled += [self._chunk(r, n, hit) for r, n, hit in admitted]
@@ -488,7 +509,8 @@ class Scheduler:
                 f"[{lo}, num_tokens={r.num_tokens})"
             )
         for r in self.waiting:
-            assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), (
+            assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED,
+                                RequestStatus.WAITING_FOR_FSM), (
                 f"{r.request_id!r} in waiting with status {r.status.name}"
             )
             assert r.num_computed_tokens == 0, f"waiting {r.request_id!r} has {r.num_computed_tokens} computed tokens"
@@ -506,7 +528,9 @@ class Scheduler:
     _REPR_MAX = 16
 
     def _queue_repr(self, requests: Iterable[Request]) -> str:
-        items = [f"{r.request_id}:{r.num_computed_tokens}/{r.num_tokens}" for r in requests]
+        items = [f"{r.request_id}:{r.num_computed_tokens}/{r.num_tokens}"
+                 + (" (fsm)" if r.status is RequestStatus.WAITING_FOR_FSM else "")
+                 for r in requests]
         more = len(items) - self._REPR_MAX
         shown = items[: self._REPR_MAX] + ([f"... +{more} more"] if more > 0 else [])
         return "[" + ", ".join(shown) + "]"

@@ -11,6 +11,7 @@ OpenAI-shaped (errors.py). A client that disconnects has its request aborted (bl
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import os
@@ -31,23 +32,35 @@ from workbench.entrypoints.openai.generation_defaults import load_generation_def
 from workbench.entrypoints.openai.tokenization import tokenization_router
 
 logger = logging.getLogger("workbench.entrypoints.openai")
-_PROTECTED = ("/v1/", "/tokenize", "/detokenize")
 _LOGGER_NAME = "prometheus"
 
 
 class _APIKeyMiddleware:
-    """ASGI middleware: /v1/*, /tokenize and /detokenize need ``Authorization: Bearer KEY``
-    (plain ASGI, so streaming responses and disconnects pass through untouched)."""
+    """ASGI middleware with vLLM's rule: a path starting ``/v1`` (after the root path) needs an
+    ``Authorization`` header whose scheme, before the first space, is ``bearer`` in any case
+    and whose rest, unstripped, equals one of the keys (sha256 digests compared in constant
+    time). OPTIONS, /health, /metrics, /tokenize and /detokenize pass, as in vLLM (plain
+    ASGI, so streaming responses and disconnects pass through untouched)."""
 
-    def __init__(self, app: Any, *, api_key: str) -> None:
+    def __init__(self, app: Any, *, api_keys: list[str]) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.digests = [hashlib.sha256(k.encode()).digest() for k in api_keys]
+
+    def verify(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        value = next((v for k, v in headers if k == b"authorization"), b"").decode("latin-1")
+        scheme, _, token = value.partition(" ")
+        if not value or scheme.lower() != "bearer":
+            return False
+        given = hashlib.sha256(token.encode()).digest()
+        match = False
+        for digest in self.digests:  # every key compared: the time does not tell which
+            match |= hmac.compare_digest(given, digest)
+        return match
 
     async def __call__(self, scope, receive, send) -> None:
-        if (scope["type"] == "http" and scope["method"] != "OPTIONS"
-                and scope["path"].startswith(_PROTECTED)):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+        if scope["type"] == "http" and scope["method"] != "OPTIONS":
+            path = scope["path"].removeprefix(scope.get("root_path", ""))
+            if path.startswith("/v1") and not self.verify(scope["headers"]):
                 response = error_response(
                     401, "Unauthorized: a valid API key is required (Authorization: Bearer <key>)."
                 )
@@ -74,10 +87,10 @@ def prometheus_logger(async_llm: AsyncLLM, model_name: str) -> PrometheusStatLog
     return async_llm.submit(get_or_add).result()
 
 
-def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | None = None,
+def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | list[str] | None = None,
               generation_config: str = "auto") -> FastAPI:
-    """The OpenAI-compatible app over ``async_llm``; ``api_key`` guards /v1/*, /tokenize and
-    /detokenize (``Authorization: Bearer <key>``); ``generation_config`` ("auto", "vllm" or
+    """The OpenAI-compatible app over ``async_llm``; ``api_key`` (one key or several) guards
+    /v1* (``Authorization: Bearer <key>``, vLLM's rule); ``generation_config`` ("auto", "vllm" or
     a folder) gives the sampling defaults, as vLLM's ``--generation-config``."""
     defaults = load_generation_defaults(generation_config, async_llm.model_config.path)
     serving = OpenAIServing(async_llm, model_name, defaults)
@@ -86,7 +99,8 @@ def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | None = Non
     app.state.serving = serving
     install_error_handlers(app)
     if api_key is not None:
-        app.add_middleware(_APIKeyMiddleware, api_key=api_key)
+        keys = [api_key] if isinstance(api_key, str) else list(api_key)
+        app.add_middleware(_APIKeyMiddleware, api_keys=keys)
     app.include_router(completion_router(serving))
     app.include_router(chat_router(serving))
     app.include_router(tokenization_router(serving))

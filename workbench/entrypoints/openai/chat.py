@@ -82,18 +82,24 @@ class ChatFormat(ResponseFormat):
     def prelude(self, choices: Sequence[ChoiceState]) -> list[R.ChatCompletionChunk]:
         for state in choices:
             state.started = True
-        return [self.chunk([R.ChatStreamChoice(index=s.index,
-                                               delta={"role": ROLE, "content": self.echo})],
-                           None) for s in choices]
+        chunks = [self.chunk([R.ChatStreamChoice(index=s.index,
+                                                 delta={"role": ROLE, "content": self.echo})],
+                             None) for s in choices]
+        if self.req.return_token_ids and chunks:  # vLLM: the prompt's ids in the first chunk
+            chunks[0].prompt_token_ids = choices[0].prompt.token_ids
+        return chunks
 
     def stream_choice(self, state: ChoiceState, delta: CompletionOutput
                       ) -> R.ChatStreamChoice | None:
-        if not delta.text and delta.finish_reason is None and not self.req.logprobs:
+        ids = self.req.return_token_ids
+        if (not delta.text and delta.finish_reason is None and not self.req.logprobs
+                and not (ids and delta.token_ids)):
             return None
         return R.ChatStreamChoice(
             index=state.index, delta={"content": delta.text},
             logprobs=self._logprobs(delta.token_ids, delta.logprobs or []),
             finish_reason=delta.finish_reason, stop_reason=delta.stop_reason,
+            token_ids=list(delta.token_ids) if ids else None,
         )
 
     def chunk(self, choices: list, usage: R.UsageInfo | None) -> R.ChatCompletionChunk:
@@ -109,6 +115,7 @@ class ChatFormat(ResponseFormat):
                 logprobs=self._logprobs(s.token_ids, s.logprobs),
                 finish_reason=s.finish_reason,
                 stop_reason=s.stop_reason,
+                token_ids=s.token_ids if self.req.return_token_ids else None,
             )
             for s in choices
         ]
@@ -117,7 +124,9 @@ class ChatFormat(ResponseFormat):
             prompt_logprobs = prompt_logprobs_json(choices[0].prompt.prompt_logprobs)
         return R.ChatCompletionResponse(id=self.response_id, created=self.created,
                                         model=self.model, choices=out, usage=usage,
-                                        prompt_logprobs=prompt_logprobs)
+                                        prompt_logprobs=prompt_logprobs,
+                                        prompt_token_ids=choices[0].prompt.token_ids
+                                        if self.req.return_token_ids else None)
 
 
 def chat_router(serving: OpenAIServing) -> APIRouter:

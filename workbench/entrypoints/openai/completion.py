@@ -72,7 +72,9 @@ class CompletionFormat(ResponseFormat):
         first = not state.started
         state.started = True
         text = (self._echo(state) if first else "") + delta.text
-        if not text and delta.finish_reason is None and self.req.logprobs is None:
+        ids = self.req.return_token_ids
+        if (not text and delta.finish_reason is None and self.req.logprobs is None
+                and not (ids and (first or delta.token_ids))):
             return None  # the detokenizer held the text back: nothing to say yet
         logprobs = None
         if self.req.logprobs is not None:
@@ -81,7 +83,10 @@ class CompletionFormat(ResponseFormat):
                                       with_prompt=first and self.req.echo)
         return R.CompletionChoice(index=state.index, text=text, logprobs=logprobs,
                                   finish_reason=delta.finish_reason,
-                                  stop_reason=delta.stop_reason)
+                                  stop_reason=delta.stop_reason,
+                                  token_ids=list(delta.token_ids) if ids else None,
+                                  prompt_token_ids=state.prompt.token_ids if ids and first
+                                  else None)
 
     def chunk(self, choices: list, usage: R.UsageInfo | None) -> R.CompletionResponse:
         return R.CompletionResponse(id=self.response_id, created=self.created,
@@ -100,6 +105,8 @@ class CompletionFormat(ResponseFormat):
                 finish_reason=state.finish_reason, stop_reason=state.stop_reason,
                 prompt_logprobs=prompt_logprobs_json(state.prompt.prompt_logprobs)
                 if self.req.prompt_logprobs is not None else None,
+                token_ids=state.token_ids if self.req.return_token_ids else None,
+                prompt_token_ids=state.prompt.token_ids if self.req.return_token_ids else None,
             ))
         return R.CompletionResponse(id=self.response_id, created=self.created,
                                     model=self.model, choices=out, usage=usage)

@@ -10,11 +10,21 @@ Fields nobody declares are accepted and named in one warning per request (vLLM's
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional, Union
+import logging
+from typing import Annotated, Any, ClassVar, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from workbench.sampling_params import RequestOutputKind, SamplingParams, check_logprobs
+from workbench.engine.input_processor import check_cache_salt
+from workbench.sampling_params import (
+    RequestOutputKind,
+    SamplingParams,
+    StructuredOutputsParams,
+    check_logprobs,
+)
+from workbench.structured_output.backend_xgrammar import validate_grammar
+
+logger = logging.getLogger("workbench.entrypoints.openai")
 
 
 class FieldError(ValueError):
@@ -56,9 +66,66 @@ class StreamOptions(OpenAIModel):
     continuous_usage_stats: bool = False
 
 
+class JsonSchemaResponseFormat(OpenAIModel):
+    """OpenAI's ``response_format.json_schema``: the schema under ``schema`` (vLLM's alias)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    name: str
+    description: Optional[str] = None
+    json_schema: Optional[dict[str, Any]] = Field(default=None, alias="schema")
+    strict: Optional[bool] = None
+
+
 class ResponseFormat(OpenAIModel):
     type: str
-    json_schema: Optional[dict[str, Any]] = None
+    json_schema: Optional[JsonSchemaResponseFormat] = None
+
+    @model_validator(mode="after")
+    def _type_rules(self):
+        if self.type == "structural_tag":
+            raise unsupported("response_format", "response_format of type 'structural_tag'")
+        if self.type not in ("text", "json_object", "json_schema"):
+            raise FieldError("response_format", "response_format.type must be 'text', "
+                             f"'json_object' or 'json_schema', got {self.type!r}.")
+        if self.type == "json_schema" and self.json_schema is None:
+            raise FieldError("response_format", "When response_format type is 'json_schema', "
+                             "the 'json_schema' field must be provided.")
+        return self
+
+
+class StructuredOutputsRequest(OpenAIModel):
+    """vLLM's ``structured_outputs`` field (StructuredOutputsParams): at most one constraint
+    here; ``response_format`` may supply it (vLLM merges the two, response_format winning)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    json_: Union[str, dict[str, Any], None] = Field(default=None, alias="json")
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: Optional[str] = None
+    structural_tag: Optional[str] = None
+
+    def constraint_fields(self) -> dict[str, Any]:
+        """The set fields, by StructuredOutputsParams' names."""
+        if self.structural_tag is not None:
+            raise unsupported("structured_outputs", "structured_outputs.structural_tag")
+        if self.whitespace_pattern is not None:
+            raise unsupported("structured_outputs", "structured_outputs.whitespace_pattern "
+                              "(the xgrammar backend has none; use disable_any_whitespace)")
+        values = {"json": self.json_, "regex": self.regex, "choice": self.choice,
+                  "grammar": self.grammar, "json_object": self.json_object}
+        flags = {name: getattr(self, name) for name in (
+            "disable_fallback", "disable_any_whitespace", "disable_additional_properties")}
+        return {**{k: v for k, v in values.items() if v is not None}, **flags}
+
+
+#: The older request fields vLLM still maps onto structured_outputs (deprecated there).
+GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+                 "guided_grammar": "grammar"}
 
 
 class _CommonFields(OpenAIModel):
@@ -71,7 +138,7 @@ class _CommonFields(OpenAIModel):
     n: int = 1
     seed: Optional[int] = None
     stop: Union[str, list[str], None] = None
-    stream: bool = False
+    stream: Optional[bool] = False  # null: False, as vLLM
     stream_options: Optional[StreamOptions] = None
     temperature: Optional[float] = None
     top_p: Optional[float] = None
@@ -97,19 +164,19 @@ class _CommonFields(OpenAIModel):
     # vLLM's extra serving parameters
     priority: int = 0
     request_id: Optional[str] = None
-    return_tokens_as_token_ids: bool = False
-    # vLLM fields this server rejects when set (see check_supported)
-    guided_json: Any = None
+    return_tokens_as_token_ids: Optional[bool] = False
+    return_token_ids: Optional[bool] = None  # token ids beside the text (vLLM)
+    cache_salt: Optional[str] = Field(default=None, min_length=1, max_length=1024)
+    structured_outputs: Optional[StructuredOutputsRequest] = None
+    guided_json: Union[str, dict[str, Any], None] = None
     guided_regex: Optional[str] = None
     guided_choice: Optional[list[str]] = None
     guided_grammar: Optional[str] = None
     guided_decoding_backend: Optional[str] = None
+    # vLLM fields this server rejects when set (see check_supported)
     guided_whitespace_pattern: Optional[str] = None
     structural_tag: Optional[str] = None
-    structured_outputs: Any = None
     logits_processors: Any = None
-    return_token_ids: Optional[bool] = None
-    cache_salt: Optional[str] = None
     kv_transfer_params: Optional[dict[str, Any]] = None
     vllm_xargs: Optional[dict[str, Any]] = None
 
@@ -126,31 +193,70 @@ class _CommonFields(OpenAIModel):
         if self.prompt_logprobs is not None and self.stream:
             raise FieldError("prompt_logprobs",
                              "`prompt_logprobs` are not available when `stream=True`.")
+        try:
+            check_cache_salt(self.cache_salt)
+        except ValueError as exc:
+            raise FieldError("cache_salt", str(exc)) from None
         return self
 
     def check_supported(self) -> None:
         """Raise FieldError for a set field this server cannot honour (vLLM honours it with
-        features the workbench does not have: beam search, structured output, KV transfer)."""
+        features the workbench does not have: beam search, KV transfer)."""
         if self.best_of is not None and self.best_of != self.n:
             raise FieldError("best_of", "best_of > n is not supported by this server.")
         if self.use_beam_search:
             raise unsupported("use_beam_search", "Beam search")
         if self.length_penalty != 1.0:
             raise unsupported("length_penalty", "length_penalty (a beam-search option)")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise unsupported("response_format",
-                              f"response_format of type {self.response_format.type!r}")
-        for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                     "guided_decoding_backend", "guided_whitespace_pattern", "structural_tag",
-                     "structured_outputs"):
-            if getattr(self, name) is not None:
-                raise unsupported(name, f"{name} (structured output)")
+        if self.guided_whitespace_pattern is not None:
+            raise unsupported("guided_whitespace_pattern", "guided_whitespace_pattern (the "
+                              "xgrammar backend has none; use disable_any_whitespace)")
+        if self.structural_tag is not None:
+            raise unsupported("structural_tag")
+        if self.guided_decoding_backend not in (None, "auto", "xgrammar"):
+            raise FieldError("guided_decoding_backend", "Request-level structured output "
+                             "backend selection is not supported: this server's backend is "
+                             f"xgrammar, got {self.guided_decoding_backend!r}.")
         if self.logits_processors is not None:
             raise unsupported("logits_processors", "logits_processors (server-side classes; "
                               "use SamplingParams.logits_processors offline)")
-        for name in ("return_token_ids", "cache_salt", "kv_transfer_params", "vllm_xargs"):
+        for name in ("kv_transfer_params", "vllm_xargs"):
             if getattr(self, name):
                 raise unsupported(name)
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """The request's constraint, as vLLM builds it: ``structured_outputs`` (else the
+        deprecated ``guided_*`` fields), overridden by a ``response_format`` of type
+        json_object / json_schema; parsed by the grammar compiler here, so a bad one is a
+        FieldError naming the field that set it, with the compiler's message."""
+        fields, field = {}, "structured_outputs"
+        if self.structured_outputs is not None:
+            fields = self.structured_outputs.constraint_fields()
+        else:
+            guided = {k: v for k, v in GUIDED_FIELDS.items() if getattr(self, k) is not None}
+            if guided:
+                logger.warning("The guided_* fields are deprecated (as in vLLM); use "
+                               "structured_outputs. Got %s.", sorted(guided))
+                field = next(iter(guided))
+                fields = {kind: getattr(self, name) for name, kind in guided.items()}
+        rf = self.response_format
+        if rf is not None and rf.type != "text":
+            field = "response_format"
+            if rf.type == "json_object":
+                fields = {**fields, "json_object": True}
+            else:
+                fields = {**fields, "json": rf.json_schema.json_schema}
+        if not any(k in fields for k in ("json", "regex", "choice", "grammar", "json_object")):
+            if fields and any(fields.values()):
+                raise FieldError(field, "You must use one kind of structured outputs "
+                                        f"constraint but none are specified: {fields}")
+            return None
+        try:
+            params = StructuredOutputsParams(**fields)
+            validate_grammar(params)
+        except ValueError as exc:
+            raise FieldError(field, f"{field}: {exc}") from None
+        return params
 
     def sampling_params(self, *, max_tokens: int | None, logprobs: int | None,
                         defaults: dict[str, Any]) -> SamplingParams:
@@ -180,6 +286,7 @@ class _CommonFields(OpenAIModel):
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
+            structured_outputs=self.structured_outputs_params(),
             **{k: v for k, v in optional.items() if v is not None},
         )
 
@@ -192,7 +299,8 @@ class _CommonFields(OpenAIModel):
         return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
-PromptInput = Union[str, list[str], list[int], list[list[int]]]
+TokenId = Annotated[int, Field(ge=0)]
+PromptInput = Union[str, list[str], list[TokenId], list[list[TokenId]]]
 
 
 class CompletionRequest(_CommonFields):
@@ -201,19 +309,26 @@ class CompletionRequest(_CommonFields):
 
     prompt: Optional[PromptInput] = None
     prompt_embeds: Any = None
-    echo: bool = False
+    echo: Optional[bool] = False
     logprobs: Optional[int] = None
-    max_tokens: Optional[int] = 16
+    max_tokens: Optional[int] = 16  # null is 16 too (vLLM's normalize_null_max_tokens)
     suffix: Optional[str] = None
     add_special_tokens: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_max_tokens(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "max_tokens" in data and data["max_tokens"] is None:
+            data = {**data, "max_tokens": cls.model_fields["max_tokens"].default}
+        return data
 
     @model_validator(mode="after")
     def _completion_rules(self):
         if self.prompt_embeds is not None:
             raise unsupported("prompt_embeds")
-        if self.prompt is None or self.prompt == [] or self.prompt == [[]]:
-            raise FieldError("prompt", "prompt must be a text, a list of token ids, or a "
-                                       "non-empty list of either.")
+        if self.prompt is None or self.prompt == "":
+            raise FieldError("prompt",
+                             "Either prompt or prompt_embeds must be provided and non-empty.")
         logprobs_rule("logprobs", self.logprobs)
         if self.max_tokens is not None and self.max_tokens < 0:
             raise FieldError("max_tokens", f"max_tokens must be at least 0, got "
@@ -231,11 +346,12 @@ class CompletionRequest(_CommonFields):
             raise unsupported("suffix")
 
     def prompts(self) -> list[Union[str, list[int]]]:
-        """The prompts of this request, one per choice group."""
+        """The prompts of this request, one per choice group (``[]`` is one empty prompt of
+        token ids, which the input processor refuses as vLLM's does)."""
         p = self.prompt
         if isinstance(p, str):
             return [p]
-        if p and all(isinstance(x, int) for x in p):
+        if all(isinstance(x, int) for x in p):
             return [p]  # one prompt of token ids
         return list(p)
 
@@ -269,7 +385,7 @@ class ChatCompletionRequest(_CommonFields):
     neither, the rest of the context is the limit."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: bool = False
+    logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = None
     max_tokens: Optional[int] = None
     max_completion_tokens: Optional[int] = None
@@ -286,6 +402,14 @@ class ChatCompletionRequest(_CommonFields):
     chat_template: Optional[str] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
     mm_processor_kwargs: Optional[dict[str, Any]] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_n(cls, data: Any) -> Any:
+        """vLLM's chat ``n`` is nullable: null is its default, 1."""
+        if isinstance(data, dict) and "n" in data and data["n"] is None:
+            data = {**data, "n": 1}
+        return data
 
     @model_validator(mode="after")
     def _chat_rules(self):

@@ -47,6 +47,11 @@ class PromptLogprob(BaseModel):
 PromptLogprobs = list[Optional[dict[int, PromptLogprob]]]
 
 
+def _only_when_set(default=None):
+    """A field left out of the JSON while None (vLLM's ``return_token_ids`` extras)."""
+    return Field(default=default, exclude_if=lambda v: v is None)
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
@@ -54,6 +59,9 @@ class CompletionChoice(BaseModel):
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
     prompt_logprobs: Optional[PromptLogprobs] = None  # its prompt's, when asked (vLLM)
+    # return_token_ids: the choice's tokens (a stream: each chunk's), its prompt's (first chunk)
+    token_ids: Optional[list[int]] = _only_when_set()
+    prompt_token_ids: Optional[list[int]] = _only_when_set()
 
 
 class CompletionResponse(BaseModel):
@@ -90,6 +98,7 @@ class ChatChoice(BaseModel):
     logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
+    token_ids: Optional[list[int]] = _only_when_set()  # return_token_ids
 
 
 class ChatCompletionResponse(BaseModel):
@@ -100,6 +109,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo
     prompt_logprobs: Optional[PromptLogprobs] = None
+    prompt_token_ids: Optional[list[int]] = _only_when_set()  # return_token_ids
 
 
 class ChatStreamChoice(BaseModel):
@@ -108,6 +118,7 @@ class ChatStreamChoice(BaseModel):
     logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
+    token_ids: Optional[list[int]] = _only_when_set()  # return_token_ids: this chunk's
 
 
 class ChatCompletionChunk(BaseModel):
@@ -117,6 +128,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: Optional[UsageInfo] = None
+    prompt_token_ids: Optional[list[int]] = _only_when_set()  # return_token_ids: first chunk
 
 
 class ModelCard(BaseModel):

@@ -174,6 +174,9 @@ class OpenAIServing:
         single = len(prompts) == 1
         prepared = []
         for i, prompt in enumerate(prompts):
+            if req.cache_salt is not None:  # vLLM's prompt dicts carry the salt
+                key = "prompt" if isinstance(prompt, str) else "prompt_token_ids"
+                prompt = {key: prompt, "cache_salt": req.cache_salt}
             try:
                 request = await self.llm.process_inputs(
                     request_id if single else f"{request_id}-{i}", prompt, params,

@@ -87,10 +87,12 @@ class SimulatedRunner:
     def warm_up(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         """Nothing to compile."""
 
-    def execute(self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request]) -> RunnerOutput:
+    def execute(self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request],
+                grammar_bitmask=None) -> RunnerOutput:
         """Advance the clock by the predicted duration, plus the wake-up cost for the first
         batch after idle and the input processing of the text prompts that arrived since the
-        last step; one token per sampling request."""
+        last step; one token per sampling request (``grammar_bitmask`` is not read: filler
+        tokens follow no grammar, so a constrained request ends with an error here)."""
         if not scheduler_output.scheduled:
             seconds = self.cost_model.empty_step_s
             self.clock.advance(seconds)

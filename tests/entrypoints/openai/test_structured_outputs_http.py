@@ -1,0 +1,117 @@
+"""Structured outputs over HTTP with the official ``openai`` client on the ASGI app:
+``chat.completions.parse`` with a pydantic model, ``response_format`` json_object /
+json_schema (streamed too), ``structured_outputs`` and the older ``guided_*`` fields.
+Outputs are checked by the client's own parsing, ``jsonschema`` and ``re.fullmatch``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Literal
+
+import httpx
+import jsonschema
+import openai
+import pydantic
+
+from serving_support import MODEL, serving_fixtures
+
+async_llm, app = serving_fixtures()
+USER = [{"role": "user", "content": "Who speaks, and how many lines?"}]
+COMPACT = {"structured_outputs": {"disable_any_whitespace": True}}  # the model loves newlines
+
+
+class Line(pydantic.BaseModel):
+    speaker: Literal["ROMEO", "JULIET", "NURSE"]
+    mood: Literal["glad", "sad"]
+    lines: int = pydantic.Field(ge=0, le=20)
+    aside: bool
+
+
+def call(app, fn):
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://test/v1") as http:
+            api = openai.AsyncOpenAI(base_url="http://test/v1", api_key="none",
+                                     http_client=http, max_retries=0)
+            return await fn(api)
+    return asyncio.run(go())
+
+
+def test_parse_with_a_pydantic_model(app):
+    async def go(api):
+        return await asyncio.gather(*(api.chat.completions.parse(
+            model=MODEL, messages=USER, response_format=Line, max_completion_tokens=80,
+            temperature=t, seed=7, extra_body=COMPACT) for t in (0, 1.0)))
+
+    for completion in call(app, go):
+        choice = completion.choices[0]
+        assert choice.finish_reason == "stop"
+        assert isinstance(choice.message.parsed, Line)
+        jsonschema.validate(json.loads(choice.message.content), Line.model_json_schema())
+
+
+def test_json_object_and_streamed_json_schema(app):
+    schema = {"type": "object", "properties": {"word": {"enum": ["ay", "nay"]}},
+              "required": ["word"]}
+
+    async def go(api):
+        obj = await api.chat.completions.create(
+            model=MODEL, messages=USER, response_format={"type": "json_object"},
+            max_completion_tokens=120, temperature=0, extra_body=COMPACT)
+        stream = await api.chat.completions.create(
+            model=MODEL, messages=USER, max_completion_tokens=40, temperature=0, stream=True,
+            extra_body=COMPACT, response_format={"type": "json_schema",
+                             "json_schema": {"name": "w", "schema": schema, "strict": True}})
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        return obj, text
+
+    obj, text = call(app, go)
+    content = obj.choices[0].message.content
+    if obj.choices[0].finish_reason == "stop":  # any keys: the model may still write one
+        assert isinstance(json.loads(content), dict)
+    else:
+        assert content.startswith("{")
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_structured_outputs_and_the_older_guided_fields(app):
+    async def go(api):
+        return await asyncio.gather(
+            api.completions.create(model=MODEL, prompt="ROMEO:", max_tokens=20, n=2,
+                                   temperature=1.0, seed=1,
+                                   extra_body={"structured_outputs": {"choice": ["ay", "nay"]}}),
+            api.completions.create(model=MODEL, prompt="ROMEO:", max_tokens=20, temperature=0,
+                                   extra_body={"guided_regex": r"Act [IVX]{1,3}\."}),
+            api.chat.completions.create(model=MODEL, messages=USER, max_completion_tokens=20,
+                                        temperature=0, extra_body={"guided_choice": ["yes"]}),
+            api.completions.create(model=MODEL, prompt="ROMEO:", max_tokens=20, temperature=0,
+                                   extra_body={"structured_outputs": {
+                                       "grammar": 'root ::= "O " ("Romeo" | "Juliet") "!"'}}),
+        )
+
+    choice, regex, chat, grammar = call(app, go)
+    assert [c.text in ("ay", "nay") for c in choice.choices] == [True, True]
+    assert re.fullmatch(r"Act [IVX]{1,3}\.", regex.choices[0].text)
+    assert chat.choices[0].message.content == "yes"
+    assert re.fullmatch(r"O (Romeo|Juliet)!", grammar.choices[0].text)
+
+
+def test_a_bad_schema_is_a_400_naming_the_field_and_the_next_request_is_served(app):
+    async def go(api):
+        try:
+            await api.chat.completions.create(
+                model=MODEL, messages=USER, max_completion_tokens=5,
+                response_format={"type": "json_schema", "json_schema": {
+                    "name": "x", "schema": {"type": "object", "minProperties": "two"}}})
+        except openai.BadRequestError as exc:
+            error = exc.body
+        ok = await api.chat.completions.create(model=MODEL, messages=USER,
+                                               max_completion_tokens=3)
+        return error, ok
+
+    error, ok = call(app, go)
+    assert error["param"] == "response_format"
+    assert error["message"].startswith("response_format: ")
+    assert ok.choices[0].finish_reason in ("length", "stop")
