@@ -2,6 +2,7 @@
 (the scheduler's per-step batch, the live KV pool, a hand-worked schedule), not its own output."""
 
 import html
+import html.parser
 import threading
 import time
 
@@ -444,3 +445,49 @@ def test_a_recompute_chunk_is_drawn_as_one_in_every_view_and_finishes_sit_on_the
     assert sorted((line.get_xdata()[0], line.get_ydata()[0]) for line in markers) == sorted(
         (step, y[rid]) for rid, step in finished.items())
     plt.close("all")
+
+
+class _Rows(html.parser.HTMLParser):
+    """The cells of each <tr> of an HTML fragment, as text; the styles of its <div>s."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows, self.div_styles, self._cell = [], [], None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "div":
+            self.div_styles.append(dict(attrs).get("style", ""))
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.rows[-1].append("".join(self._cell))
+            self._cell = None
+
+
+def test_the_requests_tab_scrolls_visibly_and_outputs_keep_multiline_text_in_their_row():
+    engine = tight_engine()
+    dashboard = EngineDashboard(engine)
+    for rid in ("first", "second"):
+        engine.add_request(rid, "ROMEO:", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    dashboard.run_to_end()
+    requests = _Rows()
+    requests.feed(dashboard.requests.value)
+    assert "scroll sideways" in dashboard.requests.value  # the hint
+    assert any("overflow-x:scroll" in style for style in requests.div_styles)  # a visible scrollbar
+    outputs = _Rows()
+    outputs.feed(dashboard.finished.value)
+    texts = {out.request_id: out.outputs[0].text for out in dashboard.outputs}
+    assert any("\n" in text for text in texts.values())  # the case at stake: multi-line text
+    body = outputs.rows[1:]
+    assert len(body) == len(texts) and all(len(row) == 5 for row in body)
+    for row in body:  # the text sits in the row of the request it belongs to
+        assert row[2] == texts[row[0].strip()]
+    dashboard.close()
