@@ -71,7 +71,8 @@ def test_the_timed_stages_cover_the_whole_step_hooks_included():
         stages = sum(record.timings[k] for k in TIMING_STAGES)
         assert record.timings["record"] >= 0.03 and 0.95 * span <= stages <= span
     _, durations, _ = measured_steps(engine.history)
-    assert (durations[1:] >= 0.03).all() and durations[0] < 0.03
+    assert (durations[1:] >= 0.03).all()  # each holds the hook of the step before it
+    assert durations[0] <= spans[0] - engine.history[0].timings["record"]  # and the first holds none
 
 
 def test_requests_dataframe_agrees_with_the_event_log(fcfs_run):

@@ -162,7 +162,9 @@ def test_accuracy_report_on_a_tiny_workload():
     assert row["ttft_err_median"] >= 0 and row["e2e_p50_sim_s"] > 0
     assert 0 < row["step_real_over_model"] < float("inf")  # measured over predicted (how fast: the machine's)
     assert "ttft_err_median" in repr(report) and "<table" in report._repr_html_()
-    assert "faster than the model describes" in repr(report)
+    ratio = row["step_real_over_model"]  # the machine's pace decides the note, never the model
+    if abs(ratio - 1) > 0.05:
+        assert ("slower" if ratio > 1 else "faster") + " than the model describes" in repr(report)
 
 
 def test_machine_notes_name_the_workloads_whose_steps_ran_off_the_model():
