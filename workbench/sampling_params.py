@@ -308,3 +308,35 @@ def _plain(value) -> str:
         names = [getattr(fn, "__qualname__", type(fn).__qualname__) for fn in value]
         return f"[{', '.join(names)}]"
     return repr(value)
+
+
+@dataclass(frozen=True)
+class BeamSearchParams:
+    """vLLM's beam-search parameters (``LLM.beam_search``; ``use_beam_search`` over HTTP).
+
+    Each of ``max_tokens`` steps keeps the ``beam_width`` likeliest continuations by
+    cumulative logprob; finished beams are ranked by ``cum_logprob / len ** length_penalty``
+    (:func:`workbench.engine.beam_search.get_beam_search_score`). ``temperature`` is the
+    per-beam requests' (their logprobs are raw, so it only changes which sampled token joins
+    the candidates). ``ignore_eos`` keeps EOS as an ordinary token: every beam runs
+    ``max_tokens`` steps. Bad values raise ValueError naming the field.
+    """
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        for name in ("temperature", "length_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}.")
+        if self.temperature < 0.0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature!r}.")

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from workbench.core.kv_events import KVEvent
+from workbench.core.kv_events import BlockFreed, KVEvent
 from workbench.core.kv_state import KVReplay, KVState
 from workbench.core.request_events import RequestEvent
 from workbench.core.sched.output import SchedulerOutput
@@ -253,9 +253,21 @@ class StepHistory:
         return self._records[step - steps.start]
 
     # ------------------------------------------------------------ time travel
-    def kv_state(self, step: int | None = None) -> KVState:
+    def kv_state(self, step: int | None = None, *, during_forward: bool = False) -> KVState:
         """The KV pool as it was right after step ``step`` (default: the last recorded step),
-        rebuilt from the recorded block events. O(events since the nearest checkpoint)."""
+        rebuilt from the recorded block events. O(events since the nearest checkpoint).
+
+        ``during_forward=True``: the pool as the step's forward pass saw it, after its
+        scheduling (prefix hits, new blocks) and before the requests it finished released
+        their blocks -- where requests that finish in one step (a beam search's) show the
+        blocks they shared (ref_count > 1)."""
+        if during_forward:
+            record = self.record(self._records[-1].step if step is None else step)
+            before = self.kv_state(record.step - 1) if record.step - 1 in self.steps else self._base_state()
+            ran = {s.request_id for s in record.scheduler_output.scheduled}
+            done = ran.intersection(record.finished_request_ids)
+            return before.apply(e for e in record.kv_events
+                                if not (isinstance(e, BlockFreed) and e.request_id in done))
         base = self._base_state()
         if step is None:
             if not self._records:

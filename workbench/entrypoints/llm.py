@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from workbench.engine.beam_search import BeamSearchOutput, beam_search
 from workbench.engine.llm_engine import LLMEngine
 from workbench.config import EngineArgs
 from workbench.utils.heap import frozen_heap
 from workbench.engine.input_processor import PromptType
 from workbench.outputs import RequestOutput
-from workbench.sampling_params import RequestOutputKind, SamplingParams
+from workbench.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 Conversation = Sequence[Mapping[str, str]]
 
@@ -79,6 +80,30 @@ class LLM:
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         params = self._broadcast(sampling_params, len(prompts), "sampling_params")
         return self._run(prompts, params, [0] * len(prompts), use_tqdm)
+
+    def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """vLLM's beam search (:mod:`workbench.engine.beam_search`), driven above the engine:
+        each step runs one ``max_tokens=1`` request per live beam of every prompt, so
+        ``engine.history`` shows the steps and the prefix cache the beams' shared blocks.
+        A prompt is a string, ``{"prompt": ...}`` or ``{"prompt_token_ids": [...]}``; each
+        is validated before anything runs: ``prompt + max_tokens`` must fit the context."""
+        if isinstance(prompts, (str, Mapping)):
+            prompts = [prompts]
+        processor = self.engine.input_processor
+        prompt_ids = []
+        for i, prompt in enumerate(prompts):
+            try:
+                request = processor.process_inputs("beam-search", prompt, SamplingParams(
+                    max_tokens=1, logprobs=2 * params.beam_width))
+                processor.check_context_length(len(request.prompt_token_ids), params.max_tokens)
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(f"prompts[{i}]: {exc}") from exc
+            prompt_ids.append(request.prompt_token_ids)
+        tokenizer = self.engine.tokenizer
+        return beam_search(
+            lambda batch, sp: self.generate(batch, sp, use_tqdm=False),
+            prompt_ids, params, tokenizer.eos_token_id, tokenizer.decode,
+        )
 
     @staticmethod
     def _broadcast(value, n: int, name: str) -> list:
