@@ -77,8 +77,9 @@ class BeamSearchInstance:
     the ``completed`` ones. :meth:`advance` takes the step's outputs, one per live beam."""
 
     def __init__(self, prompt_token_ids: Sequence[int], params: BeamSearchParams,
-                 eos_token_id: int | None) -> None:
+                 eos_token_id: int | None, *, cache_salt: str | None = None) -> None:
         self.params = params
+        self.cache_salt = cache_salt
         self.eos_token_id = eos_token_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.prompt_len = len(prompt_token_ids)
@@ -97,8 +98,9 @@ class BeamSearchInstance:
                               output_kind=RequestOutputKind.FINAL_ONLY)
 
     def prompts(self) -> list[dict]:
-        """The step's prompts, one per live beam (its tokens)."""
-        return [{"prompt_token_ids": list(beam.tokens)} for beam in self.beams]
+        """The step's prompts, one per live beam (its tokens; the search's cache_salt)."""
+        salt = {} if self.cache_salt is None else {"cache_salt": self.cache_salt}
+        return [{"prompt_token_ids": list(beam.tokens), **salt} for beam in self.beams]
 
     def advance(self, outputs: Sequence[RequestOutput]) -> None:
         """Expand every beam by its request's returned tokens and keep the best.
@@ -140,13 +142,27 @@ class BeamSearchInstance:
                                                             self.eos_token_id, p.length_penalty))
         return ranked[: p.beam_width]
 
-    def generated_tokens(self, beam: BeamSearchSequence) -> list[int]:
-        """The beam's generated tokens as vLLM's server returns them: a final EOS only with
-        ``include_stop_str_in_output``."""
+    def request_output(self, request_id: str, prompt: str | None,
+                       best: Sequence[BeamSearchSequence], texts: Sequence[str]) -> RequestOutput:
+        """The server's RequestOutput of this search (vLLM's shape): one CompletionOutput per
+        beam in ``best`` order, its ``text`` given (see :meth:`text_tokens`), its generated
+        tokens (a final EOS only with ``include_stop_str_in_output``) and cumulative logprob."""
+        outputs = []
+        for i, (beam, text) in enumerate(zip(best, texts)):
+            tokens = beam.tokens[self.prompt_len:]
+            if beam.finish_reason == "stop" and not self.params.include_stop_str_in_output:
+                tokens = tokens[:-1]
+            beam.text = text
+            outputs.append(CompletionOutput(
+                index=i, text=text, token_ids=tokens, cumulative_logprob=beam.cum_logprob,
+                logprobs=None, finish_reason=beam.finish_reason, stop_reason=beam.stop_reason))
+        return RequestOutput(request_id=request_id, prompt=prompt,
+                             prompt_token_ids=list(self.prompt_token_ids), outputs=outputs, finished=True)
+
+    def text_tokens(self, beam: BeamSearchSequence) -> list[int]:
+        """The generated tokens the server's text shows: a final EOS never."""
         tokens = beam.tokens[self.prompt_len:]
-        if beam.finish_reason == "stop" and not self.params.include_stop_str_in_output:
-            tokens = tokens[:-1]
-        return tokens
+        return tokens[:-1] if beam.finish_reason == "stop" else tokens
 
 
 def beam_search(generate: Callable[[list[dict], SamplingParams], list[RequestOutput]],
@@ -178,12 +194,13 @@ def beam_search(generate: Callable[[list[dict], SamplingParams], list[RequestOut
 
 
 async def beam_search_async(engine_client, prompt_token_ids: Sequence[int], params: BeamSearchParams,
-                            request_id: str, eos_token_id: int | None) -> tuple[BeamSearchInstance, list[BeamSearchSequence]]:
+                            request_id: str, eos_token_id: int | None, *, cache_salt: str | None = None
+                            ) -> tuple[BeamSearchInstance, list[BeamSearchSequence]]:
     """One prompt's search through an :class:`~workbench.engine.async_llm.AsyncLLM` (the
-    server's path): per step, one request per live beam, ``{request_id}-{step}-beam-{i}``,
-    awaited together. Returns the instance and its best beams (``text`` not yet set).
-    Cancelling it cancels the step's requests, which aborts them."""
-    inst = BeamSearchInstance(prompt_token_ids, params, eos_token_id)
+    server's path): per step, one request per live beam, ``{request_id}-{step}-beam-{i}``
+    (with the caller's ``cache_salt``), awaited together. Returns the instance and its best
+    beams (``text`` not yet set). Cancelling it cancels the step's requests: they are aborted."""
+    inst = BeamSearchInstance(prompt_token_ids, params, eos_token_id, cache_salt=cache_salt)
     sampling_params = inst.step_params()
 
     async def last(prompt: dict, rid: str) -> RequestOutput:
@@ -198,21 +215,3 @@ async def beam_search_async(engine_client, prompt_token_ids: Sequence[int], para
         ))
         inst.advance(outputs)
     return inst, inst.best()
-
-
-def beam_request_output(inst: BeamSearchInstance, best: Sequence[BeamSearchSequence], request_id: str,
-                        prompt: str | None, decode: Callable[[list[int]], str]) -> RequestOutput:
-    """The server's RequestOutput of a search: one CompletionOutput per beam, best first,
-    with the generated tokens, their text and the beam's cumulative logprob."""
-    outputs = []
-    for i, beam in enumerate(best):
-        tokens = inst.generated_tokens(beam)
-        text_tokens = beam.tokens[inst.prompt_len:]
-        if beam.finish_reason == "stop":
-            text_tokens = text_tokens[:-1]  # the EOS never shows in the text
-        beam.text = decode(text_tokens)
-        outputs.append(CompletionOutput(
-            index=i, text=beam.text, token_ids=tokens, cumulative_logprob=beam.cum_logprob,
-            logprobs=None, finish_reason=beam.finish_reason, stop_reason=beam.stop_reason))
-    return RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=list(inst.prompt_token_ids),
-                         outputs=outputs, finished=True)

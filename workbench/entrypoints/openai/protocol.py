@@ -204,10 +204,9 @@ class _CommonFields(OpenAIModel):
         features the workbench does not have: beam search, KV transfer)."""
         if self.best_of is not None and self.best_of != self.n:
             raise FieldError("best_of", "best_of > n is not supported by this server.")
-        if self.use_beam_search:
-            raise unsupported("use_beam_search", "Beam search")
-        if self.length_penalty != 1.0:
-            raise unsupported("length_penalty", "length_penalty (a beam-search option)")
+        if self.use_beam_search and self.prompt_logprobs is not None:
+            raise FieldError("prompt_logprobs", "prompt_logprobs are not supported with beam "
+                                                "search by this server.")
         if self.guided_whitespace_pattern is not None:
             raise unsupported("guided_whitespace_pattern", "guided_whitespace_pattern (the "
                               "xgrammar backend has none; use disable_any_whitespace)")
@@ -344,6 +343,11 @@ class CompletionRequest(_CommonFields):
         super().check_supported()
         if self.suffix is not None:
             raise unsupported("suffix")
+        if self.use_beam_search and self.stream:  # vLLM's completions rule
+            raise FieldError("stream", "Streaming is not currently supported with beam search")
+        if self.use_beam_search and self.logprobs is not None:
+            raise FieldError("logprobs", "logprobs are not supported with beam search by this "
+                                         "server.")
 
     def prompts(self) -> list[Union[str, list[int]]]:
         """The prompts of this request, one per choice group (``[]`` is one empty prompt of
@@ -436,6 +440,9 @@ class ChatCompletionRequest(_CommonFields):
             raise unsupported("reasoning_effort")
         if self.mm_processor_kwargs:
             raise unsupported("mm_processor_kwargs", "mm_processor_kwargs (multimodal input)")
+        if self.use_beam_search and self.logprobs:
+            raise FieldError("logprobs", "logprobs are not supported with beam search by this "
+                                         "server.")
 
     @property
     def max_tokens_field(self) -> str:

@@ -24,10 +24,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
+from workbench.engine.beam_search import beam_search_async
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.engine.input_processor import PromptType
 from workbench.outputs import CompletionOutput, Logprob, RequestOutput
-from workbench.sampling_params import SamplingParams
+from workbench.sampling_params import BeamSearchParams, SamplingParams
 from workbench.entrypoints.openai import protocol as P
 from workbench.entrypoints.openai import responses as R
 from workbench.engine.async_llm import AsyncLLM, EngineDeadError, RequestStream
@@ -204,6 +205,23 @@ class OpenAIServing:
                 p.request = dataclasses.replace(p.request, sampling_params=capped)
         return prepared
 
+    def beam_search_params(self, req: P._CommonFields) -> BeamSearchParams:
+        """vLLM's ``to_beam_search_params``: ``beam_width = n``, the request's temperature
+        (else the generation config's, else 1.0); max_tokens is set per prompt. 400 when the
+        ``2 * n`` logprobs a step asks for exceed the engine's max_logprobs."""
+        limit = self.llm.input_processor.max_logprobs
+        if 2 * req.n > limit:
+            raise APIError(400, f"n: beam search with n={req.n} asks for 2 * n = {2 * req.n} "
+                                f"logprobs per step, more than max_logprobs={limit}.", "n")
+        temperature = req.temperature if req.temperature is not None \
+            else self.defaults.get("temperature", 1.0)
+        try:
+            return BeamSearchParams(beam_width=req.n, max_tokens=1, ignore_eos=req.ignore_eos,
+                                    temperature=temperature, length_penalty=req.length_penalty,
+                                    include_stop_str_in_output=req.include_stop_str_in_output)
+        except ValueError as exc:
+            raise APIError.bad_request(exc, set(type(req).model_fields)) from exc
+
     # ------------------------------------------------------------------ running
     async def generate(self, raw: Request, req: P._CommonFields, base_id: str,
                        prompts: list[PreparedPrompt], fmt: ResponseFormat, *,
@@ -211,7 +229,8 @@ class OpenAIServing:
         """Run the prepared prompts' engine requests and answer: a JSON response, or an SSE
         stream; the ``X-Request-Id`` header echoes ``base_id``. ``echo_only``: the generated
         tokens are dropped (completions' echo with max_tokens 0)."""
-        run = _Run(self.llm, prompts)
+        run = _BeamRun(self.llm, prompts, self.beam_search_params(req)) if req.use_beam_search \
+            else _Run(self.llm, prompts)
         await run.start()
         job = _Answer(run, req, fmt, echo_only)
         headers = {"X-Request-Id": base_id}
@@ -276,6 +295,49 @@ class _Run:
             task.cancel()
         for stream in self.streams:
             stream.close()
+
+
+class _BeamRun(_Run):
+    """``use_beam_search``: one beam search per prompt (:mod:`workbench.engine.beam_search`,
+    its requests named after the prompt's), each answered by one finished RequestOutput with
+    a choice per beam, best first. ``close()`` cancels the searches (aborting their requests)."""
+
+    def __init__(self, llm: AsyncLLM, prompts: list[PreparedPrompt], params: BeamSearchParams
+                 ) -> None:
+        super().__init__(llm, prompts)
+        self.params = params
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.ensure_future(self._search(p)) for p in self.prompts]
+
+    async def _search(self, prompt: PreparedPrompt) -> RequestOutput:
+        request = prompt.request
+        params = dataclasses.replace(self.params, max_tokens=request.sampling_params.max_tokens)
+        tokenizer = self.llm.input_processor.tokenizer
+        try:
+            inst, best = await beam_search_async(
+                self.llm, request.prompt_token_ids, params, request.request_id,
+                tokenizer.eos_token_id, cache_salt=request.cache_salt)
+        except (ValueError, RuntimeError) as exc:
+            if isinstance(exc, EngineDeadError):
+                raise
+            raise APIError(500, f"The request failed while it was processed: {exc}") from exc
+        skip = request.sampling_params.skip_special_tokens
+        texts = [await self.llm.run_input(tokenizer.decode, inst.text_tokens(b),
+                                          skip_special_tokens=skip) for b in best]
+        return inst.request_output(request.request_id, request.prompt, best, texts)
+
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        pending = {task: i for i, task in enumerate(self._tasks)}
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                yield pending.pop(task), task.result()
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
 
 
 class _Answer:
