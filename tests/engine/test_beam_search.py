@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from workbench import LLM, default_model_path
+from workbench import LLM, BlockMap, default_model_path
 from workbench.engine.beam_search import (
     BeamSearchInstance,
     beam_search,
@@ -171,3 +171,11 @@ def test_beams_share_blocks_through_the_prefix_cache():
                if b in peaks[i - 1])
     assert rose and fell
     assert any(c > 1 for c in peaks[-1].values())
+    # the BlockMap draws both moments: shared (×ref_count) cells only during the forward
+    last = history[-1].step
+    during, after = BlockMap(history, last, during_forward=True), BlockMap(history, last)
+    assert during.summary["shared"] == sum(1 for c in peaks[-1].values() if c > 1) > 0
+    assert after.summary["shared"] == after.summary["used"] == 0 and after.summary["cached"] > 0
+    assert {c["block_id"]: c["ref_count"] for c in during.cells if c["ref_count"] > 1} == \
+        {b: c for b, c in peaks[-1].items() if c > 1}
+    assert f"during step {last}'s forward" in during.title.value and "×" in during.grid.value

@@ -86,7 +86,10 @@ def _cell_html(cell: dict, table_pos: int | None, selected: bool, mark: str | No
 
 class BlockMap(widgets.VBox):
     """``BlockMap(engine | history | run_result, step=None)``: the pool after ``step`` (None:
-    the latest step; before any, an engine's pool as it is). ``cells`` (one dict per block, see :func:`block_cells`) and
+    the latest step; before any, an engine's pool as it is); ``during_forward=True``: as the
+    step's forward pass saw it, before the requests it finished released their blocks (a
+    beam search's one-token requests, which share their prefix's blocks only while the step
+    runs). ``cells`` (one dict per block, see :func:`block_cells`) and
     ``summary`` (blocks per state) are what the grid shows; ``select_block(i)`` and
     ``select_request(rid)`` drive the detail pane and the block-table highlight."""
 
@@ -97,9 +100,11 @@ class BlockMap(widgets.VBox):
     selected_request = traitlets.Unicode("")
     marked = traitlets.Dict()  # block id -> note (e.g. "lost by r3"), drawn with a red outline
 
-    def __init__(self, source, step: int | None = None, *, max_cells: int = 1024, tokenizer=None):
+    def __init__(self, source, step: int | None = None, *, max_cells: int = 1024, tokenizer=None,
+                 during_forward: bool = False):
         self.source = ViewSource(source, tokenizer)
         self.max_cells = max_cells
+        self.during_forward = during_forward
         self._state = None
         self.title = widgets.HTML()
         self.grid = widgets.HTML()
@@ -123,7 +128,7 @@ class BlockMap(widgets.VBox):
     def show(self, step: int | None = None) -> None:
         """Draw the pool after ``step`` (None: the latest recorded step)."""
         has_state = step is not None or self.source.engine is not None or len(self.source.history)
-        state = self.source.kv_state(step) if has_state else None
+        state = self.source.kv_state(step, during_forward=self.during_forward) if has_state else None
         self.step = step if step is not None else self.source.last_step
         self._state = state
         if state is None:
@@ -203,7 +208,8 @@ class BlockMap(widgets.VBox):
             '<div style="display:flex;flex-wrap:wrap;gap:2px;max-width:900px">' + cells + "</div>" + tail
         )
         counts = ", ".join(f"{self.summary[k]} {k}" for k in BLOCK_STATES)
-        step = "before the first step" if self.step is None else f"after step {self.step}"
+        step = "before the first step" if self.step is None else (
+            f"during step {self.step}'s forward" if self.during_forward else f"after step {self.step}")
         self.title.value = (
             f"<b>KV blocks</b> ({step}): {state.num_blocks} blocks × "
             f"{state.block_size} tokens, {state.num_free_blocks} free; {counts}"

@@ -75,13 +75,14 @@ class ViewSource:
         return [r.request_id for r in list(self.engine.scheduler.waiting) if r.request_id not in known]
 
     # ----------------------------------------------------------------- pool
-    def kv_state(self, step: int | None = None):
+    def kv_state(self, step: int | None = None, *, during_forward: bool = False):
         """The KV pool after ``step`` (None: the latest recorded step), rebuilt from the
         recorded block events -- immutable, so a view redrawing on another thread while the
-        engine steps reads a consistent pool. Before any step: the live pool's snapshot."""
+        engine steps reads a consistent pool. Before any step: the live pool's snapshot.
+        ``during_forward``: as the step's forward pass saw it (``StepHistory.kv_state``)."""
         step = self.last_step if step is None else step
         if step is not None:
-            return self.history.kv_state(step)
+            return self.history.kv_state(step, during_forward=during_forward)
         if self.engine is None:
             raise IndexError("no steps recorded yet.")
         return self.engine.kv_cache.snapshot()
