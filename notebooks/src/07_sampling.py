@@ -249,7 +249,62 @@ print("seeded request unchanged by the crowd:", alone["romeo"].token_ids == crow
 # The seeded request produced the same 24 tokens both times; the unseeded one changed,
 # because its draws now came from a generator the other requests also drew from. Servers
 # pass `seed` through from the OpenAI API's `seed` field for exactly this reason.
+
+# %% [markdown]
+# ## Beam search: several sequences, driven above the engine
 #
+# Greedy decoding commits to the likeliest token at each step; beam search keeps the
+# `beam_width` likeliest *sequences*. vLLM runs it above the engine, and so does
+# `LLM.beam_search` here (`workbench/engine/beam_search.py`): each step adds one ordinary
+# request per live beam, its prompt the beam's tokens, with `max_tokens=1` and
+# `logprobs=2 * beam_width`. Every beam-plus-token candidate is ranked by its cumulative
+# logprob and the best `beam_width` live on; a candidate ending in EOS is finished. At the
+# end, finished and live beams are ranked by `cum_logprob / len ** length_penalty` (the length
+# counts the prompt, as vLLM's). As in vLLM's `LLM.beam_search`, a beam's `text` decodes all
+# its tokens, the prompt and special tokens included.
+
+# %%
+from workbench import LLM, BlockMap
+from workbench.engine.beam_search import get_beam_search_score
+from workbench.sampling_params import BeamSearchParams
+
+beam_llm = LLM(block_size=4, num_kv_blocks=64)
+romeo = "ROMEO:\nI love thee"
+(result,) = beam_llm.beam_search([romeo], BeamSearchParams(beam_width=3, max_tokens=8))
+eos = beam_llm.get_tokenizer().eos_token_id
+for beam in result.sequences:
+    score = get_beam_search_score(beam.tokens, beam.cum_logprob, eos)
+    print(f"cum_logprob {beam.cum_logprob:7.3f}  score {score:7.4f}  {beam.finish_reason:6}  {beam.text!r}")
+greedy = beam_llm.generate([romeo], SamplingParams(temperature=0, max_tokens=8, logprobs=0),
+                           use_tqdm=False)[0].outputs[0]
+print(f"greedy: cum_logprob {greedy.cumulative_logprob:7.3f}  {greedy.text!r}")
+
+# %% [markdown]
+# The engine saw eight steps of one-token requests. The beams of a search share their
+# prefix, so each step's requests find in the prefix cache the full blocks the step before
+# computed (the blocks are free again between steps, but keep their hashes). While a step
+# runs, the beams that share a prefix hold its blocks together: `ref_count` > 1, rising when
+# more beams descend from the prefix a block holds (block 3 at step 7 below) and falling
+# when such beams are pruned.
+# `kv_state(step, during_forward=True)` rebuilds the pool as the step's forward pass saw it.
+
+# %%
+history = beam_llm.engine.history
+for record in list(history)[:8]:
+    during = history.kv_state(record.step, during_forward=True)
+    shared = {b.block_id: b.ref_count for b in during.blocks if b.ref_count > 1}
+    print(f"step {record.step}: {len(record.scheduler_output.scheduled)} beam requests, "
+          f"{record.scheduler_output.num_prefix_cache_hit_tokens:2} prefix-hit tokens, "
+          f"blocks held by several beams (block: ref_count) {shared}")
+
+# %% [markdown]
+# The block map of the last step, drawn during its forward pass: the `×N` cells are blocks
+# `N` beams hold at once (after the step they are all *cached*: `BlockMap(history, 7)`).
+
+# %%
+BlockMap(history, step=7, during_forward=True)
+
+# %% [markdown]
 # ## Exercises
 #
 # 1. Find the temperature at which the most likely token after Romeo's `I` has a
@@ -259,3 +314,5 @@ print("seeded request unchanged by the crowd:", alone["romeo"].token_ids == crow
 #    `i`): when is the model sure of itself?
 # 3. Run the seeded request with `seed=1235` instead: how many of its first 24 tokens agree
 #    with the `seed=1234` run?
+# 4. Rerun the beam search with `length_penalty=0.0` and `2.0`: which beam wins each time,
+#    and why does a larger penalty favour the longer beams?
