@@ -126,6 +126,8 @@ def test_a_bad_prompt_is_refused_before_anything_runs(llm):
         llm.beam_search(["ROMEO:", {"prompt_token_ids": []}], BeamSearchParams(beam_width=2, max_tokens=2))
     with pytest.raises(ValueError, match="max_tokens"):
         llm.beam_search(["ROMEO:"], BeamSearchParams(beam_width=2, max_tokens=10**6))
+    with pytest.raises(ValueError, match=r"beam_width: .* 22 logprobs per step, more than max_logprobs=20"):
+        llm.beam_search(["ROMEO:"], BeamSearchParams(beam_width=11, max_tokens=2))
     assert len(llm.engine.history) == steps
 
 

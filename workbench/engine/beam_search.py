@@ -72,6 +72,15 @@ def get_beam_search_score(tokens: Sequence[int], cumulative_logprob: float, eos_
     return cumulative_logprob / (seq_len ** length_penalty)
 
 
+def check_beam_width(beam_width: int, max_logprobs: int, field: str = "beam_width") -> None:
+    """Each step asks for ``2 * beam_width`` logprobs: ValueError naming ``field`` when the
+    engine's ``max_logprobs`` allows fewer."""
+    if 2 * beam_width > max_logprobs:
+        raise ValueError(f"{field}: beam search with a width of {beam_width} asks for "
+                         f"2 * {beam_width} = {2 * beam_width} logprobs per step, more than "
+                         f"max_logprobs={max_logprobs}.")
+
+
 class BeamSearchInstance:
     """The state of one prompt's search: the live ``beams`` (one request each per step) and
     the ``completed`` ones. :meth:`advance` takes the step's outputs, one per live beam."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from workbench.engine.beam_search import BeamSearchOutput, beam_search
+from workbench.engine.beam_search import BeamSearchOutput, beam_search, check_beam_width
 from workbench.engine.llm_engine import LLMEngine
 from workbench.config import EngineArgs
 from workbench.utils.heap import frozen_heap
@@ -90,11 +90,11 @@ class LLM:
         if isinstance(prompts, (str, Mapping)):
             prompts = [prompts]
         processor = self.engine.input_processor
+        check_beam_width(params.beam_width, processor.max_logprobs)
         prompt_ids = []
         for i, prompt in enumerate(prompts):
             try:
-                request = processor.process_inputs("beam-search", prompt, SamplingParams(
-                    max_tokens=1, logprobs=2 * params.beam_width))
+                request = processor.process_inputs("beam-search", prompt, SamplingParams(max_tokens=1))
                 processor.check_context_length(len(request.prompt_token_ids), params.max_tokens)
             except (ValueError, TypeError) as exc:
                 raise type(exc)(f"prompts[{i}]: {exc}") from exc

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import openai
 import pytest
 import torch
@@ -117,3 +118,28 @@ def test_beam_search_errors_name_the_field(served, kwargs, param):
         api.completions.create(model=MODEL, prompt="ROMEO:", **kwargs)
     assert info.value.body["param"] == param and info.value.body["message"]
     asyncio.run(wait_all_free(llm))
+
+
+def test_a_client_that_leaves_stops_the_search(served):
+    """A client that gives up (its timeout) cancels the search: its step requests are aborted,
+    every block is freed and no further beam step runs."""
+    llm, api = served
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{str(api.base_url).rstrip('/')}/completions", timeout=1.0,
+                   headers={"Authorization": f"Bearer {KEY}"},
+                   json={"model": MODEL, "prompt": "ROMEO:", "max_tokens": 1000, "n": 3,
+                         "use_beam_search": True, "ignore_eos": True, "request_id": "leaver"})
+
+    async def steps_after_the_leaver() -> tuple[int, int]:
+        await wait_all_free(llm)
+        engine = llm.engine
+        count = lambda: (len(engine.history), sum(  # noqa: E731
+            any(s.request_id.startswith("cmpl-leaver") for s in r.scheduler_output.scheduled)
+            for r in engine.history))
+        before = await llm.call(count)
+        await asyncio.sleep(0.5)
+        assert await llm.call(count) == before
+        return before
+
+    _, beam_steps = asyncio.run(steps_after_the_leaver())
+    assert 0 < beam_steps < 1000

@@ -24,7 +24,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
-from workbench.engine.beam_search import beam_search_async
+from workbench.engine.beam_search import beam_search_async, check_beam_width
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.engine.input_processor import PromptType
 from workbench.outputs import CompletionOutput, Logprob, RequestOutput
@@ -209,10 +209,10 @@ class OpenAIServing:
         """vLLM's ``to_beam_search_params``: ``beam_width = n``, the request's temperature
         (else the generation config's, else 1.0); max_tokens is set per prompt. 400 when the
         ``2 * n`` logprobs a step asks for exceed the engine's max_logprobs."""
-        limit = self.llm.input_processor.max_logprobs
-        if 2 * req.n > limit:
-            raise APIError(400, f"n: beam search with n={req.n} asks for 2 * n = {2 * req.n} "
-                                f"logprobs per step, more than max_logprobs={limit}.", "n")
+        try:
+            check_beam_width(req.n, self.llm.input_processor.max_logprobs, "n")
+        except ValueError as exc:
+            raise APIError(400, str(exc), "n") from exc
         temperature = req.temperature if req.temperature is not None \
             else self.defaults.get("temperature", 1.0)
         try:
