@@ -13,6 +13,7 @@ from workbench.engine.beam_search import (
     beam_search,
     get_beam_search_score,
 )
+from workbench.core.kv_events import BlockFreed
 from workbench.outputs import CompletionOutput, Logprob, RequestOutput
 from workbench.sampling_params import BeamSearchParams
 
@@ -167,7 +168,10 @@ def test_beams_share_blocks_through_the_prefix_cache():
                 assert block.ref_count == sharing, (record.step, j)
                 counts[s.block_ids[j]] = sharing
         peaks.append(counts)
-        assert all(b.ref_count == 0 for b in history.kv_state(record.step).blocks)
+        after = history.kv_state(record.step)
+        assert all(b.ref_count == 0 for b in after.blocks)
+        releases = [e for e in record.kv_events if isinstance(e, BlockFreed)]
+        assert releases and during.apply(releases) == after  # only the releases came later
     rose = any(c > peaks[i - 1].get(b, 0) for i in range(1, len(peaks)) for b, c in peaks[i].items())
     fell = any(c < peaks[i - 1][b] for i in range(1, len(peaks)) for b, c in peaks[i].items()
                if b in peaks[i - 1])
