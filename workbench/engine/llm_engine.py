@@ -21,6 +21,7 @@ from workbench.core.sched.scheduler import Scheduler
 from workbench.core.sched.output import SchedulerOutput
 from workbench.engine.history import StepHistory, StepRecord
 from workbench.engine.engine_core_request import EngineCoreRequest
+from workbench.engine.fork import fork_engine
 from workbench.engine.idle import IdleWaiter
 from workbench.engine.input_processor import InputProcessor, PromptType
 from workbench.model.loader import resolve_model_path
@@ -446,6 +447,13 @@ class LLMEngine:
         return record
 
     # ------------------------------------------------------------ research layer
+    def fork(self) -> LLMEngine:
+        """An independent engine in exactly this one's state (queues, block tables, prefix
+        cache, KV tensors, sampling generators, detokenizers, history, clock); the model
+        weights are shared. Left unchanged, both step identically
+        (see :mod:`workbench.engine.fork`)."""
+        return fork_engine(self)
+
     def requests_dataframe(self):
         """One row per request seen (queue time, TTFT, TPOT, e2e latency in steps and
         seconds, preemptions, recomputed and cached tokens): see
