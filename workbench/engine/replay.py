@@ -126,8 +126,10 @@ class RunResult:
             raise ValueError("fork_at: a real run on the wall clock does not repeat step for step, so its state "
                              "at a step cannot be rebuilt; run the workload on the step clock "
                              "(Workload.poisson(..., clock='steps')), simulate it, or fork a live engine with engine.fork().")
-        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= self.num_steps:
-            raise ValueError(f"fork_at: step must be an integer in [0, {self.num_steps}] (the run's steps), got {step!r}.")
+        first = source.first_step
+        if not isinstance(step, int) or isinstance(step, bool) or not first <= step <= first + self.num_steps:
+            raise ValueError(f"fork_at: step must be an integer in [{first}, {first + self.num_steps}] (the run's "
+                             f"steps), got {step!r}.")
         edit = ForkEdit(step, {k: v for k, v in dict(policy=policy, max_num_batched_tokens=max_num_batched_tokens,
                                                       max_num_seqs=max_num_seqs,
                                                       enable_chunked_prefill=enable_chunked_prefill).items()
@@ -286,6 +288,7 @@ class RunSource:
     clock: str
     exact: bool
     edits: tuple[ForkEdit, ...] = ()
+    first_step: int = 0  # the engine's step number when the run started
 
     def requests(self) -> list:
         return [*self.workload, *(r for e in self.edits for r in e.add)]
@@ -302,10 +305,12 @@ class RunSource:
     def run(self, reference: RunResult | None = None) -> RunResult:
         """Run it again with the edits; the steps before the last edit are checked against
         ``reference``'s records when given (RuntimeError at the first difference)."""
-        driver = Driver(self.make_engine(), self.workload, clock=self.clock, exclusive=True)
+        engine = self.make_engine()
+        fresh = not len(engine.history) and not engine.has_unfinished_requests()
+        driver = Driver(engine, self.workload, clock=self.clock, exclusive=fresh)
         try:
             for edit in self.edits:
-                driver.run(until_step=edit.step)
+                driver.run(until_step=edit.step - self.first_step)
                 if edit is self.edits[-1] and reference is not None:
                     _check_replay(driver.history, reference.history, edit.step)
                 edit.apply(driver)
