@@ -137,3 +137,28 @@ def test_a_fork_is_independent_of_its_original(blank):
     assert len(engine.history) == 1 and len(fork.history) == 4
     engine.scheduler.check_invariants()
     fork.scheduler.check_invariants()
+
+
+def test_a_fork_continues_a_constrained_request_on_its_own_grammar(blank):
+    """A JSON-constrained request sampled at temperature 1, forked mid-output: its grammar on the
+    fork is a new matcher fed the tokens so far, so both engines finish the same valid JSON."""
+    import json
+
+    from workbench.sampling_params import StructuredOutputsParams
+
+    engine = blank.fork()
+    schema = {"type": "object", "properties": {"lines": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["lines"]}
+    engine.add_request("json", "ROMEO:", SamplingParams(
+        temperature=1.0, max_tokens=40, structured_outputs=StructuredOutputsParams(json=schema,
+                                                                                   disable_any_whitespace=True)))
+    while not engine.scheduler.requests["json"].num_output_tokens >= 3:
+        engine.step()
+    fork = engine.fork()
+    grammar = fork.structured_output._grammars["json"]
+    assert grammar[0] is fork.scheduler.requests["json"] and grammar[1] is not engine.structured_output._grammars["json"][1]
+    a, b = finish(engine), finish(fork)
+    assert a == b and a["json"][4] == "stop"
+    assert json.loads(a["json"][3])["lines"] in range(100)
+    for ra, rb in zip(engine.history, fork.history):
+        assert_same_record(ra, rb)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import html
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from workbench.core.sched.request_queue import get_policy
@@ -194,10 +194,3 @@ def first_divergence(a, b) -> Divergence | None:
             return found
     return None
 
-
-def abort_ids(engine: LLMEngine, request_ids: Iterable[str]) -> list[str]:
-    """Abort the in-flight ones of ``request_ids``; returns those it aborted."""
-    live = [rid for rid in request_ids if rid in engine.output_processor.parents]
-    if live:
-        engine.abort_request(live)
-    return live
