@@ -135,6 +135,8 @@ def test_a_fork_is_independent_of_its_original(blank):
     assert all(torch.equal(a, b) for a, b in zip(kv, engine.runner.kv_caches[0]))
     assert [r.request_id for r in engine.scheduler.running] == ["r0", "r1"]
     assert len(engine.history) == 1 and len(fork.history) == 4
+    assert fork.history[0] is engine.history[0]  # records are immutable: shared, not copied
+    assert fork.history.kv_state(0) == engine.history.kv_state(0)
     engine.scheduler.check_invariants()
     fork.scheduler.check_invariants()
 

@@ -50,8 +50,6 @@ def fork_engine(engine: LLMEngine) -> LLMEngine:
     shared = [engine.tokenizer, getattr(engine.tokenizer, "backend_tokenizer", None),
               engine.model_config, getattr(runner, "model", None), getattr(runner, "model_config", None)]
     memo: dict = {id(x): x for x in shared if x is not None}
-    for record in engine.history:  # immutable: both histories hold the same records
-        memo[id(record)] = record
     state = {k: v for k, v in vars(engine).items() if k not in _FRESH}
     copied = copy.deepcopy(state, memo)
     fork = object.__new__(type(engine))
