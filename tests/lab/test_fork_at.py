@@ -170,6 +170,10 @@ def test_bad_forks_are_refused_with_the_field(sim, real):
         real.fork_at(1, add=[WORKLOAD.requests[0]])
     with pytest.raises(ValueError, match="max_num_seqs must be >= 1"):
         sim.fork_at(1, max_num_seqs=0)
+    # a source that does not repeat its run (here: a request less) is caught, not branched
+    short = dataclasses.replace(sim.source, workload=Workload(list(sim.source.workload)[:-1], clock="wall"))
+    with pytest.raises(RuntimeError, match="replaying the run did not repeat it"):
+        dataclasses.replace(sim, source=short).fork_at(sim.num_steps - 1)
     wall = run_workload(Workload([dataclasses.replace(r, arrival_step=None, arrival_time=0.0) for r in WORKLOAD.requests[:1]],
                                  clock="wall"), CFG)
     with pytest.raises(ValueError, match="wall clock does not repeat"):
