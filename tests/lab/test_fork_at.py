@@ -159,6 +159,9 @@ def test_a_branch_aborts_adds_and_reprioritises(sim):
     # a branch of a branch replays the first branch's edits first
     deeper = branch.fork_at(k + 2, max_num_seqs=1)
     same_records(branch, deeper, range(k + 2))
+    earlier = branch.fork_at(k - 1)  # before the branch's own fork: its edits still come at their step
+    assert first_divergence(branch, earlier) is None and earlier.fork_step == k - 1
+    assert earlier.branch == f"from step {k - 1}: nothing changed; {branch.branch}"
 
 
 def test_bad_forks_are_refused_with_the_field(sim, real):

@@ -144,7 +144,7 @@ class Divergence:
             a, b = (", ".join(ids) or "none" for ids in self.preempted)
             lines.append(f"preempted: {a} in a, {b} in b")
         lines += [f"{rid} sampled {ta} in a, {tb} in b" for rid, (ta, tb) in self.sampled.items()]
-        return lines
+        return lines or ["the same chunks, scheduled in another order"]
 
     def __repr__(self) -> str:
         return f"Divergence(step={self.step}: {'; '.join(self.describe())})"

@@ -117,6 +117,8 @@ class RunResult:
         (RuntimeError naming the first difference otherwise). A real run on the wall clock
         does not repeat: ValueError (fork a live engine with ``engine.fork()`` instead). In a
         simulated branch an added request without ``ignore_eos`` runs to its ``max_tokens``.
+        A branch of a real run has its own replay's wall seconds (``*_s``); its steps are exact.
+        Forking a branch keeps its own edits, at their steps, and adds these.
         """
         source = self.source
         if source is None:
@@ -144,7 +146,8 @@ class RunResult:
             unknown = [rid for rid in ids if rid not in known]
             if unknown:
                 raise ValueError(f"fork_at: {name}: request {unknown[0]!r} is not in the workload.")
-        branch = dataclasses.replace(source, edits=source.edits + (edit,)).run(reference=self)
+        edits = tuple(sorted(source.edits + (edit,), key=lambda e: e.step))  # stable: same step, in order
+        branch = dataclasses.replace(source, edits=edits).run(reference=self, check_before=step)
         return dataclasses.replace(branch, workload=RunSource.with_added(self.workload, list(edit.add)),
                                    simulated=self.simulated)
 
@@ -266,7 +269,6 @@ class ForkEdit:
         driver.pending = deque(sorted(kept, key=lambda r: _arrival(r, driver.clock)))  # earlier: at once
         driver.ids |= {r.request_id for r in self.add}
 
-
     def _not_before(self, driver: Driver, request: ArrivingRequest) -> dict:
         """An added request's arrival moved up to the fork, when it is earlier (its queue time
         starts there)."""
@@ -302,22 +304,25 @@ class RunSource:
             return (*workload, *added)
         return type(workload)([*workload, *added], getattr(workload, "info", None), clock=workload.clock)
 
-    def run(self, reference: RunResult | None = None) -> RunResult:
-        """Run it again with the edits; the steps before the last edit are checked against
-        ``reference``'s records when given (RuntimeError at the first difference)."""
+    def run(self, reference: RunResult | None = None, check_before: int = 0) -> RunResult:
+        """Run it again with the edits (in step order); the steps before ``check_before`` are
+        checked against ``reference``'s records when given (RuntimeError at the first difference)."""
         engine = self.make_engine()
         fresh = not len(engine.history) and not engine.has_unfinished_requests()
         driver = Driver(engine, self.workload, clock=self.clock, exclusive=fresh)
         try:
+            checked = reference is None
             for edit in self.edits:
+                if not checked and edit.step >= check_before:
+                    driver.run(until_step=check_before - self.first_step)
+                    _check_replay(driver.history, reference.history, check_before)
+                    checked = True
                 driver.run(until_step=edit.step - self.first_step)
-                if edit is self.edits[-1] and reference is not None:
-                    _check_replay(driver.history, reference.history, edit.step)
                 edit.apply(driver)
             driver.run()
         finally:
             driver.close()
-        return dataclasses.replace(driver.result(self), fork_step=self.edits[-1].step if self.edits else None)
+        return dataclasses.replace(driver.result(self), fork_step=check_before if self.edits else None)
 
 
 def _check_replay(replayed: StepHistory, recorded: StepHistory, before: int) -> None:
