@@ -83,7 +83,7 @@ def test_another_policy_differs_from_the_fork_step_never_before(real):
     found = first_divergence(real, spf)
     assert found is not None and found.step >= k
     same_records(real, spf, range(k))
-    assert spf.config.policy.name == "spf" and real.config.policy == "fcfs"
+    assert spf.config.policy == "spf" and spf.policy == "spf" and real.config.policy == "fcfs"
     # the fork keeps each request's sampling stream: a request whose schedule did not change up to
     # its end has the same tokens in both branches
     cmp = compare_branches(real, {"spf": spf})

@@ -92,7 +92,7 @@ def apply_scheduling(engine: LLMEngine, **changes) -> None:
     scheduler.max_num_batched_tokens = engine.max_num_batched_tokens = budget
     scheduler.max_num_seqs = changes.get("max_num_seqs", scheduler.max_num_seqs)
     scheduler.enable_chunked_prefill = chunked
-    engine.config = dataclasses.replace(config, policy=policy if "policy" in changes else config.policy)
+    engine.config = config
 
 
 def set_priority(engine: LLMEngine, priorities: Mapping[str, int]) -> None:
