@@ -136,6 +136,16 @@ def test_forking_a_simulated_run(sim):
     assert found is not None and found.step >= k
     same_records(sim, two, range(k))
     assert two.config.max_num_seqs == 2 and two.simulated
+    # a bigger budget without chunked prefill: every admission after the fork computes its whole prompt
+    whole = sim.fork_at(k, max_num_batched_tokens=64, enable_chunked_prefill=False)
+    after = [r for r in whole.history if r.step >= k]
+    assert {r.scheduler_output.token_budget for r in after} == {64}
+    assert {r.scheduler_output.token_budget for r in whole.history if r.step < k} == {32}
+    admitted = [c for r in after for c in r.scheduler_output.scheduled
+                if c.request_id in r.scheduler_output.new_request_ids + r.scheduler_output.resumed_request_ids]
+    assert admitted and all(c.samples for c in admitted)
+    with pytest.raises(ValueError, match="enable_chunked_prefill=False: request .* could never be scheduled"):
+        sim.fork_at(k, max_num_batched_tokens=4, enable_chunked_prefill=False)
 
 
 def test_a_branch_aborts_adds_and_reprioritises(sim):
