@@ -23,6 +23,8 @@ _EXPORTS = {
     "RunResult": "workbench.engine.replay",
     "compare_runs": "workbench.lab.compare",
     "Comparison": "workbench.lab.compare",
+    "compare_branches": "workbench.lab.compare",
+    "first_divergence": "workbench.engine.fork",
     "teaching_config": "workbench.config",
     "simulate": "workbench.lab.sim",
     "CostModel": "workbench.lab.sim",

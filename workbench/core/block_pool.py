@@ -17,6 +17,7 @@ events on a snapshot of the pool rebuilds it exactly.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -56,6 +57,15 @@ class KVCacheBlock:
         """Ids of the requests whose block table holds this block, in the order they took it."""
         return tuple(self._owners)
 
+    def __deepcopy__(self, memo: dict) -> KVCacheBlock:
+        """The block's content without its free-queue links (the copied queue relinks its
+        copies), so copying a pool never recurses along the queue."""
+        new = KVCacheBlock(self.block_id)
+        memo[id(self)] = new
+        new.ref_count, new.block_hash, new.token_ids = self.ref_count, self.block_hash, self.token_ids
+        new._owners = dict(self._owners)
+        return new
+
     def __repr__(self) -> str:
         h = self.block_hash.hex()[:8] if self.block_hash is not None else None
         return (
@@ -84,6 +94,12 @@ class FreeBlockQueue:
 
     def __len__(self) -> int:
         return self._len
+
+    def __deepcopy__(self, memo: dict) -> FreeBlockQueue:
+        """A queue of the blocks' copies in the same order (``engine.fork()``)."""
+        new = FreeBlockQueue(copy.deepcopy(b, memo) for b in self)
+        memo[id(self)] = new
+        return new
 
     def __iter__(self) -> Iterator[KVCacheBlock]:
         node = self._head.next_free

@@ -7,6 +7,7 @@ the history can rebuild the block pool as it was after any kept step
 
 from __future__ import annotations
 
+import copy
 import html
 from collections import deque
 from collections.abc import Iterator
@@ -190,6 +191,16 @@ class StepHistory:
         self._base_replay: KVReplay | None = None  # the base, rolled forward by dropped records
         self._checkpoints: dict[int, KVState] = {}  # step -> state after it
         self._last: tuple[int, KVState] | None = None  # the last state asked for
+
+    def __deepcopy__(self, memo: dict) -> StepHistory:
+        """A copy (``engine.fork()``) that shares the records and the rebuilt states, which are
+        immutable; appending to one never shows in the other."""
+        new = copy.copy(self)
+        memo[id(self)] = new
+        new._records = deque(self._records, maxlen=self._records.maxlen)
+        new._checkpoints = dict(self._checkpoints)
+        new._base_replay = copy.deepcopy(self._base_replay, memo)
+        return new
 
     def append(self, record: StepRecord) -> None:
         if self._records and record.step != self._records[-1].step + 1:

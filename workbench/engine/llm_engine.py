@@ -21,6 +21,7 @@ from workbench.core.sched.scheduler import Scheduler
 from workbench.core.sched.output import SchedulerOutput
 from workbench.engine.history import StepHistory, StepRecord
 from workbench.engine.engine_core_request import EngineCoreRequest
+from workbench.engine.fork import fork_engine
 from workbench.engine.idle import IdleWaiter
 from workbench.engine.input_processor import InputProcessor, PromptType
 from workbench.model.loader import resolve_model_path
@@ -28,7 +29,7 @@ from workbench.model.model_config import ModelConfig
 from workbench.engine.output_processor import OutputProcessor
 from workbench.outputs import RequestOutput
 from workbench.engine.parallel_sampling import ParentRequest
-from workbench.engine.replay import RunResult, drive
+from workbench.engine.replay import RunResult, RunSource, drive, run_clock
 from workbench.request import RequestStatus
 from workbench.metrics.request_tracker import RequestTracker
 from workbench.metrics.tracing import RequestTracer, log_tracing_disabled_warning
@@ -446,16 +447,33 @@ class LLMEngine:
         return record
 
     # ------------------------------------------------------------ research layer
+    def fork(self) -> LLMEngine:
+        """An independent engine in exactly this one's state (queues, block tables, prefix
+        cache, KV tensors, sampling generators, detokenizers, history, clock); the model
+        weights are shared. Left unchanged, both step identically
+        (see :mod:`workbench.engine.fork`)."""
+        return fork_engine(self)
+
     def requests_dataframe(self):
         """One row per request seen (queue time, TTFT, TPOT, e2e latency in steps and
         seconds, preemptions, recomputed and cached tokens): see
         :class:`~workbench.metrics.request_tracker.RequestTracker`."""
         return self.request_tracker.dataframe()
 
-    def replay(self, workload, *, clock: str | None = None, progress: bool = False) -> RunResult:
+    def replay(self, workload, *, clock: str | None = None, progress: bool = False,
+               forkable: bool = False) -> RunResult:
         """Drive this engine through ``workload`` on its clock (steps or wall; ``clock``, when
-        given, must be it) until every request finished; returns a :class:`~workbench.engine.replay.RunResult` of the steps it took."""
-        return drive(self, workload, clock=clock, progress=progress)
+        given, must be it) until every request finished; returns a :class:`~workbench.engine.replay.RunResult` of the steps it took.
+        ``forkable``: the result keeps a fork of this engine as it was before the run (its KV
+        cache included: twice the memory), so that ``result.fork_at(step)`` can rebuild any of
+        its steps (a run on the step clock, or on a simulated clock)."""
+        source = None
+        if forkable:
+            clock = run_clock(workload, clock)
+            start = self.fork()
+            source = RunSource(start.fork, workload, clock, exact=clock == "steps" or hasattr(self.clock, "sleep"),
+                               first_step=self.scheduler.step_count)
+        return drive(self, workload, clock=clock, progress=progress, source=source)
 
     # ------------------------------------------------------------------ stat loggers
     def add_logger(self, logger_name: str, logger: StatLoggerBase) -> None:

@@ -26,15 +26,17 @@ A request the engine refuses (too long for the pool, ...) is left out and report
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import logging
 import math
 from collections import deque
-from collections.abc import Iterable, Sized
+from collections.abc import Callable, Iterable, Sized
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from workbench.config import EngineConfig
+from workbench.engine.fork import apply_scheduling, first_divergence, set_priority
 from workbench.engine.history import TIMING_STAGES, StepHistory
 from workbench.metrics.perfetto import write_trace
 from workbench.metrics.request_tracker import RequestTracker
@@ -87,6 +89,67 @@ class RunResult:
     tokenizer: object = field(default=None, repr=False)
     simulated: bool = False
     total_steps: int | None = None  # steps the run took; the history keeps the last max_history
+    source: RunSource | None = field(default=None, repr=False, compare=False)  # how to run it again
+    fork_step: int | None = None  # a branch (fork_at): the first step its changes shaped
+
+    @property
+    def branch(self) -> str:
+        """What this run changed, in words: "original" or, for a branch, its changes from its fork step."""
+        edits = self.source.edits if self.source is not None else ()
+        return "; ".join(e.describe() for e in edits) or "original"
+
+    def fork_at(self, step: int, *, policy=None, max_num_batched_tokens: int | None = None,
+                max_num_seqs: int | None = None, enable_chunked_prefill: bool | None = None,
+                abort: Iterable[str] = (), add: Iterable[ArrivingRequest] = (),
+                priority: dict[str, int] | None = None) -> RunResult:
+        """A branch of this run: steps ``0 .. step - 1`` are this run's, and from step ``step``
+        on it runs with the changes -- scheduling (``policy``, ``max_num_batched_tokens``,
+        ``max_num_seqs``, ``enable_chunked_prefill``) and request edits: ``abort`` (ids in
+        flight, or not arrived yet: they never arrive), ``add`` (requests arriving from
+        ``step`` on; an arrival before it counts as ``step``), ``priority`` {id: p} (in flight
+        or still to arrive; needs a policy that reads priorities). A run that the ``priority``
+        policy did not make gets its requests' workload priorities when a branch switches to it.
+
+        The state at ``step`` is rebuilt by replaying the run from its start on a fresh engine
+        (the run's :class:`RunSource`) and applying the earlier branches' edits at their steps:
+        exact, because the step clock (or a simulated clock) repeats the schedule, sampling
+        generators included; the replayed steps are checked against this run's records
+        (RuntimeError naming the first difference otherwise). A real run on the wall clock
+        does not repeat: ValueError (fork a live engine with ``engine.fork()`` instead). In a
+        simulated branch an added request without ``ignore_eos`` runs to its ``max_tokens``.
+        A branch of a real run has its own replay's wall seconds (``*_s``); its steps are exact.
+        Forking a branch keeps its own edits, at their steps, and adds these.
+        """
+        source = self.source
+        if source is None:
+            raise ValueError("fork_at: this run cannot be run again (it was driven on an engine of yours): "
+                             "fork runs of run_workload / simulate, or a live engine with engine.fork().")
+        if not source.exact:
+            raise ValueError("fork_at: a real run on the wall clock does not repeat step for step, so its state "
+                             "at a step cannot be rebuilt; run the workload on the step clock "
+                             "(Workload.poisson(..., clock='steps')), simulate it, or fork a live engine with engine.fork().")
+        first = source.first_step
+        if not isinstance(step, int) or isinstance(step, bool) or not first <= step <= first + self.num_steps:
+            raise ValueError(f"fork_at: step must be an integer in [{first}, {first + self.num_steps}] (the run's "
+                             f"steps), got {step!r}.")
+        edit = ForkEdit(step, {k: v for k, v in dict(policy=policy, max_num_batched_tokens=max_num_batched_tokens,
+                                                      max_num_seqs=max_num_seqs,
+                                                      enable_chunked_prefill=enable_chunked_prefill).items()
+                               if v is not None},
+                        tuple(abort), tuple(add), dict(priority or {}))
+        known = {r.request_id for r in source.requests()}
+        clash = [r.request_id for r in edit.add if r.request_id in known]
+        if clash:
+            raise ValueError(f"fork_at: add: request_id {clash[0]!r} is already in the workload.")
+        known |= {r.request_id for r in edit.add}
+        for name, ids in (("abort", edit.abort), ("priority", edit.priority)):
+            unknown = [rid for rid in ids if rid not in known]
+            if unknown:
+                raise ValueError(f"fork_at: {name}: request {unknown[0]!r} is not in the workload.")
+        edits = tuple(sorted(source.edits + (edit,), key=lambda e: e.step))  # stable: same step, in order
+        branch = dataclasses.replace(source, edits=edits).run(reference=self, check_before=step)
+        return dataclasses.replace(branch, workload=RunSource.with_added(self.workload, list(edit.add)),
+                                   simulated=self.simulated)
 
     @property
     def num_steps(self) -> int:
@@ -164,95 +227,227 @@ class RunResult:
         )
 
 
+@dataclass(frozen=True)
+class ForkEdit:
+    """The changes a branch makes at its fork step (see :meth:`RunResult.fork_at`)."""
+
+    step: int
+    scheduling: dict = field(default_factory=dict)
+    abort: tuple[str, ...] = ()
+    add: tuple = ()
+    priority: dict[str, int] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        parts = [f"{k}={getattr(v, 'name', v)}" for k, v in self.scheduling.items()]
+        parts += [f"abort {rid}" for rid in self.abort] + [f"add {r.request_id}" for r in self.add]
+        parts += [f"priority {rid}={p}" for rid, p in self.priority.items()]
+        return f"from step {self.step}: {', '.join(parts) or 'nothing changed'}"
+
+    def apply(self, driver: Driver) -> None:
+        """Make the changes on a driver stopped before step ``step`` (ValueError naming what is wrong)."""
+        engine = driver.engine
+        in_flight = engine.output_processor.parents
+        was_blind = not engine.uses_priority
+        apply_scheduling(engine, **self.scheduling)
+        by_id = {r.request_id: r for r in driver.workload}
+        if was_blind and engine.uses_priority:  # the run added them with priority 0
+            set_priority(engine, {rid: by_id[rid].priority for rid in in_flight if rid in by_id})
+        if self.priority and not engine.uses_priority:
+            raise ValueError(f"fork_at: priority: the {engine.scheduler.policy.name} policy reads no priority; "
+                             "pass policy='priority' too.")
+        pending = {r.request_id: r for r in driver.pending}
+        for rid in self.abort:
+            if rid not in in_flight and rid not in pending:
+                raise ValueError(f"fork_at: abort: request {rid!r} is neither in flight nor still to arrive "
+                                 f"at step {self.step} (it finished or was refused).")
+        engine.abort_request([rid for rid in self.abort if rid in in_flight])
+        set_priority(engine, {rid: p for rid, p in self.priority.items() if rid in in_flight})
+        kept = [dataclasses.replace(r, priority=self.priority[r.request_id]) if r.request_id in self.priority else r
+                for r in driver.pending if r.request_id not in self.abort]
+        kept += [dataclasses.replace(r, priority=self.priority.get(r.request_id, r.priority),
+                                     **self._not_before(driver, r)) for r in self.add]
+        driver.pending = deque(sorted(kept, key=lambda r: _arrival(r, driver.clock)))  # earlier: at once
+        driver.ids |= {r.request_id for r in self.add}
+
+    def _not_before(self, driver: Driver, request: ArrivingRequest) -> dict:
+        """An added request's arrival moved up to the fork, when it is earlier (its queue time
+        starts there)."""
+        if driver.clock == "steps":
+            return {"arrival_step": max(request.arrival_step or 0, self.step)}
+        now = driver.timer() - driver.t0
+        return {"arrival_time": max(request.arrival_time or 0.0, now)}
+
+
+@dataclass(frozen=True)
+class RunSource:
+    """How to run a RunResult again: ``make_engine()`` builds a fresh engine of the run's
+    configuration, ``workload`` is what was driven through it on ``clock``, ``edits`` the
+    branches' changes by step. ``exact``: a replay repeats the run step for step (the step
+    clock, or a simulated clock; not a real run on the wall clock)."""
+
+    make_engine: Callable[[], object]
+    workload: Iterable[ArrivingRequest]
+    clock: str
+    exact: bool
+    edits: tuple[ForkEdit, ...] = ()
+    first_step: int = 0  # the engine's step number when the run started
+
+    def requests(self) -> list:
+        return [*self.workload, *(r for e in self.edits for r in e.add)]
+
+    @staticmethod
+    def with_added(workload, added: list):
+        """``workload`` with the ``added`` requests (a Workload stays one)."""
+        if not added:
+            return workload
+        if isinstance(workload, tuple):
+            return (*workload, *added)
+        return type(workload)([*workload, *added], getattr(workload, "info", None), clock=workload.clock)
+
+    def run(self, reference: RunResult | None = None, check_before: int = 0) -> RunResult:
+        """Run it again with the edits (in step order); the steps before ``check_before`` are
+        checked against ``reference``'s records when given (RuntimeError at the first difference)."""
+        engine = self.make_engine()
+        fresh = not len(engine.history) and not engine.has_unfinished_requests()
+        driver = Driver(engine, self.workload, clock=self.clock, exclusive=fresh)
+        try:
+            checked = reference is None
+            for edit in self.edits:
+                if not checked and edit.step >= check_before:
+                    driver.run(until_step=check_before - self.first_step)
+                    _check_replay(driver.history, reference.history, check_before)
+                    checked = True
+                driver.run(until_step=edit.step - self.first_step)
+                edit.apply(driver)
+            driver.run()
+        finally:
+            driver.close()
+        return dataclasses.replace(driver.result(self), fork_step=check_before if self.edits else None)
+
+
+def _check_replay(replayed: StepHistory, recorded: StepHistory, before: int) -> None:
+    common = set(replayed.steps) & set(recorded.steps) & set(range(before))
+    found = first_divergence([r for r in replayed if r.step in common], [r for r in recorded if r.step in common])
+    if found is not None:
+        raise RuntimeError(f"fork_at: replaying the run did not repeat it ({found!r}); its state at step "
+                           f"{before} cannot be rebuilt exactly.")
+
+
 def drive(engine, workload: Iterable[ArrivingRequest], *, clock: str | None = None, progress: bool = False,
-          exclusive: bool = False) -> RunResult:
+          exclusive: bool = False, source: RunSource | None = None) -> RunResult:
     """Add ``workload``'s requests to ``engine`` as they arrive and step it until nothing is
     unfinished (requests already in flight included). The engine's ``on_step`` hooks see
     every step; the result keeps the steps of this run only. ``exclusive``: the engine was
     built for this run and has not stepped (run_workload, simulate): its own history and
     request tracker become the result's, instead of copies kept step by step. ``clock``:
-    None for the workload's own (see the module docstring)."""
-    clock = run_clock(workload, clock)
-    if isinstance(workload, (list, tuple)):
-        workload = tuple(workload)
-    if isinstance(workload, (str, bytes)) or not isinstance(workload, Iterable) or not isinstance(workload, Sized):
-        raise ValueError(f"workload must be a Workload or a list of WorkloadRequest, got {type(workload).__name__}.")
-    pending = deque(sorted(workload, key=lambda r: _arrival(r, clock)))  # stable: ties keep order
-    if exclusive and (len(engine.history) or engine.has_unfinished_requests()):
-        raise ValueError("drive(exclusive=True) needs an engine that has not stepped and holds no request.")
-    timer = engine.clock
-    # A simulated clock jumps; a real engine waits keeping its CPU threads awake.
-    sleep = getattr(timer, "sleep", None) or engine.idle.sleep
-    input_processed = getattr(timer, "input_processed", None)  # a simulated clock prices it
-    t0 = timer()
-    tracker = RequestTracker(epoch=t0, max_requests=max(100_000, len(workload)))
-    if exclusive:
-        history, engine.request_tracker = engine.history, tracker
-    else:
-        history = StepHistory(engine.config.max_history, initial_kv_state=engine.history.kv_state())
-    stats = engine.kv_cache.prefix_cache_stats
-    queries0, hits0 = stats.queries, stats.hits
-    ids = {r.request_id for r in workload}
-    outputs, rejected = {}, {}
-    bar = _progress_bar(len(workload), progress)
-
-    def keep(record) -> None:
-        history.append(record)
-        tracker.consume(record.request_events)
-
-    if not exclusive:
-        engine.on_step.append(keep)
+    None for the workload's own (see the module docstring). ``source``: how to run it again
+    (:meth:`RunResult.fork_at` needs one)."""
+    driver = Driver(engine, workload, clock=clock, progress=progress, exclusive=exclusive)
     try:
+        driver.run()
+    finally:
+        driver.close()
+    return driver.result(source)
+
+
+class Driver:
+    """:func:`drive` in pieces: ``run(until_step)`` steps the engine (adding arrivals) until
+    it took ``until_step`` steps of this run or all is done; between calls the pending
+    arrivals (``pending``, in arrival order) and the engine may be edited (a fork's changes);
+    ``close()`` unhooks it; ``result()`` is the RunResult so far."""
+
+    def __init__(self, engine, workload: Iterable[ArrivingRequest], *, clock: str | None = None,
+                 progress: bool = False, exclusive: bool = False) -> None:
+        clock = run_clock(workload, clock)
+        if isinstance(workload, (list, tuple)):
+            workload = tuple(workload)
+        if isinstance(workload, (str, bytes)) or not isinstance(workload, Iterable) or not isinstance(workload, Sized):
+            raise ValueError(f"workload must be a Workload or a list of WorkloadRequest, got {type(workload).__name__}.")
+        if exclusive and (len(engine.history) or engine.has_unfinished_requests()):
+            raise ValueError("drive(exclusive=True) needs an engine that has not stepped and holds no request.")
+        self.engine, self.workload, self.clock, self.exclusive = engine, workload, clock, exclusive
+        self.pending = deque(sorted(workload, key=lambda r: _arrival(r, clock)))  # stable: ties keep order
+        self.timer = engine.clock
+        # A simulated clock jumps; a real engine waits keeping its CPU threads awake.
+        self._sleep = getattr(self.timer, "sleep", None) or engine.idle.sleep
+        self._input_processed = getattr(self.timer, "input_processed", None)  # a simulated clock prices it
+        self.t0 = self.timer()
+        self.tracker = RequestTracker(epoch=self.t0, max_requests=max(100_000, len(workload)))
+        if exclusive:
+            self.history, engine.request_tracker = engine.history, self.tracker
+        else:
+            self.history = StepHistory(engine.config.max_history, initial_kv_state=engine.history.kv_state())
+            engine.on_step.append(self._keep)
+        stats = engine.kv_cache.prefix_cache_stats
+        self._prefix0 = (stats.queries, stats.hits)
+        self.ids = {r.request_id for r in workload}
+        self.outputs, self.rejected = {}, {}
+        self.step = 0  # steps of this run so far
+        self._bar = _progress_bar(len(workload), progress)
+
+    def _keep(self, record) -> None:
+        self.history.append(record)
+        self.tracker.consume(record.request_events)
+
+    def run(self, until_step: int | None = None) -> None:
+        engine, clock, pending = self.engine, self.clock, self.pending
         with frozen_heap():  # long-lived objects stay out of the collector's way
-            step = 0
-            while True:
-                now = step if clock == "steps" else timer() - t0
+            while until_step is None or self.step < until_step:
+                now = self.step if clock == "steps" else self.timer() - self.t0
                 while pending and _arrival(pending[0], clock) <= now:
-                    request = pending.popleft()
-                    try:
-                        engine.add_request(
-                            request.request_id,
-                            request.prompt if isinstance(request.prompt, str) else list(request.prompt),
-                            request.params,
-                            # A policy that ignores priorities (fcfs, spf) runs the same workload.
-                            priority=request.priority if engine.uses_priority else 0,
-                            arrival_time=t0 + request.arrival_time if clock == "wall" else None,
-                        )
-                        if input_processed is not None and isinstance(request.prompt, str):
-                            input_processed(len(engine.output_processor.parents[request.request_id].prompt_token_ids))
-                    except ValueError as e:
-                        rejected[request.request_id] = str(e)
-                        logger.warning("request %r left out of the run: %s", request.request_id, e)
-                        bar.update(1)
+                    self._add(pending.popleft())
                 if not engine.has_unfinished_requests():
                     if not pending:
                         break
                     if clock == "wall":
-                        sleep(max(0.0, _arrival(pending[0], clock) - (timer() - t0)))
+                        self._sleep(max(0.0, _arrival(pending[0], clock) - (self.timer() - self.t0)))
                         continue
                 for out in engine.step():
-                    if out.finished and out.request_id in ids:
-                        outputs[out.request_id] = out
-                        bar.update(1)
-                step += 1
-    finally:
-        if not exclusive:
-            engine.on_step.remove(keep)
-        bar.close()
-    return RunResult(
-        workload=workload,
-        config=engine.config,
-        clock=clock,
-        history=history,
-        requests=tracker.dataframe(),
-        outputs=outputs,
-        rejected=rejected,
-        wall_s=timer() - t0,
-        prefix_queries=stats.queries - queries0,
-        prefix_hits=stats.hits - hits0,
-        tokenizer=engine.tokenizer,
-        total_steps=step,
-    )
+                    if out.finished and out.request_id in self.ids:
+                        self.outputs[out.request_id] = out
+                        self._bar.update(1)
+                self.step += 1
+
+    def _add(self, request: ArrivingRequest) -> None:
+        engine = self.engine
+        try:
+            engine.add_request(
+                request.request_id,
+                request.prompt if isinstance(request.prompt, str) else list(request.prompt),
+                request.params,
+                # A policy that ignores priorities (fcfs, spf) runs the same workload.
+                priority=request.priority if engine.uses_priority else 0,
+                arrival_time=self.t0 + _arrival(request, "wall") if self.clock == "wall" else None,
+            )
+            if self._input_processed is not None and isinstance(request.prompt, str):
+                self._input_processed(len(engine.output_processor.parents[request.request_id].prompt_token_ids))
+        except ValueError as e:
+            self.rejected[request.request_id] = str(e)
+            logger.warning("request %r left out of the run: %s", request.request_id, e)
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if not self.exclusive and self._keep in self.engine.on_step:
+            self.engine.on_step.remove(self._keep)
+        self._bar.close()
+
+    def result(self, source: RunSource | None = None) -> RunResult:
+        engine, stats = self.engine, self.engine.kv_cache.prefix_cache_stats
+        return RunResult(
+            workload=self.workload,
+            config=engine.config,
+            clock=self.clock,
+            history=self.history,
+            requests=self.tracker.dataframe(),
+            outputs=self.outputs,
+            rejected=self.rejected,
+            wall_s=self.timer() - self.t0,
+            prefix_queries=stats.queries - self._prefix0[0],
+            prefix_hits=stats.hits - self._prefix0[1],
+            tokenizer=engine.tokenizer,
+            total_steps=self.step,
+            source=source,
+        )
 
 
 def run_clock(workload, clock: str | None) -> str:

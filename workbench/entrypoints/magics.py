@@ -10,6 +10,8 @@ traceback; so do errors the engine reports about a request (ValueError).
 
 While ``%llm serve`` serves the engine, its engine thread owns it: the commands that drive
 it (load, generate, chat, add, step, run, replay) refuse; the views show its live state.
+``%llm replay`` keeps its run forkable (a copy of the engine as it was before it), so that
+``%llm fork STEP --policy spf`` branches it at a step and compares the two.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ SHOW_CHOICES = ("blocks", "timeline", "requests", "scheduler", "stats")
 #: How ``%llm`` alone groups the commands (every command is in one group).
 COMMAND_GROUPS = {
     "engine": ("load", "generate", "chat"),
-    "requests": ("add", "step", "run", "replay", "compare"),
+    "requests": ("add", "step", "run", "replay", "compare", "fork"),
     "views": ("show", "player", "dashboard", "profile"),
     "serving": ("serve", "stop"),
     "help": ("help",),
@@ -105,6 +107,17 @@ def build_parser() -> _Parser:
                          help="one run per policy (fcfs, priority, spf)")
     compare.add_argument("--configs", nargs="+", default=[], metavar="NAME=VAR",
                          help="one run per EngineConfig or dict-of-overrides variable")
+    fork = sub.add_parser("fork", add_help=False,
+                          help="branch the last replay (or --run RUN) at STEP with changes; compare both")
+    fork.add_argument("step", type=int, metavar="STEP", help="the first step the changes shape")
+    fork.add_argument("--run", default=None, metavar="RUN",
+                      help="a RunResult variable (default: the last %%llm replay)")
+    fork.add_argument("--policy", default=None, metavar="POLICY", help="fcfs, priority or spf from STEP on")
+    fork.add_argument("--max-num-seqs", type=int, default=None, metavar="N", help="sequence cap from STEP on")
+    fork.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N", help="token budget from STEP on")
+    fork.add_argument("--abort", nargs="+", default=[], metavar="ID", help="abort these requests at STEP")
+    fork.add_argument("--as", dest="name", default="branch", metavar="NAME",
+                      help="variable to bind the branch's RunResult to (default: branch)")
     serve = sub.add_parser("serve", add_help=False, help="serve this engine over HTTP (OpenAI API)")
     serve.add_argument("--host", default="127.0.0.1", metavar="HOST", help="(default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, metavar="PORT", help="(default: 8000)")
@@ -161,6 +174,7 @@ class WorkbenchMagics(Magics):
 
     current = None
     server = None  # (uvicorn.Server, its thread, AsyncLLM, url) while serving
+    last_run = None  # the RunResult of the last %llm replay (what %llm fork branches)
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell, **kwargs)
@@ -314,7 +328,24 @@ class WorkbenchMagics(Magics):
         workload = self._variable(options.workload)
         if not isinstance(workload, Workload):
             raise UsageError(f"{options.workload!r} is a {type(workload).__name__}, not a Workload")
-        return self.engine.replay(workload, clock=options.clock)
+        self.last_run = self.engine.replay(workload, clock=options.clock, forkable=True)
+        return self.last_run
+
+    def _cmd_fork(self, options):
+        from workbench.engine.replay import RunResult
+        from workbench.lab.compare import compare_branches
+        from workbench.viz import ComparisonView
+
+        run = self._variable(options.run) if options.run else self.last_run
+        if not isinstance(run, RunResult):
+            raise UsageError(f"{options.run!r} is a {type(run).__name__}, not a RunResult" if options.run
+                             else "nothing to fork: `%llm replay WORKLOAD` first, or --run RUN")
+        branch = run.fork_at(options.step, policy=options.policy, max_num_seqs=options.max_num_seqs,
+                             max_num_batched_tokens=options.max_num_batched_tokens, abort=options.abort)
+        if self.shell is not None:
+            self.shell.user_ns[options.name] = branch
+        print(f"{options.name}: {branch.branch}")
+        return ComparisonView(compare_branches(run, {options.name: branch}))
 
     def _cmd_compare(self, options):
         from workbench.lab.compare import compare_runs

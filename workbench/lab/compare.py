@@ -66,9 +66,11 @@ class Comparison:
     :meth:`cdf_figure`: per-request metric CDFs, one line per run.
     """
 
-    def __init__(self, workload: Workload, results: Mapping[str, RunResult]):
+    def __init__(self, workload: Workload, results: Mapping[str, RunResult], *, fork_step: int | None = None):
         self.workload = workload
         self.results = dict(results)
+        #: Branches of one run (:func:`compare_branches`): the step they forked at, else None.
+        self.fork_step = fork_step
 
     @property
     def names(self) -> list[str]:
@@ -92,6 +94,11 @@ class Comparison:
         frames = [r.requests.assign(config=name) for name, r in self.results.items()]
         frame = pd.concat(frames, ignore_index=True)
         return frame[["config", *[c for c in frame.columns if c != "config"]]]
+
+    def per_request(self, metrics: tuple[str, ...] = ("ttft_steps", "e2e_steps")):
+        """One row per request, one column per (metric, run): what each run cost each request."""
+        frame = self.requests.pivot(index="request_id", columns="config", values=list(metrics))
+        return frame.reindex(columns=[(m, name) for m in metrics for name in self.results])
 
     def cdf_figure(self, metric: str = "ttft_s", *, figsize=(6.0, 3.6)):
         """A matplotlib ``Figure`` (not registered with pyplot, so safe from any thread) with
@@ -118,7 +125,7 @@ class Comparison:
         return fig
 
     def __repr__(self) -> str:
-        rows = []
+        rows = [f"  forked at step {self.fork_step}"] if self.fork_step is not None else []
         for name, r in self.results.items():
             s = r.summary()
             rows.append(
@@ -166,3 +173,17 @@ def compare_runs(
                                   cost_model=cost_model)
                for name, config in resolved.items()}
     return Comparison(workload, results)
+
+
+def compare_branches(run: RunResult, branches: Mapping[str, RunResult], *, name: str = "original") -> Comparison:
+    """A :class:`Comparison` of ``run`` (as ``name``) and its ``branches`` (``run.fork_at(...)``
+    results, by name), all forked at one step (``fork_step``, marked on the timelines)."""
+    if not isinstance(branches, Mapping) or not branches:
+        raise ValueError("branches must be a non-empty dict of name -> RunResult of run.fork_at(...).")
+    steps = {b.fork_step for b in branches.values()}
+    if None in steps or len(steps) != 1:
+        raise ValueError(f"branches must all come from one fork_at step; their fork steps are "
+                         f"{sorted(steps, key=lambda s: -1 if s is None else s)}.")
+    if name in branches:
+        raise ValueError(f"name {name!r} is also a branch's name.")
+    return Comparison(run.workload, {name: run, **branches}, fork_step=steps.pop())

@@ -10,10 +10,11 @@ its engines with the same ``resolve_config``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from workbench.config import EngineConfig
 from workbench.engine.llm_engine import LLMEngine
-from workbench.engine.replay import RunResult, drive
+from workbench.engine.replay import RunResult, RunSource, drive, run_clock
 from workbench.lab.workload import Workload
 
 
@@ -38,6 +39,9 @@ def run_real(workload: Workload, config: EngineConfig | dict | None = None, *, c
              progress: bool = False) -> RunResult:
     """``workload`` on a fresh engine built from ``config`` (see :func:`resolve_config`), on the
     workload's clock (``clock``, when given, must be it), until every request finished; the
-    engine's own history and request tracker become the result's."""
-    engine = LLMEngine(resolve_config(config))
-    return drive(engine, workload, clock=clock, progress=progress, exclusive=True)
+    engine's own history and request tracker become the result's. The result's ``source``
+    builds the same engine again (:meth:`~workbench.engine.replay.RunResult.fork_at`)."""
+    config = resolve_config(config)
+    clock = run_clock(workload, clock)
+    source = RunSource(functools.partial(LLMEngine, config), workload, clock, exact=clock == "steps")
+    return drive(source.make_engine(), workload, clock=clock, progress=progress, exclusive=True, source=source)

@@ -92,7 +92,16 @@ class XgrammarGrammar:
     def __init__(self, compiled: xgr.CompiledGrammar) -> None:
         import xgrammar as xgr
 
+        self.compiled = compiled
         self.matcher = xgr.GrammarMatcher(compiled)
+
+    def replayed(self, token_ids) -> XgrammarGrammar:
+        """A new matcher over the same compiled grammar that accepted ``token_ids`` (a forked
+        engine's copy of this one, given the request's output tokens: the invariant)."""
+        grammar = XgrammarGrammar(self.compiled)
+        for token in token_ids:
+            grammar.accept_token(token)
+        return grammar
 
     def accept_token(self, token_id: int) -> bool:
         """Advance on ``token_id``; False (state unchanged) when the grammar forbids it."""

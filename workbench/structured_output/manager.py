@@ -183,6 +183,22 @@ class StructuredOutputManager:
                                      if requests.get(rid) is request)
         return step
 
+    def fork(self, fork_requests: Mapping[int, Request]) -> StructuredOutputManager:
+        """This manager for a forked engine, whose request copies ``fork_requests`` gives by
+        ``id()`` of the original: the compile executor, backend and cache are shared (a compiled
+        grammar is immutable), pending compiles go on for the copies, and each active grammar
+        is a new matcher that accepted its copy's output tokens (a request the fork does not
+        hold, finished already, is left out)."""
+        new = StructuredOutputManager(self.tokenizer, self.vocab_size, self._executor)
+        new._backend, new._cache = self._backend, self._cache
+        new._pending = {rid: (fork_requests[id(r)], f) for rid, (r, f) in self._pending.items()
+                        if id(r) in fork_requests}
+        new._grammars = {rid: (fork_requests[id(r)], g.replayed(r.output_token_ids))
+                         for rid, (r, g) in self._grammars.items() if id(r) in fork_requests}
+        new._step = StructuredOutputStep(self._step.waiting_for_fsm, dict(self._step.compiled),
+                                         dict(self._step.rows))
+        return new
+
     def __repr__(self) -> str:
         return (f"StructuredOutputManager(backend=xgrammar, cached={len(self._cache)}, "
                 f"compiling={len(self._pending)}, active={len(self._grammars)})")

@@ -3,7 +3,8 @@
 It shows a :class:`~workbench.lab.compare.Comparison`: the table (p50/p90/p99 latencies,
 throughput, preemptions, recomputed tokens per config), the CDF of a latency metric, the
 configs' request timelines on one step axis (each request on the same row and in the same
-colour in every panel) and a :class:`StepPlayer` over the run picked.
+colour in every panel; branches of one run with their fork step marked) and a
+:class:`StepPlayer` over the run picked.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ def compact_table(table):
                          for name, row in table.iterrows()})
 
 
-def aligned_timelines(results: dict, width: float = 12.0):
-    """One timeline panel per run, sharing the step axis (all runs' steps) and the request rows."""
+def aligned_timelines(results: dict, width: float = 12.0, fork_step: int | None = None):
+    """One timeline panel per run, sharing the step axis (all runs' steps) and the request rows;
+    branches of one run (``fork_step``) get a dashed line before the step they forked at."""
     records = {name: result.history[:] for name, result in results.items()}
     spans = {name: request_spans(run) for name, run in records.items()}
     kept = [run for run in records.values() if run]
@@ -61,6 +63,10 @@ def aligned_timelines(results: dict, width: float = 12.0):
     axes = figure.subplots(len(results), 1, sharex=True, squeeze=False)[:, 0]
     for ax, (name, (_, run_spans)) in zip(axes, spans.items()):
         draw_timeline(ax, rows, run_spans, steps=steps, empty=empty_steps(records[name]), title=name)
+        if fork_step is not None:
+            ax.axvline(fork_step - 0.5, color="black", linestyle="--", linewidth=1.2)
+            ax.annotate(f"fork (step {fork_step})", (fork_step - 0.5, 1.0), xycoords=("data", "axes fraction"),
+                        xytext=(3, -10), textcoords="offset points", fontsize=8)
     timeline_legend(figure)
     return figure
 
@@ -112,7 +118,8 @@ class ComparisonView(widgets.VBox):
                             f"{len(self.comparison.results)} configs</b><br><small>latencies: "
                             "p50 · p90 · p99 over the requests</small>"
                             "<style>.wb-compare td, .wb-compare th {white-space: nowrap}</style>" + self.table_html)
-        self.timelines.value = figure_png(aligned_timelines(self.comparison.results))
+        self.timelines.value = figure_png(aligned_timelines(self.comparison.results,
+                                                            fork_step=getattr(self.comparison, "fork_step", None)))
         self.show_metric(self.metric_picker.value)
         self.show_run(self.run_picker.value)
 

@@ -15,12 +15,13 @@ are fillers, so its text means nothing), unless it has stop strings (which need 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
 from workbench.config import EngineConfig
 from workbench.engine.llm_engine import LLMEngine
-from workbench.engine.replay import RunResult, drive
+from workbench.engine.replay import RunResult, RunSource, drive, run_clock
 from workbench.lab.run import resolve_config
 from workbench.lab.sim.clock import SimClock
 from workbench.lab.sim.cost_model import CostModel, as_cost_model
@@ -55,17 +56,19 @@ def simulate(
     config = resolve_config(config)
     model = as_cost_model(cost_model)
     lengths = _output_lengths(workload, output_len, seed)
-    sim_clock = SimClock()
-    engine = LLMEngine(
-        config,
-        make_runner=SimulatedRunner.factory(model, sim_clock, lengths),
-        clock=sim_clock,
-    )
-    engine.runner.tokenizer = engine.tokenizer
+    lean = Workload([_lean(r) for r in workload], workload.info, clock=workload.clock)
+    source = RunSource(functools.partial(_engine, config, model, lengths), lean, run_clock(lean, clock), exact=True)
     with rare_collections():
-        result = drive(engine, Workload([_lean(r) for r in workload], workload.info, clock=workload.clock),
-                       clock=clock, progress=progress, exclusive=True)
+        result = drive(source.make_engine(), lean, clock=clock, progress=progress, exclusive=True, source=source)
     return dataclasses.replace(result, workload=workload, simulated=True)
+
+
+def _engine(config: EngineConfig, model: CostModel, lengths: dict[str, int]) -> LLMEngine:
+    """A fresh engine on its own simulated clock: the same every time (a RunSource's make_engine)."""
+    sim_clock = SimClock()
+    engine = LLMEngine(config, make_runner=SimulatedRunner.factory(model, sim_clock, lengths), clock=sim_clock)
+    engine.runner.tokenizer = engine.tokenizer
+    return engine
 
 
 def _output_lengths(workload: Workload, output_len: LengthSpec | None, seed: int) -> dict[str, int]:
