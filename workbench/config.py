@@ -94,6 +94,9 @@ class EngineArgs:
         "spin: about one core) this many seconds after the last step (a parked thread can add "
         "~10 ms to the next step on a VM; see workbench/engine/idle.py); 0: let them park at once")
     max_logprobs: int = option(20, "largest logprobs / prompt_logprobs a request may ask for")
+    reasoning_parser: str | None = option(
+        None, "split replies into reasoning and content with this parser ('deepseek_r1', "
+        "'qwen3': <think>...</think>); structured outputs then start after the reasoning")
     max_history: int = option(10_000, "StepRecords kept in engine.history")
     log_stats: bool = option(False, "log vLLM's periodic stats line")
     log_stats_interval: float = option(5.0, "seconds between two stats lines")
