@@ -37,6 +37,7 @@ from workbench.worker.sleep_mode import TAGS as SLEEP_TAGS
 from workbench.worker.sleep_mode import SleepMode
 from workbench.worker.runner_protocol import Runner, RunnerFactory
 from workbench.sampling_params import SamplingParams
+from workbench.reasoning import ReasoningParserManager
 from workbench.structured_output.manager import StructuredOutputManager
 from workbench.metrics.stats import IterationStats, LoggingStatLogger, SchedulerStats, StatLoggerBase
 
@@ -80,6 +81,13 @@ class LLMEngine:
         self.config = config
         model_path = resolve_model_path(config.model)
         self.tokenizer = _load_tokenizer(config.tokenizer or model_path)
+        reasoner = None  # structured outputs start once its reasoning ends (vLLM's rule)
+        if config.reasoning_parser is not None:
+            try:
+                parser = ReasoningParserManager.get_reasoning_parser(config.reasoning_parser)
+            except KeyError as exc:
+                raise ValueError(exc.args[0]) from None
+            reasoner = parser(self.tokenizer)
         self.device = torch.device(
             config.device or ("cuda" if torch.cuda.is_available() else "cpu")
         )
@@ -135,7 +143,8 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         #: Grammars of the constrained requests (structured outputs), compiled off this thread.
         self.structured_output = StructuredOutputManager(self.tokenizer,
-                                                         self.model_config.vocab_size)
+                                                         self.model_config.vocab_size,
+                                                         reasoner=reasoner)
         self.history = StepHistory(config.max_history, initial_kv_state=self.kv_cache.snapshot())
         self.request_tracker = RequestTracker()
         #: Callables ``fn(record)`` run after every step, in order; one that raises is logged

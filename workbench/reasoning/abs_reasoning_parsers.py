@@ -30,8 +30,9 @@ class ReasoningParser:
         self.model_tokenizer = tokenizer
         self._sent = (0, 0)
 
-    def parse_prefix(self, text: str) -> tuple[str, str]:
-        """(reasoning so far, content so far) of ``text``, a prefix of the reply."""
+    def parse_prefix(self, text: str, final: bool = False) -> tuple[str, str]:
+        """(reasoning so far, content so far) of ``text``, a prefix of the reply (``final``:
+        the whole reply, so nothing is held back as a tag's possible beginning)."""
         raise NotImplementedError
 
     def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
@@ -39,7 +40,7 @@ class ReasoningParser:
 
     def extract_reasoning(self, model_output: str, request: Any = None
                           ) -> tuple[str | None, str | None]:
-        reasoning, content = self.parse_prefix(model_output)
+        reasoning, content = self.parse_prefix(model_output, final=True)
         return reasoning or None, content or None
 
     def extract_reasoning_streaming(

@@ -15,14 +15,14 @@ class BaseThinkingReasoningParser(ReasoningParser):
     start_token = "<think>"
     end_token = "</think>"
 
-    def parse_prefix(self, text: str) -> tuple[str, str]:
-        if self.start_token.startswith(text):
+    def parse_prefix(self, text: str, final: bool = False) -> tuple[str, str]:
+        if not final and self.start_token.startswith(text):
             return "", ""  # maybe the start tag, not complete yet
         if text.startswith(self.start_token):
             text = text[len(self.start_token):]
         end = text.find(self.end_token)
         if end < 0:
-            return text[:len(text) - held_back(text, self.end_token)], ""
+            return text[:len(text) - (0 if final else held_back(text, self.end_token))], ""
         return text[:end], text[end + len(self.end_token):]
 
     def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from workbench.core.sched.output import SchedulerOutput
+from workbench.reasoning import ReasoningParser
 from workbench.request import Request, RequestStatus
 from workbench.structured_output.backend_xgrammar import (
     GrammarKey,
@@ -56,9 +57,14 @@ class StructuredOutputManager:
     runs the compiles (default: one worker thread, so the engine thread never compiles); the
     backend (xgrammar's import, the tokenizer's vocabulary) is built by the first compile."""
 
-    def __init__(self, tokenizer, vocab_size: int, executor: Executor | None = None) -> None:
+    def __init__(self, tokenizer, vocab_size: int, executor: Executor | None = None,
+                 reasoner: ReasoningParser | None = None) -> None:
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self._executor = executor
+        #: With a reasoning parser, a request's grammar starts once its reasoning has ended
+        #: (vLLM's rule): no mask while it reasons, and the token that ends it is not fed.
+        self.reasoner = reasoner
+        self._reasoning: set[str] = set()  # ids of constrained requests still reasoning
         self._backend: XgrammarBackend | None = None
         self._cache: dict[GrammarKey, Future] = {}
         # by request id, with the request itself: an id may come back once its request ended
@@ -89,6 +95,9 @@ class StructuredOutputManager:
         params = request.sampling_params.structured_outputs
         if params is None:
             return
+        if self.reasoner is not None and not self.reasoner.is_reasoning_end(
+                request.prompt_token_ids):
+            self._reasoning.add(request.request_id)
         future = self._compile(grammar_key(params))
         if future.done() and future.exception() is None:
             self._grammars[request.request_id] = (request, XgrammarGrammar(future.result()[0]))
@@ -135,7 +144,8 @@ class StructuredOutputManager:
         if not self._grammars:  # the common step: nothing constrained, nothing to do
             return {}
         ids = [c.request_id for c in scheduler_output.scheduled
-               if c.samples and c.request_id in self._grammars]
+               if c.samples and c.request_id in self._grammars
+               and c.request_id not in self._reasoning]
         if not ids:
             return {}
         bitmask = torch.full((len(ids), -(-self.vocab_size // 32)), -1, dtype=torch.int32)
@@ -161,6 +171,10 @@ class StructuredOutputManager:
                 continue
             grammar = request_and_grammar[1]
             token = request.output_token_ids[-1]
+            if request.request_id in self._reasoning:
+                if self.reasoner.is_reasoning_end_streaming(request.all_token_ids, [token]):
+                    self._reasoning.discard(request.request_id)
+                continue
             if not grammar.accept_token(token):
                 refused[request.request_id] = (
                     f"structured_outputs: the grammar does not accept token {token}.")
@@ -175,6 +189,8 @@ class StructuredOutputManager:
             for table in (self._grammars, self._pending):
                 if rid in table and table[rid][0].is_finished:
                     del table[rid]
+            if rid not in self._grammars and rid not in self._pending:
+                self._reasoning.discard(rid)
 
     def take_step(self, requests: Mapping[str, Request]) -> StructuredOutputStep:
         """This step's work, with the requests still WAITING_FOR_FSM; starts the next."""
