@@ -94,6 +94,10 @@ class EngineArgs:
         "spin: about one core) this many seconds after the last step (a parked thread can add "
         "~10 ms to the next step on a VM; see workbench/engine/idle.py); 0: let them park at once")
     max_logprobs: int = option(20, "largest logprobs / prompt_logprobs a request may ask for")
+    logits_processors: list[Any] | None = option(
+        None, "custom batch-level logits processors (vLLM v1's LogitsProcessor interface): "
+        "fully qualified class names, package.module:Class or package.module.Class, or the "
+        "classes; loaded at start-up, applied to every step", nargs="+")
     reasoning_parser: str | None = option(
         None, "split replies into reasoning and content with this parser ('deepseek_r1', "
         "'qwen3': <think>...</think>); structured outputs then start after the reasoning")

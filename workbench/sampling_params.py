@@ -6,7 +6,7 @@ import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -133,6 +133,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None
+    #: vLLM's free-form extra arguments, read by custom logits processors (``vllm_xargs``).
+    extra_args: dict[str, Any] | None = None
     #: Set by InputProcessor from ``bad_words`` and the tokenizer (each word with and
     #: without a leading space, as vLLM); the sampler reads only this.
     bad_words_token_ids: list[list[int]] | None = None
@@ -235,6 +237,8 @@ class SamplingParams:
             not callable(fn) for fn in self.logits_processors
         ):
             raise bad("logits_processors", "a list of callables (output_token_ids, logits)")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise bad("extra_args", "a dict or None")
         if self.structured_outputs is not None and not isinstance(
                 self.structured_outputs, StructuredOutputsParams):
             raise bad("structured_outputs", "a StructuredOutputsParams or None")

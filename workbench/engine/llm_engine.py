@@ -38,6 +38,7 @@ from workbench.worker.sleep_mode import SleepMode
 from workbench.worker.runner_protocol import Runner, RunnerFactory
 from workbench.sampling_params import SamplingParams
 from workbench.reasoning import ReasoningParserManager
+from workbench.worker.logits_processor import LogitsProcessors, load_logits_processors
 from workbench.structured_output.manager import StructuredOutputManager
 from workbench.metrics.stats import IterationStats, LoggingStatLogger, SchedulerStats, StatLoggerBase
 
@@ -102,6 +103,8 @@ class LLMEngine:
             self.device.type, config.enable_chunked_prefill, max_model_len
         )
         self.clock = clock or time.monotonic
+        #: The custom logits processors' classes (``config.logits_processors``, loaded here).
+        self.logits_processor_classes = load_logits_processors(config.logits_processors or ())
         self.runner: Runner = (make_runner or ModelRunner)(
             self.model_config,
             device=self.device,
@@ -111,6 +114,12 @@ class LLMEngine:
             seed=config.seed,
             batch_invariant=config.batch_invariant,
         )
+        if self.logits_processor_classes:  # one instance each, for the runner's sampler
+            sampler = getattr(self.runner, "sampler", None)
+            if sampler is None:
+                raise ValueError("logits_processors need a runner that samples (ModelRunner).")
+            sampler.logits_processors = LogitsProcessors(
+                [cls(config, self.device, False) for cls in self.logits_processor_classes])
         num_blocks = self.runner.determine_num_blocks(
             num_kv_blocks=config.num_kv_blocks,
             kv_cache_memory_bytes=config.kv_cache_memory_bytes,
@@ -138,7 +147,7 @@ class LLMEngine:
         self.input_processor = InputProcessor(
             self.tokenizer, max_model_len, self.model_config.vocab_size,
             max_logprobs=config.max_logprobs, eos_token_ids=self.model_config.eos_token_ids,
-            policy=self.scheduler.policy,
+            policy=self.scheduler.policy, logits_processors=self.logits_processor_classes,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         #: Grammars of the constrained requests (structured outputs), compiled off this thread.

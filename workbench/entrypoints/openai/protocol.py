@@ -183,7 +183,7 @@ class _CommonFields(OpenAIModel):
     structural_tag: Optional[str] = None
     logits_processors: Any = None
     kv_transfer_params: Optional[dict[str, Any]] = None
-    vllm_xargs: Optional[dict[str, Any]] = None
+    vllm_xargs: Optional[dict[str, Any]] = None  # SamplingParams.extra_args (vLLM)
 
     @model_validator(mode="after")
     def _cross_field_rules(self):
@@ -223,11 +223,11 @@ class _CommonFields(OpenAIModel):
                              "backend selection is not supported: this server's backend is "
                              f"xgrammar, got {self.guided_decoding_backend!r}.")
         if self.logits_processors is not None:
-            raise unsupported("logits_processors", "logits_processors (server-side classes; "
-                              "use SamplingParams.logits_processors offline)")
-        for name in ("kv_transfer_params", "vllm_xargs"):
-            if getattr(self, name):
-                raise unsupported(name)
+            raise unsupported("logits_processors", "Per-request logits_processors (as in "
+                              "vLLM V1; the server's --logits-processors with vllm_xargs, or "
+                              "SamplingParams.logits_processors offline)")
+        if self.kv_transfer_params:
+            raise unsupported("kv_transfer_params", "kv_transfer_params (no KV transfer)")
 
     def structured_outputs_params(self) -> StructuredOutputsParams | None:
         """The request's constraint, as vLLM builds it: ``structured_outputs`` (else the
@@ -292,6 +292,7 @@ class _CommonFields(OpenAIModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
             structured_outputs=self.structured_outputs_params(),
+            extra_args=self.vllm_xargs,
             **{k: v for k, v in optional.items() if v is not None},
         )
 
