@@ -135,13 +135,15 @@ class InputProcessor:
         if max(token_ids) >= self.vocab_size:  # vLLM's wording (negative ids: the caller's type)
             raise ValueError(f"Token id {max(token_ids)} is out of vocabulary")
         self._check_ids(token_ids, "prompt_token_ids")
+        changes: dict[str, Any] = {}
         for name in ("logprobs", "prompt_logprobs"):
-            check_logprobs(name, getattr(params, name), self.max_logprobs)
+            check_logprobs(name, getattr(params, name), self.max_logprobs, self.vocab_size)
+            if getattr(params, name) == -1:  # the whole vocabulary (vLLM)
+                changes[name] = self.vocab_size
         for name in ("logit_bias", "allowed_token_ids"):
             self._check_ids(list(getattr(params, name) or ()), name)
         for cls in self.logits_processors:
             cls.validate_params(params)
-        changes: dict[str, Any] = {}
         if params.max_tokens is None:
             changes["max_tokens"] = limit - n
         if params.bad_words:

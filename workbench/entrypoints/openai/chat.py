@@ -114,6 +114,8 @@ class ChatFormat(ResponseFormat):
         if not self.req.logprobs:
             return None
         k = self.req.top_logprobs or 0
+        if k == -1:  # the whole vocabulary (vLLM)
+            k = max(map(len, positions), default=0)
         content = []
         for token_id, pos in zip(token_ids, positions):
             top = sorted(((t, v) for t, v in pos.items() if v.rank is not None and v.rank <= k),
@@ -208,7 +210,9 @@ def chat_router(serving: OpenAIServing) -> APIRouter:
         requested = req.requested_max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         try:  # the engine's limit, under this endpoint's field name
-            P.logprobs_rule("top_logprobs", logprobs, serving.llm.input_processor.max_logprobs)
+            processor = serving.llm.input_processor
+            P.logprobs_rule("top_logprobs", logprobs, processor.max_logprobs,
+                            processor.vocab_size)
         except P.FieldError as exc:
             raise APIError.bad_request(exc) from exc
         params = serving.sampling_params(req, max_tokens=requested, logprobs=logprobs)

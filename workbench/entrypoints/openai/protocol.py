@@ -44,10 +44,11 @@ def unsupported(field: str, what: str | None = None) -> FieldError:
     return FieldError(field, f"{what or field} is not supported by this server.")
 
 
-def logprobs_rule(field: str, value: int | None, max_logprobs: int | None = None) -> None:
+def logprobs_rule(field: str, value: int | None, max_logprobs: int | None = None,
+                  vocab_size: int | None = None) -> None:
     """:func:`~workbench.sampling_params.check_logprobs` for a request field (FieldError)."""
     try:
-        check_logprobs(field, value, max_logprobs)
+        check_logprobs(field, value, max_logprobs, vocab_size)
     except ValueError as exc:
         raise FieldError(field, str(exc)) from None
 
@@ -495,7 +496,7 @@ class ChatCompletionRequest(_CommonFields):
     def _chat_rules(self):
         k = self.top_logprobs
         logprobs_rule("top_logprobs", k)
-        if k is not None and k > 0 and not self.logprobs:
+        if k is not None and k != 0 and not self.logprobs:
             raise FieldError("top_logprobs",
                              "when using `top_logprobs`, `logprobs` must be set to true.")
         for name in ("max_tokens", "max_completion_tokens"):
