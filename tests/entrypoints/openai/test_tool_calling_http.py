@@ -235,3 +235,18 @@ def test_auto_flag_needs_a_parser(async_llm):
         build_app(async_llm, model_name=MODEL, enable_auto_tool_choice=True)
     with pytest.raises(ValueError, match=r"invalid tool call parser: nope \(chose from"):
         build_app(async_llm, model_name=MODEL, tool_call_parser="nope")
+
+
+def test_the_serve_flags(capsys):
+    from workbench.config import EngineArgs
+    from workbench.entrypoints.cli import build_parser, main
+
+    args = build_parser().parse_args([
+        "serve", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--reasoning-parser", "qwen3", "--logits-processors", "a.b:C", "d.E"])
+    assert args.enable_auto_tool_choice and args.tool_call_parser == "hermes"
+    engine_args = EngineArgs.from_cli_args(args)
+    assert engine_args.reasoning_parser == "qwen3"
+    assert engine_args.logits_processors == ["a.b:C", "d.E"]
+    assert main(["serve", "--enable-auto-tool-choice", "--num-kv-blocks", "8"]) == 2
+    assert "--enable-auto-tool-choice requires --tool-call-parser" in capsys.readouterr().err
