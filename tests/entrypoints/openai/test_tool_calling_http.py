@@ -188,6 +188,12 @@ def test_tool_choice_none_renders_the_tools_and_calls_nothing(app, async_llm):
     ids = async_llm.engine.tokenizer(text, add_special_tokens=False).input_ids
     assert r.usage.prompt_tokens == len(ids)
 
+    async def tokenize():  # /tokenize renders the tools too (vLLM's)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://test") as http:
+            return (await http.post("/tokenize", json={"messages": USER, "tools": TOOLS})).json()
+    assert asyncio.run(tokenize())["tokens"] == ids
+
 
 def test_history_with_tool_calls_and_results_renders_as_transformers(app, hf):
     _, tok = hf

@@ -597,6 +597,7 @@ class TokenizeRequest(OpenAIModel):
     continue_final_message: bool = False
     chat_template: Optional[str] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    tools: Optional[list[ChatCompletionToolsParam]] = None  # rendered, as vLLM's
 
 
 class DetokenizeRequest(OpenAIModel):
