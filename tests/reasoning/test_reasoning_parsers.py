@@ -108,6 +108,13 @@ def test_structured_outputs_start_when_the_reasoning_ends(llm):
     free = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     out, neighbour = llm.generate(["ROMEO:", "JULIET:"], [params, free], use_tqdm=False)
     text = out.outputs[0].text
+    steps = [r.structured_output for r in llm.engine.history][-len(out.outputs[0].token_ids):]
+    thinking = len(tok.encode(think, add_special_tokens=False))
+    rid = out.request_id
+    # the StepRecords show it reasoning, unmasked, until the tag's last token, then masked
+    assert [rid in s.reasoning for s in steps[:thinking - 1]] == [True] * (thinking - 1)
+    assert not any(rid in s.rows for s in steps[:thinking])
+    assert all(rid not in s.reasoning and rid in s.rows for s in steps[thinking:])
     assert text.startswith(think), text  # the grammar (which allows no '<') waited
     assert re.fullmatch(regex, text[len(think):]), text
     assert out.outputs[0].finish_reason == "stop"  # the grammar ended the request

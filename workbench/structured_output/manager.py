@@ -5,7 +5,8 @@ rows that sample and advances their grammars on the tokens they got.
 A constrained request enters WAITING_FOR_FSM unless its grammar is already compiled (the
 cache is keyed by :func:`~workbench.structured_output.backend_xgrammar.grammar_key`);
 ``update_waiting`` (before each schedule) sets it WAITING once its compile is done, or reports
-it failed. What it did in a step -- who waits, compile times, each row's allowed-token count
+it failed. What it did in a step -- who waits, who still reasons (with a reasoning parser,
+a grammar starts once its request's reasoning ends), compile times, each row's allowed-token count
 and forced token -- is :class:`StructuredOutputStep`, kept on the StepRecord.
 """
 
@@ -47,9 +48,11 @@ class StructuredOutputStep:
     waiting_for_fsm: tuple[str, ...] = ()
     compiled: dict[str, float] = field(default_factory=dict)
     rows: dict[str, GrammarRow] = field(default_factory=dict)
+    #: Constrained requests still reasoning after the step (their grammar not started yet).
+    reasoning: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.waiting_for_fsm or self.compiled or self.rows)
+        return bool(self.waiting_for_fsm or self.compiled or self.rows or self.reasoning)
 
 
 class StructuredOutputManager:
@@ -197,6 +200,7 @@ class StructuredOutputManager:
         step, self._step = self._step, StructuredOutputStep()
         step.waiting_for_fsm = tuple(rid for rid, (request, _) in self._pending.items()
                                      if requests.get(rid) is request)
+        step.reasoning = tuple(sorted(rid for rid in self._reasoning if rid in requests))
         return step
 
     def __repr__(self) -> str:
