@@ -34,6 +34,8 @@ NON_DEFAULT = {
     "attention_backend": ("cpu", "cpu"),
     "keep_warm_s": ("0.25", 0.25),
     "max_logprobs": ("5", 5),
+    "logits_processors": ("my.module:Proc", ["my.module:Proc"]),
+    "reasoning_parser": ("qwen3", "qwen3"),
     "max_history": ("12", 12),
     "log_stats_interval": ("1.5", 1.5),
     "otlp_traces_endpoint": ("http://127.0.0.1:4318/v1/traces", "http://127.0.0.1:4318/v1/traces"),

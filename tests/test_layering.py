@@ -25,6 +25,7 @@ LAYERS = (
     ("metrics",),
     ("model",),
     ("worker",),
+    ("reasoning",),  # reasoning parsers: the server splits replies, the grammars wait
     ("structured_output",),  # the grammars: the engine owns the manager, the sampler masks
     ("engine",),
     ("lab",),

@@ -29,7 +29,7 @@ def test_defaults_match_vllm():
         ("presence_penalty", 2.5, "[-2, 2]"),
         ("frequency_penalty", -3.0, "[-2, 2]"),
         ("repetition_penalty", 0.0, "(0, 2]"),
-        ("logprobs", -1, ">= 0"),
+        ("logprobs", -2, ">= 0"),
         ("stop_token_ids", [-5], "non-negative"),
         ("seed", 1.5, "integer"),
     ],

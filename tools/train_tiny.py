@@ -47,18 +47,33 @@ HELD_OUT = ("comedy_of_errors", "timon_of_athens", "two_gentlemen_of_verona")
 # separated by blank lines, and the model ends its reply with <|eos|> as it ends a passage.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    # tools: a stage direction naming each function and how a call is written
+    "{% if tools %}"
+    "{{ '[Scrolls at hand; to use one, write <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>:\n' }}"
+    "{% for tool in tools %}{% set f = tool['function'] or tool %}"
+    "{{ '- ' + f['name'] + '(' + (((f['parameters'] or {})['properties'] or {}) | list | join(', ')) + ')' }}"
+    "{% if f['description'] %}{{ ': ' + f['description'] }}{% endif %}{{ '\n' }}"
+    "{% endfor %}{{ ']\n\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
     "{% if message['role'] == 'system' %}"
     "{{ '[' + message['content'] | trim + ']\n\n' }}"
     "{% elif message['role'] == 'user' %}"
     "{{ 'ROMEO:\n' + message['content'] | trim + '\n\n' }}"
     "{% elif message['role'] == 'assistant' %}"
-    "{{ 'JULIET:\n' + message['content'] | trim + '\n\n' }}"
+    "{{ 'JULIET:\n' + message['content'] | trim }}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{{ ('\n' if loop.first and message['content'] | trim else '') + '<tool_call>' + "
+    "{'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson + '</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '\n\n' }}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '[' + (message['name'] or 'A scroll') + ' answers: ' + message['content'] | trim + ']\n\n' }}"
     "{% else %}"
-    "{{ raise_exception('chat template: role must be system, user or assistant, got ' + message['role']) }}"
+    "{{ raise_exception('chat template: role must be system, user, assistant or tool, got ' + message['role']) }}"
     "{% endif %}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'JULIET:\n' }}{% endif %}"
+"{% if add_generation_prompt %}{{ 'JULIET:\n' }}{% endif %}"
 )
 
 # ----------------------------------------------------------------------------- corpus

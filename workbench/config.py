@@ -93,7 +93,15 @@ class EngineArgs:
         10.0, "CPU: while the engine waits for requests, keep torch's worker threads awake (they "
         "spin: about one core) this many seconds after the last step (a parked thread can add "
         "~10 ms to the next step on a VM; see workbench/engine/idle.py); 0: let them park at once")
-    max_logprobs: int = option(20, "largest logprobs / prompt_logprobs a request may ask for")
+    max_logprobs: int = option(20, "largest logprobs / prompt_logprobs a request may ask for "
+                               "(-1: no limit; a request's -1 asks for the whole vocabulary)")
+    logits_processors: list[Any] | None = option(
+        None, "custom batch-level logits processors (vLLM v1's LogitsProcessor interface): "
+        "fully qualified class names, package.module:Class or package.module.Class, or the "
+        "classes; loaded at start-up, applied to every step", nargs="+")
+    reasoning_parser: str | None = option(
+        None, "split replies into reasoning and content with this parser ('deepseek_r1', "
+        "'qwen3': <think>...</think>); structured outputs then start after the reasoning")
     max_history: int = option(10_000, "StepRecords kept in engine.history")
     log_stats: bool = option(False, "log vLLM's periodic stats line")
     log_stats_interval: float = option(5.0, "seconds between two stats lines")
@@ -141,8 +149,9 @@ class EngineArgs:
                 "attention_backend must be 'torch', 'triton' or 'cpu', got "
                 f"{self.attention_backend!r}."
             )
-        if self.max_logprobs < 0:
-            raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}.")
+        if self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be >= 0, or -1 (no limit), got "
+                             f"{self.max_logprobs}.")
         if self.collect_detailed_traces is not None:
             if self.collect_detailed_traces not in DETAILED_TRACE_MODULES:
                 raise ValueError(f"collect_detailed_traces must be one of {list(DETAILED_TRACE_MODULES)}, "

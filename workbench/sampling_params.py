@@ -6,7 +6,7 @@ import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -133,6 +133,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None
+    #: vLLM's free-form extra arguments, read by custom logits processors (``vllm_xargs``).
+    extra_args: dict[str, Any] | None = None
     #: Set by InputProcessor from ``bad_words`` and the tokenizer (each word with and
     #: without a leading space, as vLLM); the sampler reads only this.
     bad_words_token_ids: list[list[int]] | None = None
@@ -235,6 +237,8 @@ class SamplingParams:
             not callable(fn) for fn in self.logits_processors
         ):
             raise bad("logits_processors", "a list of callables (output_token_ids, logits)")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise bad("extra_args", "a dict or None")
         if self.structured_outputs is not None and not isinstance(
                 self.structured_outputs, StructuredOutputsParams):
             raise bad("structured_outputs", "a StructuredOutputsParams or None")
@@ -271,18 +275,23 @@ _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency
                  "repetition_penalty")
 
 
-def check_logprobs(name: str, value: int | None, max_logprobs: int | None = None) -> None:
-    """The one logprob-count rule: ``value`` is None or an integer in ``[0, max_logprobs]``
-    (no upper limit without ``max_logprobs``). ValueError naming ``name`` otherwise, in
-    vLLM's wording; ``prompt_logprobs`` counts prompt logprobs, every other name samples'."""
+def check_logprobs(name: str, value: int | None, max_logprobs: int | None = None,
+                   vocab_size: int | None = None) -> None:
+    """The one logprob-count rule (vLLM's): ``value`` is None, an integer >= 0, or -1 (the
+    whole vocabulary, which counts as ``vocab_size``), at most ``max_logprobs`` (no upper
+    limit without it, or when it is -1; -1 is checked only when ``vocab_size`` is known).
+    ValueError naming ``name`` otherwise, in vLLM's wording; ``prompt_logprobs`` counts
+    prompt logprobs, every other name samples'."""
     if value is None:
         return
-    if value < 0:
-        raise ValueError(f"{name} must be an integer >= 0 (a positive value or 0) or None, "
-                         f"got {value!r}.")
-    if max_logprobs is not None and value > max_logprobs:
+    if value < -1:
+        raise ValueError(f"{name} must be an integer >= 0 (a positive value or 0), -1 (the "
+                         f"whole vocabulary) or None, got {value!r}.")
+    count = vocab_size if value == -1 else value
+    if max_logprobs is not None and max_logprobs != -1 and count is not None \
+            and count > max_logprobs:
         kind = "prompt" if name == "prompt_logprobs" else "sample"
-        raise ValueError(f"{name}: Requested {kind} logprobs of {value}, which is greater "
+        raise ValueError(f"{name}: Requested {kind} logprobs of {count}, which is greater "
                          f"than max allowed: {max_logprobs}")
 
 

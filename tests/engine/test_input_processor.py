@@ -95,7 +95,7 @@ def test_render_chat_matches_the_tokenizer_and_reports_template_errors(ip, tok):
     custom = "{{ greeting }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
     assert ip.render_chat(USER, chat_template=custom,
                           chat_template_kwargs={"greeting": "HAMLET:"}) == "HAMLET:Good morrow."
-    with pytest.raises(ChatTemplateError, match="role must be system, user or assistant, got "
+    with pytest.raises(ChatTemplateError, match="role must be system, user, assistant or tool, got "
                                                 "villain"):
         ip.render_chat([{"role": "villain", "content": "Ha"}])
     with pytest.raises(ChatTemplateError):

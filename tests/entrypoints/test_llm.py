@@ -24,3 +24,18 @@ def test_llm_profiles_its_generate_calls(tmp_path):
     llm.generate(["ROMEO:"], GREEDY, use_tqdm=False)
     path = pathlib.Path(llm.stop_profile())
     assert path.exists() and path.parent == tmp_path
+
+
+def test_chat_renders_tools_and_template_kwargs_as_vllms_llm_chat():
+    llm = LLM(num_kv_blocks=16, block_size=8)
+    tools = [{"type": "function", "function": {"name": "ring_bell", "parameters": {
+        "type": "object", "properties": {"times": {"type": "integer"}}}}}]
+    messages = [{"role": "user", "content": "Ring!"}]
+    tok = llm.engine.tokenizer
+    params = SamplingParams(temperature=0, max_tokens=1)
+    out = llm.chat(messages, params, tools=tools, use_tqdm=False)[0]
+    text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert "- ring_bell(times)" in text and out.prompt == text
+    out = llm.chat(messages, params, use_tqdm=False, chat_template="{{ effort }}",
+                   chat_template_kwargs={"effort": "high"})[0]
+    assert out.prompt == "high"

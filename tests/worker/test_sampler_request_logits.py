@@ -121,7 +121,7 @@ def test_seeded_generator_fault_fails_its_row_only(monkeypatch):
         ({"bad_words": [" "]}, "bad_words must be a list of non-blank strings"),
         ({"logits_processors": [3]}, "logits_processors must be a list of callables"),
         ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens must be an integer >= 1, or -1"),
-        ({"prompt_logprobs": -1}, "prompt_logprobs must be an integer >= 0"),
+        ({"prompt_logprobs": -2}, "prompt_logprobs must be an integer >= 0"),
     ],
 )
 def test_new_fields_are_validated(kwargs, message):

@@ -37,11 +37,14 @@ class InputProcessor:
     """
 
     def __init__(self, tokenizer, max_model_len: int, vocab_size: int, max_logprobs: int = 20,
-                 *, eos_token_ids: Sequence[int] = (), policy: SchedulingPolicy | None = None
-                 ) -> None:
+                 *, eos_token_ids: Sequence[int] = (), policy: SchedulingPolicy | None = None,
+                 logits_processors: Sequence[type] = ()) -> None:
         """``eos_token_ids``: the model's (generation_config.json); ``policy``: the engine's
-        scheduling policy, which decides whether a non-zero priority is accepted."""
+        scheduling policy, which decides whether a non-zero priority is accepted;
+        ``logits_processors``: the engine's custom processor classes, whose
+        ``validate_params`` each request's parameters must pass."""
         self.tokenizer = tokenizer
+        self.logits_processors = tuple(logits_processors)
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.max_logprobs = max_logprobs
@@ -132,11 +135,15 @@ class InputProcessor:
         if max(token_ids) >= self.vocab_size:  # vLLM's wording (negative ids: the caller's type)
             raise ValueError(f"Token id {max(token_ids)} is out of vocabulary")
         self._check_ids(token_ids, "prompt_token_ids")
+        changes: dict[str, Any] = {}
         for name in ("logprobs", "prompt_logprobs"):
-            check_logprobs(name, getattr(params, name), self.max_logprobs)
+            check_logprobs(name, getattr(params, name), self.max_logprobs, self.vocab_size)
+            if getattr(params, name) == -1:  # the whole vocabulary (vLLM)
+                changes[name] = self.vocab_size
         for name in ("logit_bias", "allowed_token_ids"):
             self._check_ids(list(getattr(params, name) or ()), name)
-        changes: dict[str, Any] = {}
+        for cls in self.logits_processors:
+            cls.validate_params(params)
         if params.max_tokens is None:
             changes["max_tokens"] = limit - n
         if params.bad_words:

@@ -38,6 +38,8 @@ from workbench.worker.sleep_mode import TAGS as SLEEP_TAGS
 from workbench.worker.sleep_mode import SleepMode
 from workbench.worker.runner_protocol import Runner, RunnerFactory
 from workbench.sampling_params import SamplingParams
+from workbench.reasoning import ReasoningParserManager
+from workbench.worker.logits_processor import LogitsProcessors, load_logits_processors
 from workbench.structured_output.manager import StructuredOutputManager
 from workbench.metrics.stats import IterationStats, LoggingStatLogger, SchedulerStats, StatLoggerBase
 
@@ -81,6 +83,13 @@ class LLMEngine:
         self.config = config
         model_path = resolve_model_path(config.model)
         self.tokenizer = _load_tokenizer(config.tokenizer or model_path)
+        reasoner = None  # structured outputs start once its reasoning ends (vLLM's rule)
+        if config.reasoning_parser is not None:
+            try:
+                parser = ReasoningParserManager.get_reasoning_parser(config.reasoning_parser)
+            except KeyError as exc:
+                raise ValueError(exc.args[0]) from None
+            reasoner = parser(self.tokenizer)
         self.device = torch.device(
             config.device or ("cuda" if torch.cuda.is_available() else "cpu")
         )
@@ -95,6 +104,8 @@ class LLMEngine:
             self.device.type, config.enable_chunked_prefill, max_model_len
         )
         self.clock = clock or time.monotonic
+        #: The custom logits processors' classes (``config.logits_processors``, loaded here).
+        self.logits_processor_classes = load_logits_processors(config.logits_processors or ())
         self.runner: Runner = (make_runner or ModelRunner)(
             self.model_config,
             device=self.device,
@@ -104,6 +115,12 @@ class LLMEngine:
             seed=config.seed,
             batch_invariant=config.batch_invariant,
         )
+        if self.logits_processor_classes:  # one instance each, for the runner's sampler
+            sampler = getattr(self.runner, "sampler", None)
+            if sampler is None:
+                raise ValueError("logits_processors need a runner that samples (ModelRunner).")
+            sampler.logits_processors = LogitsProcessors(
+                [cls(config, self.device, False) for cls in self.logits_processor_classes])
         num_blocks = self.runner.determine_num_blocks(
             num_kv_blocks=config.num_kv_blocks,
             kv_cache_memory_bytes=config.kv_cache_memory_bytes,
@@ -131,12 +148,13 @@ class LLMEngine:
         self.input_processor = InputProcessor(
             self.tokenizer, max_model_len, self.model_config.vocab_size,
             max_logprobs=config.max_logprobs, eos_token_ids=self.model_config.eos_token_ids,
-            policy=self.scheduler.policy,
+            policy=self.scheduler.policy, logits_processors=self.logits_processor_classes,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         #: Grammars of the constrained requests (structured outputs), compiled off this thread.
         self.structured_output = StructuredOutputManager(self.tokenizer,
-                                                         self.model_config.vocab_size)
+                                                         self.model_config.vocab_size,
+                                                         reasoner=reasoner)
         self.history = StepHistory(config.max_history, initial_kv_state=self.kv_cache.snapshot())
         self.request_tracker = RequestTracker()
         #: Callables ``fn(record)`` run after every step, in order; one that raises is logged

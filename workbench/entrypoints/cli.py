@@ -73,7 +73,14 @@ def _serve(args: argparse.Namespace) -> int:
 
     async_llm = AsyncLLM(LLMEngine.from_engine_args(EngineArgs.from_cli_args(args)))
     name = args.served_model_name or args.model or "tiny-shakespeare"
-    app = build_app(async_llm, model_name=name, api_key=args.api_key)
+    try:
+        app = build_app(async_llm, model_name=name, api_key=args.api_key,
+                        enable_auto_tool_choice=args.enable_auto_tool_choice,
+                        tool_call_parser=args.tool_call_parser)
+    except ValueError as exc:  # a tool-call parser flag
+        asyncio.run(async_llm.shutdown())
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"Serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     try:
         # Exits by itself when the engine dies after an error (vLLM's behaviour).
@@ -131,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize")
     serve.add_argument("--log-level", default="info")
+    serve.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='serve tool_choice "auto" (needs --tool-call-parser), as vLLM')
+    serve.add_argument("--tool-call-parser", default=None,
+                       help="how replies spell tool calls: 'hermes' (<tool_call>{json}</tool_call>)")
     EngineArgs.add_cli_args(serve)
     serve.set_defaults(func=_serve)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from workbench.engine.beam_search import BeamSearchOutput, beam_search, check_beam_width
 from workbench.engine.llm_engine import LLMEngine
@@ -67,14 +68,20 @@ class LLM:
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[RequestOutput]:
-        """Generate replies to one conversation or a list of them (the tokenizer's chat template)."""
+        """Generate replies to one conversation or a list of them (the tokenizer's chat
+        template, given ``tools`` and ``chat_template_kwargs`` as vLLM's ``LLM.chat``; the
+        reply is text: tool calls are parsed by the server)."""
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         processor = self.engine.input_processor
+        kwargs = {**({"tools": tools} if tools else {}), **(chat_template_kwargs or {})}
         prompts = []
         for conversation in conversations:
             text = processor.render_chat(
-                conversation, add_generation_prompt=add_generation_prompt, chat_template=chat_template
+                conversation, add_generation_prompt=add_generation_prompt, chat_template=chat_template,
+                chat_template_kwargs=kwargs,
             )
             ids = self.engine.tokenizer(text, add_special_tokens=False).input_ids
             prompts.append({"prompt": text, "prompt_token_ids": ids})

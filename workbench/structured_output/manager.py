@@ -5,7 +5,8 @@ rows that sample and advances their grammars on the tokens they got.
 A constrained request enters WAITING_FOR_FSM unless its grammar is already compiled (the
 cache is keyed by :func:`~workbench.structured_output.backend_xgrammar.grammar_key`);
 ``update_waiting`` (before each schedule) sets it WAITING once its compile is done, or reports
-it failed. What it did in a step -- who waits, compile times, each row's allowed-token count
+it failed. What it did in a step -- who waits, who still reasons (with a reasoning parser,
+a grammar starts once its request's reasoning ends), compile times, each row's allowed-token count
 and forced token -- is :class:`StructuredOutputStep`, kept on the StepRecord.
 """
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from workbench.core.sched.output import SchedulerOutput
+from workbench.reasoning import ReasoningParser
 from workbench.request import Request, RequestStatus
 from workbench.structured_output.backend_xgrammar import (
     GrammarKey,
@@ -46,9 +48,11 @@ class StructuredOutputStep:
     waiting_for_fsm: tuple[str, ...] = ()
     compiled: dict[str, float] = field(default_factory=dict)
     rows: dict[str, GrammarRow] = field(default_factory=dict)
+    #: Constrained requests still reasoning after the step (their grammar not started yet).
+    reasoning: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.waiting_for_fsm or self.compiled or self.rows)
+        return bool(self.waiting_for_fsm or self.compiled or self.rows or self.reasoning)
 
 
 class StructuredOutputManager:
@@ -56,9 +60,14 @@ class StructuredOutputManager:
     runs the compiles (default: one worker thread, so the engine thread never compiles); the
     backend (xgrammar's import, the tokenizer's vocabulary) is built by the first compile."""
 
-    def __init__(self, tokenizer, vocab_size: int, executor: Executor | None = None) -> None:
+    def __init__(self, tokenizer, vocab_size: int, executor: Executor | None = None,
+                 reasoner: ReasoningParser | None = None) -> None:
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self._executor = executor
+        #: With a reasoning parser, a request's grammar starts once its reasoning has ended
+        #: (vLLM's rule): no mask while it reasons, and the token that ends it is not fed.
+        self.reasoner = reasoner
+        self._reasoning: set[str] = set()  # ids of constrained requests still reasoning
         self._backend: XgrammarBackend | None = None
         self._cache: dict[GrammarKey, Future] = {}
         # by request id, with the request itself: an id may come back once its request ended
@@ -89,6 +98,9 @@ class StructuredOutputManager:
         params = request.sampling_params.structured_outputs
         if params is None:
             return
+        if self.reasoner is not None and not self.reasoner.is_reasoning_end(
+                request.prompt_token_ids):
+            self._reasoning.add(request.request_id)
         future = self._compile(grammar_key(params))
         if future.done() and future.exception() is None:
             self._grammars[request.request_id] = (request, XgrammarGrammar(future.result()[0]))
@@ -135,7 +147,8 @@ class StructuredOutputManager:
         if not self._grammars:  # the common step: nothing constrained, nothing to do
             return {}
         ids = [c.request_id for c in scheduler_output.scheduled
-               if c.samples and c.request_id in self._grammars]
+               if c.samples and c.request_id in self._grammars
+               and c.request_id not in self._reasoning]
         if not ids:
             return {}
         bitmask = torch.full((len(ids), -(-self.vocab_size // 32)), -1, dtype=torch.int32)
@@ -161,6 +174,10 @@ class StructuredOutputManager:
                 continue
             grammar = request_and_grammar[1]
             token = request.output_token_ids[-1]
+            if request.request_id in self._reasoning:
+                if self.reasoner.is_reasoning_end_streaming(request.all_token_ids, [token]):
+                    self._reasoning.discard(request.request_id)
+                continue
             if not grammar.accept_token(token):
                 refused[request.request_id] = (
                     f"structured_outputs: the grammar does not accept token {token}.")
@@ -175,12 +192,15 @@ class StructuredOutputManager:
             for table in (self._grammars, self._pending):
                 if rid in table and table[rid][0].is_finished:
                     del table[rid]
+            if rid not in self._grammars and rid not in self._pending:
+                self._reasoning.discard(rid)
 
     def take_step(self, requests: Mapping[str, Request]) -> StructuredOutputStep:
         """This step's work, with the requests still WAITING_FOR_FSM; starts the next."""
         step, self._step = self._step, StructuredOutputStep()
         step.waiting_for_fsm = tuple(rid for rid, (request, _) in self._pending.items()
                                      if requests.get(rid) is request)
+        step.reasoning = tuple(sorted(rid for rid in self._reasoning if rid in requests))
         return step
 
     def fork(self, fork_requests: Mapping[int, Request]) -> StructuredOutputManager:

@@ -13,6 +13,10 @@ Order of operations per row (vLLM v1's order, its default ``logprobs_mode="raw_l
    generator, step 7) fails only that row: it samples no token (``token_ids[i] == -1``) and
    ``SamplerOutput.failed`` maps its request id to ``"ExcType: message"``. So does a row these
    steps leave with no finite logit. The other rows are sampled as if it were absent.
+   Then the engine's **custom logits processors** (``--logits-processors``, vLLM v1's
+   batch-level interface, :mod:`workbench.worker.logits_processor`) on the whole batch, in
+   order (vLLM applies its argmax-invariant ones after the temperature; here all come here,
+   which changes no greedy row); one that raises fails the step, as in vLLM.
 3. **Penalties**: ``repetition_penalty`` over the prompt + output tokens (a seen token's positive
    logit is divided by it, a negative one multiplied), then ``frequency_penalty * count`` and
    ``presence_penalty * [count > 0]`` subtracted, with counts over the *output* tokens only
@@ -47,6 +51,7 @@ from torch import Tensor
 
 from workbench.request import Request
 from workbench.utils.errors import describe
+from workbench.worker.logits_processor import LogitsProcessor, LogitsProcessors
 
 _NEG_INF = float("-inf")
 _TINY = torch.finfo(torch.float32).tiny
@@ -304,8 +309,10 @@ class Sampler:
     logits and seed. :meth:`remove` forgets the generator (call it when the request finishes).
     """
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0,
+                 logits_processors: Sequence[LogitsProcessor] = ()) -> None:
         self.seed = seed
+        self.logits_processors = LogitsProcessors(logits_processors)
         self._request_generators: dict[str, torch.Generator] = {}
         self._generators: dict[torch.device, torch.Generator] = {}
 
@@ -378,7 +385,11 @@ class Sampler:
             return SamplerOutput(token_ids=[], logprobs=[])
         if grammar_bitmask is not None:
             logits = apply_token_bitmask(logits, grammar_bitmask)
-        if all(_is_plain_greedy(r) for r in requests):  # the common batch: one argmax
+        custom = self.logits_processors
+        if custom:
+            custom.update_state(requests)
+        if (not custom or custom.argmax_invariant) and all(
+                _is_plain_greedy(r) for r in requests):  # the common batch: one argmax
             return SamplerOutput(token_ids=logits.argmax(dim=-1).tolist(), logprobs=[None] * num_rows)
         device = logits.device
         x = logits.to(torch.float32, copy=True)
@@ -390,6 +401,8 @@ class Sampler:
                 except Exception as exc:  # one request's fault: that row only
                     failed[r.request_id] = describe(exc)
                     x[i] = 0.0  # keep the batch finite; the row's token is dropped below
+        if custom:
+            x = custom.apply(x)
         apply_penalties(x, requests)
         apply_min_tokens(x, requests)
 

@@ -66,7 +66,8 @@ def test_greedy_completion_and_chat_equal_transformers(app, hf):
                              "total_tokens": prompt_len + n}
     cbody = chat.json()
     assert cbody["object"] == "chat.completion"
-    assert cbody["choices"][0]["message"] == {"role": "assistant", "content": ref_chat}
+    assert cbody["choices"][0]["message"] == {"role": "assistant", "content": ref_chat,
+                                              "tool_calls": []}  # vLLM's shape
     assert cbody["usage"]["prompt_tokens"] == len(chat_ids)
 
 

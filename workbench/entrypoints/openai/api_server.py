@@ -88,12 +88,17 @@ def prometheus_logger(async_llm: AsyncLLM, model_name: str) -> PrometheusStatLog
 
 
 def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | list[str] | None = None,
-              generation_config: str = "auto") -> FastAPI:
+              generation_config: str = "auto", enable_auto_tool_choice: bool = False,
+              tool_call_parser: str | None = None) -> FastAPI:
     """The OpenAI-compatible app over ``async_llm``; ``api_key`` (one key or several) guards
     /v1* (``Authorization: Bearer <key>``, vLLM's rule); ``generation_config`` ("auto", "vllm" or
-    a folder) gives the sampling defaults, as vLLM's ``--generation-config``."""
+    a folder) gives the sampling defaults, as vLLM's ``--generation-config``;
+    ``enable_auto_tool_choice`` with ``tool_call_parser`` (e.g. "hermes") serve
+    ``tool_choice: "auto"``, as vLLM's flags of those names."""
     defaults = load_generation_defaults(generation_config, async_llm.model_config.path)
-    serving = OpenAIServing(async_llm, model_name, defaults)
+    serving = OpenAIServing(async_llm, model_name, defaults,
+                            enable_auto_tools=enable_auto_tool_choice,
+                            tool_parser=tool_call_parser)
     metrics = prometheus_logger(async_llm, model_name)
     app = FastAPI(title="llm-workbench OpenAI-compatible server")
     app.state.serving = serving

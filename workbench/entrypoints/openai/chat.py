@@ -8,7 +8,8 @@ before each reply when that message is the assistant's (vLLM's rule), as does st
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -18,12 +19,18 @@ from workbench.outputs import CompletionOutput, Logprob
 from workbench.entrypoints.openai import protocol as P
 from workbench.entrypoints.openai import responses as R
 from workbench.entrypoints.openai.errors import APIError
+from workbench.entrypoints.openai.reply_parsing import ReplyReader
 from workbench.entrypoints.openai.serving import (
     ChoiceState,
     OpenAIServing,
     ResponseFormat,
     prompt_logprobs_json,
     token_text,
+)
+from workbench.entrypoints.openai.tool_parsers import ToolParser
+from workbench.entrypoints.openai.tool_parsers.tool_choice_parsers import (
+    NamedToolParser,
+    RequiredToolParser,
 )
 
 ROLE = "assistant"
@@ -52,14 +59,50 @@ async def render(serving: OpenAIServing, messages: list[P.ChatMessage], *,
         raise APIError(400, str(exc), "messages") from exc
 
 
+def reply_reader(serving: OpenAIServing, req: P.ChatCompletionRequest
+                 ) -> Callable[[], ReplyReader] | None:
+    """A factory of each choice's ReplyReader (None: the reply is plain content). "auto"
+    without the server's tool-call parser is a 400 with vLLM's message."""
+    tools: Callable[[], ToolParser] | None = None
+    choice = "named" if req.named_tool is not None else req.tool_choice
+    if choice == "named":
+        tools = partial(NamedToolParser, req.named_tool)
+    elif choice == "required":
+        tools = RequiredToolParser
+    elif choice == "auto":
+        if not (serving.enable_auto_tools and serving.tool_parser is not None):
+            raise APIError(400, '"auto" tool choice requires --enable-auto-tool-choice and '
+                                "--tool-call-parser to be set", "tool_choice")
+        tools = partial(serving.tool_parser, serving.llm.input_processor.tokenizer)
+    reasoning = serving.reasoning_parser
+    if tools is None and reasoning is None:
+        return None
+    tokenizer = serving.llm.input_processor.tokenizer
+    return lambda: ReplyReader(reasoning(tokenizer) if reasoning else None,
+                               tools() if tools else None, tool_choice=choice,
+                               include_reasoning=req.include_reasoning,
+                               parallel_tool_calls=req.parallel_tool_calls is not False)
+
+
 class ChatFormat(ResponseFormat):
-    """chat.completion responses and chat.completion.chunk chunks."""
+    """chat.completion responses and chat.completion.chunk chunks; with ``readers`` (a
+    ReplyReader factory), each choice's reply is split into reasoning, content and tool
+    calls, streamed as OpenAI's deltas."""
 
     def __init__(self, serving: OpenAIServing, req: P.ChatCompletionRequest, response_id: str,
-                 echo: str) -> None:
+                 echo: str, readers: Callable[[], ReplyReader] | None = None) -> None:
         self.req, self.response_id, self.echo = req, response_id, echo
         self.model = serving.model_name
         self.created = int(time.time())
+        self.readers = readers
+        self._readers: dict[int, ReplyReader] = {}
+
+    def _reader(self, index: int) -> ReplyReader | None:
+        if self.readers is None:
+            return None
+        if index not in self._readers:
+            self._readers[index] = self.readers()
+        return self._readers[index]
 
     def _entry(self, token_id: int, v: Logprob) -> dict[str, Any]:
         token = token_text(token_id, v, self.req.return_tokens_as_token_ids)
@@ -71,6 +114,8 @@ class ChatFormat(ResponseFormat):
         if not self.req.logprobs:
             return None
         k = self.req.top_logprobs or 0
+        if k == -1:  # the whole vocabulary (vLLM)
+            k = max(map(len, positions), default=0)
         content = []
         for token_id, pos in zip(token_ids, positions):
             top = sorted(((t, v) for t, v in pos.items() if v.rank is not None and v.rank <= k),
@@ -92,15 +137,36 @@ class ChatFormat(ResponseFormat):
     def stream_choice(self, state: ChoiceState, delta: CompletionOutput
                       ) -> R.ChatStreamChoice | None:
         ids = self.req.return_token_ids
-        if (not delta.text and delta.finish_reason is None and not self.req.logprobs
-                and not (ids and delta.token_ids)):
+        reader = self._reader(state.index)
+        fields: dict = {"content": delta.text}
+        finish_reason = delta.finish_reason
+        if reader is not None:
+            fields = reader.delta(state.text, delta.text) if delta.text else {}
+            if finish_reason is not None:
+                fields = reader.flush(state.text, fields)
+                finish_reason = reader.finish_reason(finish_reason, reader.tools_called)
+            if not fields and finish_reason is None and not self.req.logprobs and not (
+                    ids and delta.token_ids):
+                return None
+        elif (not delta.text and finish_reason is None and not self.req.logprobs
+              and not (ids and delta.token_ids)):
             return None
         return R.ChatStreamChoice(
-            index=state.index, delta={"content": delta.text},
+            index=state.index, delta=fields,
             logprobs=self._logprobs(delta.token_ids, delta.logprobs or []),
-            finish_reason=delta.finish_reason, stop_reason=delta.stop_reason,
+            finish_reason=finish_reason, stop_reason=delta.stop_reason,
             token_ids=list(delta.token_ids) if ids else None,
         )
+
+    def _message(self, s: ChoiceState) -> tuple[R.ChatResponseMessage, str | None]:
+        reader = self._reader(s.index)
+        if reader is None:
+            return R.ChatResponseMessage(role=ROLE, content=self.echo + s.text), s.finish_reason
+        fields, calls = reader.message(s.text)
+        if self.echo:
+            fields["content"] = self.echo + (fields["content"] or "")
+        return (R.ChatResponseMessage(role=ROLE, tool_calls=calls, **fields),
+                reader.finish_reason(s.finish_reason, bool(calls)))
 
     def chunk(self, choices: list, usage: R.UsageInfo | None) -> R.ChatCompletionChunk:
         return R.ChatCompletionChunk(id=self.response_id, created=self.created,
@@ -108,17 +174,15 @@ class ChatFormat(ResponseFormat):
 
     def response(self, choices: Sequence[ChoiceState], usage: R.UsageInfo
                  ) -> R.ChatCompletionResponse:
-        out = [
-            R.ChatChoice(
-                index=s.index,
-                message=R.ChatResponseMessage(role=ROLE, content=self.echo + s.text),
+        out = []
+        for s in choices:
+            message, finish_reason = self._message(s)
+            out.append(R.ChatChoice(
+                index=s.index, message=message,
                 logprobs=self._logprobs(s.token_ids, s.logprobs),
-                finish_reason=s.finish_reason,
-                stop_reason=s.stop_reason,
+                finish_reason=finish_reason, stop_reason=s.stop_reason,
                 token_ids=s.token_ids if self.req.return_token_ids else None,
-            )
-            for s in choices
-        ]
+            ))
         prompt_logprobs = None
         if self.req.prompt_logprobs is not None:  # one prompt: top-level, as vLLM
             prompt_logprobs = prompt_logprobs_json(choices[0].prompt.prompt_logprobs)
@@ -135,6 +199,9 @@ def chat_router(serving: OpenAIServing) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def create_chat_completion(req: P.ChatCompletionRequest, raw: Request) -> Response:
         base_id = serving.check_request(req, raw)
+        readers = reply_reader(serving, req)
+        if req.tool_choice == "auto":  # the parser may need special tokens kept (vLLM)
+            serving.tool_parser(serving.llm.input_processor.tokenizer).adjust_request(req)
         text = await render(
             serving, req.messages, add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
@@ -143,7 +210,9 @@ def chat_router(serving: OpenAIServing) -> APIRouter:
         requested = req.requested_max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         try:  # the engine's limit, under this endpoint's field name
-            P.logprobs_rule("top_logprobs", logprobs, serving.llm.input_processor.max_logprobs)
+            processor = serving.llm.input_processor
+            P.logprobs_rule("top_logprobs", logprobs, processor.max_logprobs,
+                            processor.vocab_size)
         except P.FieldError as exc:
             raise APIError.bad_request(exc) from exc
         params = serving.sampling_params(req, max_tokens=requested, logprobs=logprobs)
@@ -155,6 +224,6 @@ def chat_router(serving: OpenAIServing) -> APIRouter:
         echo = last.for_template(len(req.messages) - 1)["content"] \
             if req.echo and last.role == ROLE else ""
         return await serving.generate(raw, req, base_id, prompts,
-                                      ChatFormat(serving, req, response_id, echo))
+                                      ChatFormat(serving, req, response_id, echo, readers))
 
     return router

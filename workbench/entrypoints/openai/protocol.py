@@ -10,12 +10,17 @@ Fields nobody declares are accepted and named in one warning per request (vLLM's
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Annotated, Any, ClassVar, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workbench.engine.input_processor import check_cache_salt
+from workbench.entrypoints.openai.tool_parsers.tool_choice_parsers import (
+    NO_PARAMETERS,
+    required_tools_schema,
+)
 from workbench.sampling_params import (
     RequestOutputKind,
     SamplingParams,
@@ -39,10 +44,11 @@ def unsupported(field: str, what: str | None = None) -> FieldError:
     return FieldError(field, f"{what or field} is not supported by this server.")
 
 
-def logprobs_rule(field: str, value: int | None, max_logprobs: int | None = None) -> None:
+def logprobs_rule(field: str, value: int | None, max_logprobs: int | None = None,
+                  vocab_size: int | None = None) -> None:
     """:func:`~workbench.sampling_params.check_logprobs` for a request field (FieldError)."""
     try:
-        check_logprobs(field, value, max_logprobs)
+        check_logprobs(field, value, max_logprobs, vocab_size)
     except ValueError as exc:
         raise FieldError(field, str(exc)) from None
 
@@ -178,7 +184,7 @@ class _CommonFields(OpenAIModel):
     structural_tag: Optional[str] = None
     logits_processors: Any = None
     kv_transfer_params: Optional[dict[str, Any]] = None
-    vllm_xargs: Optional[dict[str, Any]] = None
+    vllm_xargs: Optional[dict[str, Any]] = None  # SamplingParams.extra_args (vLLM)
 
     @model_validator(mode="after")
     def _cross_field_rules(self):
@@ -217,11 +223,11 @@ class _CommonFields(OpenAIModel):
                              "backend selection is not supported: this server's backend is "
                              f"xgrammar, got {self.guided_decoding_backend!r}.")
         if self.logits_processors is not None:
-            raise unsupported("logits_processors", "logits_processors (server-side classes; "
-                              "use SamplingParams.logits_processors offline)")
-        for name in ("kv_transfer_params", "vllm_xargs"):
-            if getattr(self, name):
-                raise unsupported(name)
+            raise unsupported("logits_processors", "Per-request logits_processors (as in "
+                              "vLLM V1; the server's --logits-processors with vllm_xargs, or "
+                              "SamplingParams.logits_processors offline)")
+        if self.kv_transfer_params:
+            raise unsupported("kv_transfer_params", "kv_transfer_params (no KV transfer)")
 
     def structured_outputs_params(self) -> StructuredOutputsParams | None:
         """The request's constraint, as vLLM builds it: ``structured_outputs`` (else the
@@ -286,6 +292,7 @@ class _CommonFields(OpenAIModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
             structured_outputs=self.structured_outputs_params(),
+            extra_args=self.vllm_xargs,
             **{k: v for k, v in optional.items() if v is not None},
         )
 
@@ -365,6 +372,20 @@ class ContentPart(OpenAIModel):
     text: Optional[str] = None
 
 
+class FunctionDefinition(OpenAIModel):
+    name: str
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class ChatCompletionToolsParam(OpenAIModel):
+    """A tool: ``{"type": "function", "function": {name, description, parameters}}``."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
 class ChatMessage(OpenAIModel):
     """A message; fields beyond role/content (name, tool_calls, ...) reach the template."""
 
@@ -372,7 +393,9 @@ class ChatMessage(OpenAIModel):
     content: Union[str, list[ContentPart], None] = None
 
     def for_template(self, index: int) -> dict[str, Any]:
-        """The message as the chat template sees it: content parts joined into one text."""
+        """The message as the chat template sees it: content parts joined into one text; an
+        assistant's ``tool_calls`` with their JSON ``arguments`` parsed (as vLLM hands them
+        to templates, which index them)."""
         content = self.content
         if isinstance(content, list):
             for part in content:
@@ -381,7 +404,24 @@ class ChatMessage(OpenAIModel):
                                                  f"{part.type!r} are not supported by this "
                                                  "server (text only).")
             content = "\n".join(part.text or "" for part in content)
-        return {**(self.model_extra or {}), "role": self.role, "content": content or ""}
+        message = {**(self.model_extra or {}), "role": self.role, "content": content or ""}
+        calls = message.get("tool_calls")
+        if self.role == "assistant" and isinstance(calls, list):
+            message["tool_calls"] = [self._parsed_call(index, call) for call in calls]
+        return message
+
+    @staticmethod
+    def _parsed_call(index: int, call: Any) -> Any:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if not isinstance(arguments, str):
+            return call
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            raise FieldError("messages", f"messages[{index}]: tool_calls arguments must be "
+                                         f"JSON text, got {arguments!r}.") from None
+        return {**call, "function": {**function, "arguments": parsed}}
 
 
 class ChatCompletionRequest(_CommonFields):
@@ -393,10 +433,10 @@ class ChatCompletionRequest(_CommonFields):
     top_logprobs: Optional[int] = None
     max_tokens: Optional[int] = None
     max_completion_tokens: Optional[int] = None
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Union[str, dict[str, Any], None] = "none"
+    tools: Optional[list[ChatCompletionToolsParam]] = None
+    tool_choice: Union[str, dict[str, Any], None] = "none"  # tools without it: "auto"
     parallel_tool_calls: Optional[bool] = None
-    reasoning_effort: Optional[str] = None
+    reasoning_effort: Optional[Literal["none", "low", "medium", "high"]] = None
     include_reasoning: bool = True
     echo: bool = False
     add_generation_prompt: bool = True
@@ -415,11 +455,52 @@ class ChatCompletionRequest(_CommonFields):
             data = {**data, "n": 1}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _tool_usage(cls, data: Any) -> Any:
+        """vLLM's ``check_tool_usage``: tools without ``tool_choice`` mean "auto"; a named
+        choice must name one of the tools."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("tools") == []:
+            raise FieldError("tools", "`tools` must not be an empty array. Either provide at "
+                                      "least one tool or omit the field entirely.")
+        if "tool_choice" not in data and data.get("tools"):
+            data = {**data, "tool_choice": "auto"}
+        choice = data.get("tool_choice")
+        if choice is None or choice == "none":
+            return data
+        if data.get("tools") is None:
+            raise FieldError("tool_choice", "When using `tool_choice`, `tools` must be set.")
+        if choice not in ("auto", "required") and not isinstance(choice, dict):
+            raise FieldError("tool_choice", f"Invalid value for `tool_choice`: {choice}! Only "
+                                            'named tools, "none", "auto" or "required" are '
+                                            "supported.")
+        if isinstance(choice, dict):
+            usage = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+            function = choice.get("function")
+            if not isinstance(function, dict):
+                raise FieldError("tool_choice", f"Invalid value for `function`: `{function}` "
+                                                f"in `tool_choice`! {usage}")
+            if "name" not in function:
+                raise FieldError("tool_choice", "Expected field `name` in `function` in "
+                                                f"`tool_choice`! {usage}")
+            name = function["name"]
+            if not isinstance(name, str) or not name:
+                raise FieldError("tool_choice", f"Invalid `name` in `function`: `{name}` in "
+                                                f"`tool_choice`! {usage}")
+            names = [t.get("function", {}).get("name") for t in data["tools"]
+                     if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+            if name not in names:
+                raise FieldError("tool_choice", "The tool specified in `tool_choice` does not "
+                                                "match any of the specified `tools`")
+        return data
+
     @model_validator(mode="after")
     def _chat_rules(self):
         k = self.top_logprobs
         logprobs_rule("top_logprobs", k)
-        if k is not None and k > 0 and not self.logprobs:
+        if k is not None and k != 0 and not self.logprobs:
             raise FieldError("top_logprobs",
                              "when using `top_logprobs`, `logprobs` must be set to true.")
         for name in ("max_tokens", "max_completion_tokens"):
@@ -428,16 +509,18 @@ class ChatCompletionRequest(_CommonFields):
         if self.add_generation_prompt and self.continue_final_message:
             raise FieldError("continue_final_message", "Cannot set both "
                              "`continue_final_message` and `add_generation_prompt` to True.")
-        if self.tool_choice not in (None, "none") and not self.tools:
-            raise FieldError("tool_choice", "When using `tool_choice`, `tools` must be set.")
+        so = self.structured_outputs
+        constrained = so is not None and any(
+            k in so.constraint_fields() for k in ("json", "regex", "choice", "grammar",
+                                                  "json_object"))
+        if self.named_tool is not None and (constrained or any(
+                getattr(self, name) is not None for name in GUIDED_FIELDS)):
+            raise FieldError("tool_choice", "You can only either use constraints or tools, "
+                                            "not both.")
         return self
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.tool_choice not in (None, "none"):
-            raise unsupported("tool_choice", f"tool_choice {self.tool_choice!r} (tool calling)")
-        if self.reasoning_effort is not None:
-            raise unsupported("reasoning_effort")
         if self.mm_processor_kwargs:
             raise unsupported("mm_processor_kwargs", "mm_processor_kwargs (multimodal input)")
         if self.use_beam_search and self.logprobs:
@@ -455,14 +538,59 @@ class ChatCompletionRequest(_CommonFields):
             return self.max_completion_tokens
         return self.max_tokens
 
+    @property
+    def named_tool(self) -> str | None:
+        """The function a named ``tool_choice`` forces, else None."""
+        if isinstance(self.tool_choice, dict):
+            return self.tool_choice["function"]["name"]
+        return None
+
+    def tool_schema(self) -> dict[str, Any] | None:
+        """vLLM's ``_get_json_schema_from_tool``: the schema ``tool_choice`` imposes on the
+        reply ("required": an array of calls, at most one with ``parallel_tool_calls``
+        false; named: that function's ``parameters``)."""
+        functions = [t.function.model_dump(exclude_none=True) for t in self.tools or []]
+        if self.named_tool is not None:
+            function = next(f for f in functions if f["name"] == self.named_tool)
+            return function.get("parameters") or NO_PARAMETERS
+        if self.tool_choice == "required":
+            try:
+                schema = required_tools_schema(functions)
+            except ValueError as exc:
+                raise FieldError("tools", str(exc)) from None
+            if self.parallel_tool_calls is False:
+                schema["maxItems"] = 1
+            return schema
+        return None
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """As the common fields', except that a schema from ``tool_choice`` wins (vLLM);
+        ``structured_outputs``' flags (``disable_any_whitespace``...) still apply to it."""
+        schema = self.tool_schema()
+        if schema is None:
+            return super().structured_outputs_params()
+        flags = {}
+        if self.structured_outputs is not None:
+            flags = {k: v for k, v in self.structured_outputs.constraint_fields().items()
+                     if k.startswith("disable_")}
+        try:
+            params = StructuredOutputsParams(json=schema, **flags)
+            validate_grammar(params)
+        except ValueError as exc:
+            raise FieldError("tools", f"tools: {exc}") from None
+        return params
+
     def template_kwargs(self) -> dict[str, Any]:
-        """What the chat template receives besides the messages (tools, documents, kwargs)."""
-        kwargs = dict(self.chat_template_kwargs or {})
+        """What the chat template receives besides the messages (tools, documents,
+        reasoning_effort; ``chat_template_kwargs`` win)."""
+        kwargs: dict[str, Any] = {}
         if self.tools:
-            kwargs["tools"] = self.tools
+            kwargs["tools"] = [t.model_dump(exclude_none=True) for t in self.tools]
         if self.documents:
             kwargs["documents"] = self.documents
-        return kwargs
+        if self.reasoning_effort is not None:
+            kwargs["reasoning_effort"] = self.reasoning_effort
+        return {**kwargs, **(self.chat_template_kwargs or {})}
 
 
 class TokenizeRequest(OpenAIModel):
@@ -476,6 +604,7 @@ class TokenizeRequest(OpenAIModel):
     continue_final_message: bool = False
     chat_template: Optional[str] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    tools: Optional[list[ChatCompletionToolsParam]] = None  # rendered, as vLLM's
 
 
 class DetokenizeRequest(OpenAIModel):

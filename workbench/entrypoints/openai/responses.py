@@ -87,9 +87,48 @@ class ChatLogprobs(BaseModel):
     content: Optional[list[ChatTokenLogprob]] = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str  # "chatcmpl-tool-<hex>", as vLLM
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaFunctionCall(BaseModel):
+    name: Optional[str] = _only_when_set()
+    arguments: Optional[str] = _only_when_set()
+
+
+class DeltaToolCall(BaseModel):
+    """One tool call's part of a stream chunk: its first carries ``id``, ``type`` and
+    ``function.name``; the later ones fragments of ``function.arguments`` (OpenAI's deltas)."""
+
+    index: int
+    id: Optional[str] = _only_when_set()
+    type: Optional[Literal["function"]] = _only_when_set()
+    function: DeltaFunctionCall
+
+
+class DeltaMessage(BaseModel):
+    """What one stream chunk adds to a choice's message (only the set fields are sent)."""
+
+    content: Optional[str] = _only_when_set()
+    tool_calls: Optional[list[DeltaToolCall]] = _only_when_set()
+
+
 class ChatResponseMessage(BaseModel):
+    """The reply; ``reasoning`` (vLLM's name now) and ``reasoning_content`` (its older one,
+    which DeepSeek's API uses) carry the same text when a reasoning parser runs."""
+
     role: str = "assistant"
-    content: str = ""
+    content: Optional[str] = ""
+    reasoning: Optional[str] = _only_when_set()
+    reasoning_content: Optional[str] = _only_when_set()
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -114,7 +153,7 @@ class ChatCompletionResponse(BaseModel):
 
 class ChatStreamChoice(BaseModel):
     index: int
-    delta: dict[str, str]  # {"role": "assistant", "content": ""} first, then {"content": text}
+    delta: dict[str, Any]  # {"role": "assistant", "content": ""} first, then DeltaMessages
     logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None

@@ -34,6 +34,8 @@ from workbench.entrypoints.openai import responses as R
 from workbench.engine.async_llm import AsyncLLM, EngineDeadError, RequestStream
 from workbench.metrics.tracing import extract_trace_headers, log_tracing_disabled_warning
 from workbench.entrypoints.openai.errors import APIError, error_event
+from workbench.entrypoints.openai.tool_parsers import ToolParser, ToolParserManager
+from workbench.reasoning import ReasoningParser, ReasoningParserManager
 
 logger = logging.getLogger("workbench.entrypoints.openai")
 
@@ -115,11 +117,28 @@ class OpenAIServing:
     """Checks and runs generation requests for one app (vLLM's OpenAIServing, trimmed)."""
 
     def __init__(self, async_llm: AsyncLLM, model_name: str,
-                 generation_defaults: dict[str, Any]) -> None:
+                 generation_defaults: dict[str, Any], *, enable_auto_tools: bool = False,
+                 tool_parser: str | None = None) -> None:
+        """``enable_auto_tools``, ``tool_parser``: vLLM's ``--enable-auto-tool-choice`` and
+        ``--tool-call-parser`` (the first needs the second: ValueError, as an unknown name);
+        the reasoning parser is the engine's (``EngineArgs.reasoning_parser``)."""
+        if enable_auto_tools and tool_parser is None:
+            raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
         self.llm = async_llm
         self.model_name = model_name
         self.max_model_len = async_llm.model_config.max_model_len
         self.defaults = generation_defaults
+        self.enable_auto_tools = enable_auto_tools
+        self.tool_parser: type[ToolParser] | None = None
+        self.reasoning_parser: type[ReasoningParser] | None = None
+        try:
+            if tool_parser is not None:
+                self.tool_parser = ToolParserManager.get_tool_parser(tool_parser)
+            if async_llm.config.reasoning_parser is not None:
+                self.reasoning_parser = ReasoningParserManager.get_reasoning_parser(
+                    async_llm.config.reasoning_parser)
+        except KeyError as exc:
+            raise ValueError(exc.args[0]) from None
 
     # ------------------------------------------------------------------ checks
     def check_model(self, model: str | None) -> None:

@@ -33,7 +33,10 @@ def tokenization_router(serving: OpenAIServing) -> APIRouter:
             text = await render(
                 serving, req.messages, add_generation_prompt=req.add_generation_prompt,
                 continue_final_message=req.continue_final_message,
-                chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs,
+                chat_template=req.chat_template,
+                chat_template_kwargs={**({"tools": [t.model_dump(exclude_none=True)
+                                                    for t in req.tools]} if req.tools else {}),
+                                      **(req.chat_template_kwargs or {})},
             )
             special = False
         else:
