@@ -10,13 +10,10 @@ from workbench import first_divergence  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def shell():
-    from IPython.testing.globalipapp import start_ipython
-
+def shell(ipython):
     from workbench import SamplingParams, Workload, WorkloadRequest
 
-    ip = start_ipython()
-    ip.run_line_magic("load_ext", "workbench")
+    ip = ipython
     ip.run_line_magic("llm", "load --as eng --num-kv-blocks 12")
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     ip.user_ns["wl"] = Workload([WorkloadRequest(f"r{i}", tuple(range(20 + 9 * i, 32 + 9 * i)), params, arrival_step=i)

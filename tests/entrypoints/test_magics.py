@@ -8,11 +8,8 @@ from IPython.core.error import UsageError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def shell():
-    from IPython.testing.globalipapp import start_ipython
-
-    ip = start_ipython()
-    ip.run_line_magic("load_ext", "workbench")  # the package is the extension
+def shell(ipython):
+    ip = ipython  # the package is the extension: the fixture ran %load_ext workbench
     ip.run_line_magic("llm", "load --as eng --num-kv-blocks 40")
     return ip
 
