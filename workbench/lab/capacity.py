@@ -99,7 +99,7 @@ class Capacity:
             ax.set_ylabel(metric)
             ax.grid(alpha=0.3)
             ax.legend(fontsize="small")
-        fig.suptitle(f"capacity under the SLO ({_run_name(self.run)} runs)")
+        fig.suptitle(f"capacity under the SLO ({run_name(self.run)} runs)")
         return fig
 
     def confirm(self, run: str | Runner = "real", factor: float = 1.25, *, cost_model=None):
@@ -123,7 +123,7 @@ class Capacity:
         for label, rate in (("capacity", self.rate), (f"{factor:g} x capacity", self.rate * factor)):
             wl = self.workload.at_rate(rate)
             row = {"point": label, "rate": rate}
-            runners = {_run_name(self.run): self.run, _run_name(run): run}
+            runners = {run_name(self.run): self.run, run_name(run): run}
             for name, runner in runners.items():
                 result = resolve_runner(runner)(wl, self.config)
                 s = result.summary()
@@ -139,7 +139,7 @@ class Capacity:
         slo = ", ".join(f"{k} <= {v:g}" for k, v in self.slo.items())
         bound = "" if self.bounded else " (still held at the highest rate tried: a lower bound)"
         return (f"Capacity({self.rate:.4g} requests/{'s' if self.workload.clock == 'wall' else 'step'}{bound} "
-                f"under {slo}; {len(self.table)} rates tried, {_run_name(self.run)} runs)")
+                f"under {slo}; {len(self.table)} rates tried, {run_name(self.run)} runs)")
 
     def _repr_html_(self) -> str:
         return (f"<div><b>{html.escape(repr(self))}</b>"
@@ -248,5 +248,8 @@ def capacity_row(run: str | Runner, workload: Workload, config: EngineConfig, sl
             **{f"{m}_at_capacity": (float(at[m].iloc[0]) if len(at) else math.nan) for m in found.slo}}
 
 
-def _run_name(run) -> str:
-    return run if isinstance(run, str) else getattr(run, "__name__", type(run).__name__)
+def run_name(run) -> str:
+    """A run's label in tables: its name, or its function's (``functools.partial`` unwrapped)."""
+    if isinstance(run, str):
+        return run
+    return getattr(getattr(run, "func", run), "__name__", type(run).__name__)
