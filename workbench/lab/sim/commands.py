@@ -77,6 +77,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                              "capacity: the highest rate meeting --slo (with --trace or --workload)")
     parser.add_argument("--cost-model", default=None,
                         help="a cost model's JSON (default: the shipped CPU calibration of the embedded model)")
+    parser.add_argument("--output", "-o", default=None,
+                        help="probe: save the cost model with every time scaled by the measured ratio (a quick "
+                             "recalibration; `workbench calibrate` is the full one)")
     parser.add_argument("--workload", default=None, help="a Workload JSON (Workload.save); else a Poisson one:")
     parser.add_argument("--num-requests", type=int, default=None,
                         help="requests of the Poisson workload (default 100; accuracy: 40 per rate)")
@@ -207,7 +210,13 @@ def simulate_main(args: argparse.Namespace) -> int:
         if args.mode == "probe":
             from workbench.lab.sim.probe import probe_machine
 
-            print(probe_machine(as_cost_model(args.cost_model), config, warn=False))
+            model = as_cost_model(args.cost_model)
+            probe = probe_machine(model, config, warn=False)
+            print(probe)
+            if args.output:
+                scaled = model.scaled(probe.ratio, note=f"{model.note}; times x{probe.ratio:.4g}: "
+                                                        "measured by `workbench simulate probe`")
+                print(f"saved the cost model scaled by {probe.ratio:.3g} to {scaled.save(args.output)}")
             return 0
         if args.calibrate and (args.mode != "accuracy" or args.cost_model):
             raise ValueError("--calibrate goes with `simulate accuracy` and without --cost-model.")
