@@ -37,7 +37,7 @@ Beside each error, its verdict and two answers to a machine whose pace moved:
   whose real e2e lies inside;
 * a recalibration from the workload's own first (untimed) real run: the model scaled by that
   run's median measured / predicted step (``recal_factor``) -- the machine's pace now --
-  and its errors ``*_err_recal``.
+  and its errors ``*_err_recal`` with their verdicts ``*_recal_within_floor``.
 """
 
 from __future__ import annotations
@@ -235,6 +235,8 @@ def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
             "band_low": low, "band_high": high,
             "e2e_in_band": fraction_in_band(reference["e2e_s"], band[0], band[1], "e2e_s"),
             "recal_factor": recal, "ttft_err_recal": ttft_rc, "e2e_err_recal": e2e_rc,
+            "ttft_recal_within_floor": bool(ttft_rc <= floor["ttft_s"]),
+            "e2e_recal_within_floor": bool(e2e_rc <= floor["e2e_s"]),
             "ttft_p50_real_s": float(reference["ttft_s"].median()),
             "ttft_p50_sim_s": float(sim.requests["ttft_s"].median()),
             "e2e_p50_real_s": float(reference["e2e_s"].median()),
