@@ -101,13 +101,14 @@ print(real.num_steps, "steps; identical schedule:", schedule_of(real) == schedul
 # Simulated seconds are the cost model's seconds: it was calibrated on the project's 2-core
 # VM, on a quiet day. On another machine, or the same one under load, every step takes another
 # time and a simulation is off by that factor without saying so. `probe_machine` times a few
-# seconds of real steps and compares them with the model's predictions; past 25% it warns and
-# names the command that calibrates this machine (`workbench calibrate --output
-# my-cost-model.json`; `workbench simulate probe` does the probe from the shell).
+# seconds of real steps and compares them with the model's predictions; past 25% it says so
+# and names the command that calibrates this machine (`workbench calibrate --output
+# my-cost-model.json`; `workbench simulate probe` does the probe from the shell). By default
+# it also warns; here its answer is shown instead.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-probe = probe_machine()
+probe = probe_machine(warn=False)
 probe
 
 # %% [markdown]
