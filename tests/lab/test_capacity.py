@@ -3,6 +3,7 @@ answer re-checked run by run, the real confirmation, sweep(capacity=...) and the
 
 import concurrent.futures
 import math
+import multiprocessing
 
 import pytest
 from capacity_support import knee_runner
@@ -46,6 +47,9 @@ def test_bad_slos_are_named():
         capacity(WL, None, {"tpot_s_p99": -1}, progress=False)
     with pytest.raises(ValueError, match="arrives at once"):
         capacity(Workload.burst(4, clock="wall"), None, SLO, progress=False)
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as ex:
+        with pytest.raises(ValueError, match="this process pool forks the caller"):
+            capacity(WL, None, SLO, run="real", executor=ex, progress=False)
 
 
 CFG = {"block_size": 16, "num_kv_blocks": 64, "max_num_seqs": 4}

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from workbench.config import EngineConfig
 from workbench.lab.run import resolve_config
-from workbench.lab.runners import Runner, resolve_runner
+from workbench.lab.runners import Runner, check_executor, resolve_runner
 from workbench.lab.workload import Workload
 from workbench.utils.errors import describe
 
@@ -179,6 +179,7 @@ def capacity(
         if not (isinstance(value, int) and value >= low):
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
     resolve_runner(run)
+    check_executor(run, executor)
     resolved = resolve_config(config, base)
     tried: dict[float, tuple[dict | None, str | None]] = {}
     bar = tqdm(desc="capacity", unit="rate", disable=not progress)

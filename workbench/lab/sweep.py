@@ -37,7 +37,7 @@ import numpy as np
 from workbench.config import EngineConfig
 from workbench.lab.capacity import capacity_row, check_slo
 from workbench.lab.run import resolve_config
-from workbench.lab.runners import Runner, resolve_runner
+from workbench.lab.runners import Runner, check_executor, resolve_runner
 from workbench.lab.workload import Workload
 from workbench.utils.errors import describe
 
@@ -118,11 +118,7 @@ def sweep(
     resolve_runner(run)  # fail here, not once per configuration, on a bad ``run``
     if capacity is not None:
         capacity = check_slo(capacity)
-    if run == "real" and _forks(executor):
-        raise ValueError("executor: this process pool forks the caller, and a forked copy of a process whose "
-                         "torch already ran threads hangs in the real engine's first parallel op; give it "
-                         "mp_context=multiprocessing.get_context('forkserver') (or 'spawn'), or leave "
-                         "executor=None.")
+    check_executor(run, executor)
 
     own_executor = executor is None
     if own_executor:
@@ -190,15 +186,6 @@ def _install_workload(workload: Workload) -> None:
 
 def _run_installed(run: str | Runner, config: EngineConfig, capacity=None) -> tuple[dict | None, str | None]:
     return run_config(run, _installed_workload, config, capacity)
-
-
-def _forks(executor) -> bool:
-    """Whether ``executor`` is a ProcessPoolExecutor that starts its workers by forking (the
-    default start method on Linux before Python 3.14)."""
-    if not isinstance(executor, concurrent.futures.ProcessPoolExecutor):
-        return False
-    context = getattr(executor, "_mp_context", None) or multiprocessing.get_context()
-    return context.get_start_method() == "fork"
 
 
 def _fresh_interpreter_context() -> multiprocessing.context.BaseContext:
