@@ -13,6 +13,7 @@
 #   one with real runs at the capacity and at 1.25 times it.
 
 # %%
+%matplotlib inline
 import functools
 
 import pandas as pd
@@ -82,7 +83,7 @@ for caching in (True, False):
 configs = {"4 seqs": {"block_size": 16, "num_kv_blocks": 256, "max_num_seqs": 4},
            "16 seqs": {"block_size": 16, "num_kv_blocks": 256, "max_num_seqs": 16}}
 columns = ["num_finished", "ttft_s_p50", "ttft_s_p99", "tpot_s_p99", "e2e_s_p99", "throughput_tok_s"]
-pd.concat({f"{rate:g}/s": compare_runs(trace.at_rate(rate), configs, simulate=True).table[columns]
+pd.concat({f"{rate:.3g}/s": compare_runs(trace.at_rate(rate), configs, simulate=True).table[columns]
            for rate in (trace.rate, 25.0)}).round(4)
 
 # %% [markdown]
