@@ -29,6 +29,7 @@ _EXPORTS = {
     "simulate": "workbench.lab.sim",
     "CostModel": "workbench.lab.sim",
     "sweep": "workbench.lab.sweep",
+    "capacity": "workbench.lab.capacity",
     "BlockMap": "workbench.viz",
     "RequestTimeline": "workbench.viz",
     "StepPlayer": "workbench.viz",

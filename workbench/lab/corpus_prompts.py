@@ -28,12 +28,12 @@ class PromptCutter:
     MAX_TRIES = 200
 
     def __init__(self, tokenizer, rng: np.random.Generator, text: bool):
-        self.tokenizer = _tokenizer(tokenizer)
+        self.tokenizer = resolve_tokenizer(tokenizer)
         self.rng = rng
         self.text = text
         corpus, ids, offsets, line_starts = _corpus_tokens(self.tokenizer)
         self.corpus, self.ids, self.offsets, self.line_starts = corpus, ids, offsets, line_starts
-        self.bos = _encode(self.tokenizer, "")  # what the tokenizer adds in front
+        self.bos = encode(self.tokenizer, "")  # what the tokenizer adds in front
 
     def prompt(self, length: int, prefix: str | tuple[int, ...] | None = None) -> str | tuple[int, ...]:
         """A prompt of exactly ``length`` tokens (as the engine counts them) that starts with
@@ -60,8 +60,16 @@ class PromptCutter:
                 return text
         raise ValueError(f"no text prompt of exactly {length} tokens found in {self.MAX_TRIES} tries.")
 
+    def tokens(self, length: int) -> tuple[int, ...]:
+        """``length`` corpus token ids (no bos) from an ``rng``-chosen line start."""
+        if not 1 <= length <= len(self.ids) // 2:
+            raise ValueError(f"a corpus piece is 1..{len(self.ids) // 2} tokens, got {length}.")
+        starts = self.line_starts[self.line_starts < len(self.ids) - length]
+        i = int(starts[int(self.rng.integers(len(starts)))])
+        return tuple(int(t) for t in self.ids[i : i + length])
+
     def _encode(self, prompt: str | tuple[int, ...]) -> list[int]:
-        return list(prompt) if isinstance(prompt, tuple) else _encode(self.tokenizer, prompt)
+        return list(prompt) if isinstance(prompt, tuple) else encode(self.tokenizer, prompt)
 
 
 @functools.lru_cache(maxsize=4)
@@ -77,7 +85,7 @@ def _load_tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
-def _tokenizer(tokenizer):
+def resolve_tokenizer(tokenizer):
     """The tokenizer to measure prompts with: given, loaded from a path, or the embedded
     model's (read from its tokenizer.json: fast, and without importing torch)."""
     if tokenizer is None:
@@ -87,7 +95,7 @@ def _tokenizer(tokenizer):
     return tokenizer
 
 
-def _encode(tokenizer, text: str) -> list[int]:
+def encode(tokenizer, text: str) -> list[int]:
     """Token ids as the engine sees them (special tokens such as bos included)."""
     if hasattr(tokenizer, "backend_tokenizer"):  # a transformers tokenizer
         return list(tokenizer(text).input_ids)

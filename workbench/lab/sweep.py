@@ -8,7 +8,8 @@ before anything runs. Each run is on the workload's own clock, as ``run_workload
 ``simulate`` are (:mod:`workbench.lab.workload`).
 
 Each configuration runs in a worker of a ``concurrent.futures`` executor (a process pool by
-default; a Dask ``client.get_executor()`` or a Ray executor works unchanged). A task carries
+default; a Dask ``distributed.Client(...).get_executor()`` works unchanged, tested with a local
+cluster of worker processes). A task carries
 the workload and one resolved config -- the default pool hands each worker the workload once,
 when it starts, and its tasks carry only the config -- and sends back only the run's summary
 row, never its history. The default pool starts its workers from a fresh interpreter
@@ -29,20 +30,16 @@ import itertools
 import math
 import multiprocessing
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from workbench.config import EngineConfig
-from workbench.lab.run import resolve_config, run_real
-from workbench.lab.sim.simulate import simulate
+from workbench.lab.capacity import capacity_row, check_slo
+from workbench.lab.run import resolve_config
+from workbench.lab.runners import Runner, check_executor, resolve_runner
 from workbench.lab.workload import Workload
 from workbench.utils.errors import describe
-
-#: ``run`` names: the simulated runner and the real engine.
-RUNS = ("sim", "real")
-
-Runner = Callable[[Workload, EngineConfig], object]  # -> RunResult
 
 
 def expand_grid(grid: Mapping[str, Iterable] | Sequence[Mapping[str, object]]) -> list[dict]:
@@ -88,10 +85,14 @@ def sweep(
     executor: concurrent.futures.Executor | None = None,
     max_workers: int | None = None,
     progress: bool = True,
+    capacity: Mapping[str, float] | None = None,
 ):
     """Run ``workload`` under every configuration of ``grid`` and return a pandas DataFrame:
     one row per configuration, in grid order, with the override columns, then
     ``RunResult.summary()``'s columns, then ``error`` (None when the run succeeded).
+    ``capacity=slo`` (e.g. ``{"ttft_s_p99": 0.5}``): each configuration's capacity under that
+    SLO instead of one run (:func:`workbench.lab.capacity.capacity`, searched inside its
+    worker): the columns of :func:`~workbench.lab.capacity.capacity_row`.
 
     ``run``: ``"sim"`` (:func:`workbench.lab.sim.simulate`), ``"real"``
     (:func:`workbench.lab.run.run_real`) or a picklable ``callable(workload, config) ->
@@ -114,12 +115,10 @@ def sweep(
             configs.append(resolve_config(config, base))
         except (TypeError, ValueError) as e:
             raise ValueError(f"grid configuration {i} {config}: {e}") from None
-    _resolve_runner(run)  # fail here, not once per configuration, on a bad ``run``
-    if run == "real" and _forks(executor):
-        raise ValueError("executor: this process pool forks the caller, and a forked copy of a process whose "
-                         "torch already ran threads hangs in the real engine's first parallel op; give it "
-                         "mp_context=multiprocessing.get_context('forkserver') (or 'spawn'), or leave "
-                         "executor=None.")
+    resolve_runner(run)  # fail here, not once per configuration, on a bad ``run``
+    if capacity is not None:
+        capacity = check_slo(capacity)
+    check_executor(run, executor)
 
     own_executor = executor is None
     if own_executor:
@@ -132,9 +131,9 @@ def sweep(
     errors: list[str | None] = [None] * len(configs)
     try:
         if own_executor:
-            futures = {executor.submit(_run_installed, run, c): i for i, c in enumerate(configs)}
+            futures = {executor.submit(_run_installed, run, c, capacity): i for i, c in enumerate(configs)}
         else:
-            futures = {executor.submit(run_config, run, workload, c): i for i, c in enumerate(configs)}
+            futures = {executor.submit(run_config, run, workload, c, capacity): i for i, c in enumerate(configs)}
         bar = tqdm(total=len(futures), desc="configs", unit="config", disable=not progress)
         with bar:
             for future in concurrent.futures.as_completed(futures):
@@ -163,11 +162,15 @@ def sweep(
     return frame
 
 
-def run_config(run: str | Runner, workload: Workload, config: EngineConfig) -> tuple[dict | None, str | None]:
-    """One configuration, in a worker: ``(summary row, None)``, or ``(None, error)`` when the
-    run raised (the error as text, so that any exception crosses a process boundary)."""
+def run_config(run: str | Runner, workload: Workload, config: EngineConfig,
+               capacity: Mapping[str, float] | None = None) -> tuple[dict | None, str | None]:
+    """One configuration, in a worker: ``(summary row, None)`` -- of its run, or of its
+    capacity search under the SLO ``capacity`` -- or ``(None, error)`` when it raised (the
+    error as text, so that any exception crosses a process boundary)."""
     try:
-        return dict(_resolve_runner(run)(workload, config).summary()), None
+        if capacity is not None:
+            return capacity_row(run, workload, config, capacity), None
+        return dict(resolve_runner(run)(workload, config).summary()), None
     except Exception as e:
         return None, describe(e)
 
@@ -181,27 +184,8 @@ def _install_workload(workload: Workload) -> None:
     _installed_workload = workload
 
 
-def _run_installed(run: str | Runner, config: EngineConfig) -> tuple[dict | None, str | None]:
-    return run_config(run, _installed_workload, config)
-
-
-def _resolve_runner(run: str | Runner) -> Runner:
-    if run == "sim":
-        return simulate
-    if run == "real":
-        return run_real
-    if callable(run):
-        return run
-    raise ValueError(f"run must be one of {RUNS} or a callable(workload, config) -> RunResult, got {run!r}.")
-
-
-def _forks(executor) -> bool:
-    """Whether ``executor`` is a ProcessPoolExecutor that starts its workers by forking (the
-    default start method on Linux before Python 3.14)."""
-    if not isinstance(executor, concurrent.futures.ProcessPoolExecutor):
-        return False
-    context = getattr(executor, "_mp_context", None) or multiprocessing.get_context()
-    return context.get_start_method() == "fork"
+def _run_installed(run: str | Runner, config: EngineConfig, capacity=None) -> tuple[dict | None, str | None]:
+    return run_config(run, _installed_workload, config, capacity)
 
 
 def _fresh_interpreter_context() -> multiprocessing.context.BaseContext:

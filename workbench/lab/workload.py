@@ -19,7 +19,11 @@ Generators build workloads from a seed, so the same arguments give the same work
 machine:
 
 * :meth:`Workload.poisson` -- a Poisson process of ``rate`` arrivals per unit of the clock;
-* :meth:`Workload.burst` -- groups of requests arriving together.
+* :meth:`Workload.burst` -- groups of requests arriving together;
+* :meth:`Workload.from_trace` -- a production trace's arrivals and lengths (wall clock,
+  :mod:`workbench.lab.traces`), prompts of the corpus' token ids.
+
+:meth:`Workload.at_rate` rescales any workload's arrivals to another mean rate.
 
 A generated request carries its draw ``t`` (in the clock's unit) twice: as ``arrival_time``
 and as ``arrival_step = floor(t)``; a run reads the field of the workload's clock only.
@@ -44,7 +48,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from workbench.engine.replay import CLOCKS
-from workbench.lab.corpus_prompts import PromptCutter
+from workbench.lab import traces
+from workbench.lab.corpus_prompts import PromptCutter, encode
 from workbench.sampling_params import RequestOutputKind, SamplingParams
 
 #: A length spec: an exact length, an inclusive ``(low, high)`` uniform range, one explicit
@@ -164,7 +169,112 @@ class Workload:
         info = {**self.info, "clock": clock} if "clock" in self.info else self.info
         return Workload(self.requests, info, clock=clock)
 
+    @property
+    def rate(self) -> float:
+        """Mean arrivals per unit of the clock: (n - 1) / (last - first arrival); NaN when
+        every request arrives at once."""
+        field = "arrival_time" if self.clock == "wall" else "arrival_step"
+        times = sorted(getattr(r, field) or 0 for r in self.requests)
+        return traces.mean_rate(times)
+
+    def at_rate(self, rate: float) -> Workload:
+        """The same requests with every arrival scaled so that the mean rate is ``rate`` per
+        unit of the clock (both arrival fields scaled; a step is ``floor`` of the scaled time
+        when the request has one). ``info["rate"]`` becomes ``rate``."""
+        if not (isinstance(rate, (int, float)) and rate > 0 and math.isfinite(rate)):
+            raise ValueError(f"rate must be a finite number > 0, got {rate!r}.")
+        now = self.rate
+        if not math.isfinite(now):
+            raise ValueError("at_rate: every request of this workload arrives at once; there is no rate to scale.")
+        f = now / rate
+        requests = []
+        for r in self.requests:
+            t = None if r.arrival_time is None else r.arrival_time * f
+            step = None if r.arrival_step is None else (int(math.floor(t)) if t is not None
+                                                        else int(math.floor(r.arrival_step * f)))
+            requests.append(dataclasses.replace(r, arrival_time=t, arrival_step=step))
+        return Workload(requests, {**self.info, "rate": float(rate)}, clock=self.clock)
+
     # ------------------------------------------------------------ generators
+    @classmethod
+    def from_trace(
+        cls,
+        path,
+        format: str | None = None,
+        *,
+        window: tuple[float, float] | None = None,
+        max_requests: int | None = None,
+        rate_scale: float | None = None,
+        rate: float | None = None,
+        max_model_len: int | None = None,
+        fit: str | None = "scale",
+        text: bool = False,
+        tokenizer=None,
+        seed: int = 0,
+        params: SamplingParams | None = None,
+        id_prefix: str = "t",
+    ) -> Workload:
+        """A wall-clock workload from a production trace (a file, or a shipped excerpt's name:
+        :data:`workbench.lab.traces.SHIPPED`); formats and their fields: :mod:`workbench.lab.traces`.
+
+        ``window=(start, end)``: the requests arriving in that many seconds from the trace's
+        first one; ``max_requests``: the first so many (after the window). Arrivals are seconds
+        from the first request kept; ``rate_scale=2`` makes them twice as dense, ``rate`` sets
+        the mean rate (requests/s; required for ShareGPT, which has no times: Poisson arrivals
+        at ``rate`` from ``seed``). ``max_model_len`` (default: the embedded model's) and
+        ``fit`` ("scale", "clip", "drop" or None, see :func:`~workbench.lab.traces.fit_lengths`):
+        what is done to requests longer than the context; ``info["fit"]`` says what was
+        changed (the workload's repr shows it).
+
+        Prompts are real corpus tokens of the trace's lengths (token ids; ``text=True``: text,
+        except for Mooncake blocks): Mooncake ``hash_ids`` blocks become shared token blocks
+        (512 tokens, times the scale factor), so requests sharing an id share a real prefix;
+        a ShareGPT prompt is its conversation's real text. Each request generates exactly its
+        trace's output length (``max_tokens`` with ``ignore_eos``), greedy unless ``params``.
+        """
+        rows = traces.read_trace(path, format, tokenizer=tokenizer)
+        fmt = format or traces.detect_format(traces.trace_path(path))
+        rows = traces.select(rows, window, max_requests)
+        limit = max_model_len or _embedded_max_model_len()
+        rows, fit_note, factor = traces.fit_lengths(rows, limit, fit)
+        rng = np.random.default_rng(seed)
+        if rate_scale is not None and rate is not None:
+            raise ValueError("give rate_scale or rate, not both.")
+        if rows[0].arrival_s is None:
+            if rate is None:
+                raise ValueError(f"a {fmt} trace has no arrival times: give rate= (requests/s, Poisson arrivals).")
+            gaps = rng.exponential(1.0 / rate, size=len(rows))
+            times = [0.0, *np.cumsum(gaps[1:]).tolist()]
+        else:
+            times = [r.arrival_s for r in rows]
+        if rate_scale is not None:
+            if not (rate_scale > 0 and math.isfinite(rate_scale)):
+                raise ValueError(f"rate_scale must be a finite number > 0, got {rate_scale!r}.")
+            times = [t / rate_scale for t in times]
+        cutter = PromptCutter(tokenizer, rng, text)
+        if rows[0].hash_ids:
+            block = max(1, round(traces.MOONCAKE_BLOCK_TOKENS * factor))
+            prompts = traces.block_prompts(rows, block, cutter.bos, cutter.tokens)
+            fit_note += f"; {block}-token shared prompt blocks"
+        elif rows[0].text is not None:
+            ids = [encode(cutter.tokenizer, r.text) for r in rows]
+            prompts = [r.text if text and len(i) == r.input_len else tuple(i[: r.input_len]) for r, i in zip(rows, ids)]
+        else:
+            prompts = [cutter.prompt(r.input_len) for r in rows]
+        template = params or SamplingParams(temperature=0.0)
+        width = len(str(len(rows) - 1))
+        requests = [
+            WorkloadRequest(f"{id_prefix}{i:0{width}d}", prompt,
+                            dataclasses.replace(template, max_tokens=r.output_len, ignore_eos=True),
+                            arrival_step=int(math.floor(t)), arrival_time=float(t))
+            for i, (r, prompt, t) in enumerate(zip(rows, prompts, times))
+        ]
+        name = str(path) if str(path) in traces.SHIPPED else pathlib.Path(path).name
+        info = {"generator": "trace", "trace": name, "format": fmt, "window": window, "max_requests": max_requests,
+                "rate_scale": rate_scale, "max_model_len": limit, "fit": fit_note, "seed": seed}
+        workload = cls(requests, info, clock="wall")
+        return workload.at_rate(rate) if rate is not None and rows[0].arrival_s is not None else workload
+
     @classmethod
     def poisson(
         cls,
@@ -310,7 +420,9 @@ class Workload:
             parts.append(f"max_tokens {min(outs)}..{max(outs)}")
         if len(prios) > 1:
             parts.append(f"priorities {prios}")
-        if "generator" in self.info:
+        if self.info.get("generator") == "trace":
+            parts.append(f"trace {self.info.get('trace')} ({self.info.get('format')}), {self.info.get('fit')}")
+        elif "generator" in self.info:
             parts.append(f"{self.info['generator']}(seed={self.info.get('seed')})")
         return ", ".join(parts)
 
@@ -336,6 +448,14 @@ class Workload:
 
 
 # ---------------------------------------------------------------- helpers
+def _embedded_max_model_len() -> int:
+    """The embedded model's context (``max_position_embeddings`` of its config.json)."""
+    import importlib.resources
+
+    config = importlib.resources.files("workbench.data") / "tiny-shakespeare" / "config.json"
+    return int(json.loads(config.read_text())["max_position_embeddings"])
+
+
 def _check_int(name: str, value, low: int) -> None:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")

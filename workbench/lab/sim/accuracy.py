@@ -25,6 +25,19 @@ The real engine first runs the workload once untimed (then its prefix cache is e
 process's first passes over new shapes pay one-time costs (allocations, page faults) that no
 step model describes. Real wall-clock figures move with the machine's load: run it on a
 quiet machine.
+
+Beside each error, its verdict and two answers to a machine whose pace moved:
+
+* ``*_within_floor``: the error is at most the real-vs-real floor -- the simulation is as close
+  to a real run as a second real run is; :attr:`AccuracyReport.good` when every one is (and
+  every schedule identical);
+* a prediction band: the workload simulated again with every time scaled by the calibration's
+  10th and 90th percentile of measured / predicted step time (:func:`band_factors`; a model
+  without them: 1 -/+ its p90 absolute error), and ``e2e_in_band``, the fraction of requests
+  whose real e2e lies inside;
+* a recalibration from the workload's own first (untimed) real run: the model scaled by that
+  run's median measured / predicted step (``recal_factor``) -- the machine's pace now --
+  and its errors ``*_err_recal`` with their verdicts ``*_recal_within_floor``.
 """
 
 from __future__ import annotations
@@ -98,6 +111,27 @@ def median_of_runs(runs, metric: str):
 MACHINE_DRIFT = 0.05
 
 
+def band_factors(model) -> tuple[float, float]:
+    """(low, high) time factors of the prediction band: the calibration's 10th and 90th
+    percentile of measured / predicted step time (``fit_stats["ratio_p10"]``, ``["ratio_p90"]``),
+    or ``1 -/+ fit_stats["p90_abs_rel_err"]`` for a model fitted before they were recorded."""
+    stats = model.fit_stats
+    if "ratio_p10" in stats and "ratio_p90" in stats:
+        return float(stats["ratio_p10"]), float(stats["ratio_p90"])
+    spread = float(stats.get("p90_abs_rel_err", 0.0))
+    return max(1e-3, 1.0 - spread), 1.0 + spread
+
+
+def fraction_in_band(real, low, high, metric: str) -> float:
+    """The fraction of requests (``real``: per-request values by id) whose value lies in
+    ``[low, high]`` of the two band simulations."""
+    lo = low.requests.set_index("request_id")[metric].astype("float64").reindex(real.index)
+    hi = high.requests.set_index("request_id")[metric].astype("float64").reindex(real.index)
+    ok = real.notna() & lo.notna() & hi.notna()
+    inside = (real[ok] >= lo[ok]) & (real[ok] <= hi[ok])
+    return float(inside.mean()) if ok.any() else float("nan")
+
+
 @dataclass
 class AccuracyReport:
     """One row per workload: median absolute relative errors of TTFT and e2e (clock="wall"),
@@ -114,6 +148,13 @@ class AccuracyReport:
         return bool((t["ttft_err_median"] <= 0.05).all() and (t["e2e_err_median"] <= 0.05).all()
                     and t["schedule_identical"].all())
 
+    @property
+    def good(self) -> bool:
+        """Every error within its real-vs-real floor (as close to a real run as a second real
+        run is), every schedule identical."""
+        t = self.table
+        return bool(t["ttft_within_floor"].all() and t["e2e_within_floor"].all() and t["schedule_identical"].all())
+
     def machine_notes(self) -> list[str]:
         """One line per workload whose real steps ran more than 5% off the cost model
         (``step_real_over_model``): there the machine, not the model, moved."""
@@ -127,13 +168,15 @@ class AccuracyReport:
         return notes
 
     def __repr__(self) -> str:
-        return "\n".join(["AccuracyReport", self.table.to_string(float_format=lambda v: f"{v:.4g}"),
+        return "\n".join(["AccuracyReport", self.table.T.to_string(float_format=lambda v: f"{v:.4g}"),
                           *self.machine_notes()])
 
     def _repr_html_(self) -> str:
         notes = "".join(f"<p>{html.escape(line)}</p>" for line in self.machine_notes())
-        return "<b>AccuracyReport</b>" + self.table.to_html(float_format=lambda v: f"{v:.4g}") + \
-            f"<p>within 5% and identical schedules: {html.escape(str(self.ok))}</p>" + notes
+        verdict = (f"within 5% and identical schedules: {self.ok}; within the real-vs-real floor "
+                   f"(good): {self.good}")
+        return ("<b>AccuracyReport</b>" + self.table.to_html(float_format=lambda v: f"{v:.4g}")
+                + f"<p>{html.escape(verdict)}</p>" + notes)
 
 
 def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
@@ -166,7 +209,12 @@ def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
             engine.reset_prefix_cache()
             if i:  # the first run warms the process up
                 runs.append(run)
+            else:
+                recal = step_ratio(model, [run])  # the machine's pace now, from the workload itself
         sim = simulate(timed, config, model)
+        low, high = band_factors(model)
+        band = [simulate(timed, config, model.scaled(f)) for f in (low, high)]
+        recal_sim = simulate(timed, config, model.scaled(recal))
         reference = {m: median_of_runs(runs, m) for m in ("ttft_s", "e2e_s")}
         ttft, e2e = (signed_errors(reference[m], sim, m) for m in ("ttft_s", "e2e_s"))
         pairs = list(itertools.combinations(runs, 2))
@@ -174,6 +222,7 @@ def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
                  for m in ("ttft_s", "e2e_s")}
         same = schedule_of(run_real(stepped, config, progress=progress)) == \
             schedule_of(simulate(stepped, config, model))
+        ttft_rc, e2e_rc = (float(np.median(latency_errors(reference[m], recal_sim, m))) for m in ("ttft_s", "e2e_s"))
         rows.append({
             "workload": name, "requests": len(workload), "real_runs": repeats,
             "steps_real": int(np.median([r.num_steps for r in runs])), "steps_sim": sim.num_steps,
@@ -181,6 +230,13 @@ def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
             "ttft_floor": floor["ttft_s"],
             "e2e_err_median": float(np.median(np.abs(e2e))), "e2e_bias": float(np.median(e2e)),
             "e2e_floor": floor["e2e_s"],
+            "ttft_within_floor": bool(np.median(np.abs(ttft)) <= floor["ttft_s"]),
+            "e2e_within_floor": bool(np.median(np.abs(e2e)) <= floor["e2e_s"]),
+            "band_low": low, "band_high": high,
+            "e2e_in_band": fraction_in_band(reference["e2e_s"], band[0], band[1], "e2e_s"),
+            "recal_factor": recal, "ttft_err_recal": ttft_rc, "e2e_err_recal": e2e_rc,
+            "ttft_recal_within_floor": bool(ttft_rc <= floor["ttft_s"]),
+            "e2e_recal_within_floor": bool(e2e_rc <= floor["e2e_s"]),
             "ttft_p50_real_s": float(reference["ttft_s"].median()),
             "ttft_p50_sim_s": float(sim.requests["ttft_s"].median()),
             "e2e_p50_real_s": float(reference["e2e_s"].median()),

@@ -1,5 +1,6 @@
-"""The command line of the simulator: ``workbench calibrate``, ``workbench simulate`` and
-``workbench simulate accuracy``. Engine options are EngineArgs' flags."""
+"""The command line of the simulator: ``workbench calibrate``, ``workbench simulate``,
+``workbench simulate accuracy``, ``workbench simulate probe`` and ``workbench simulate capacity``.
+Engine options are EngineArgs' flags."""
 
 from __future__ import annotations
 
@@ -69,11 +70,16 @@ def calibrate_main(args: argparse.Namespace) -> int:
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     from workbench.config import EngineArgs
 
-    parser.add_argument("mode", nargs="?", choices=["run", "accuracy"], default="run",
+    parser.add_argument("mode", nargs="?", choices=["run", "accuracy", "probe", "capacity"], default="run",
                         help="run: simulate a workload and print its summary (default); "
-                             "accuracy: simulated vs real latencies on fresh workloads")
+                             "accuracy: simulated vs real latencies on fresh workloads; "
+                             "probe: this machine's step time against the cost model's; "
+                             "capacity: the highest rate meeting --slo (with --trace or --workload)")
     parser.add_argument("--cost-model", default=None,
                         help="a cost model's JSON (default: the shipped CPU calibration of the embedded model)")
+    parser.add_argument("--output", "-o", default=None,
+                        help="probe: save the cost model with every time scaled by the measured ratio (a quick "
+                             "recalibration; `workbench calibrate` is the full one)")
     parser.add_argument("--workload", default=None, help="a Workload JSON (Workload.save); else a Poisson one:")
     parser.add_argument("--num-requests", type=int, default=None,
                         help="requests of the Poisson workload (default 100; accuracy: 40 per rate)")
@@ -92,8 +98,101 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the clock of the Poisson workload (default wall); a --workload file runs on its own "
                              "clock, which --clock, when given, must name")
     parser.add_argument("--progress", action="store_true", help="a progress bar over requests")
+    trace = parser.add_argument_group("capacity: the workload (a trace) and the SLO")
+    trace.add_argument("--trace", default=None,
+                       help="a trace file or a shipped excerpt's name (azure_conv, mooncake_conversation, ...)")
+    trace.add_argument("--trace-format", default=None, choices=["azure", "burstgpt", "mooncake", "sharegpt"])
+    trace.add_argument("--max-requests", type=int, default=None, help="the trace's first so many requests")
+    trace.add_argument("--window", type=float, nargs=2, default=None, metavar=("START", "END"),
+                       help="the trace's requests arriving in [START, END) seconds")
+    trace.add_argument("--fit", choices=["scale", "clip", "drop", "none"], default="scale",
+                       help="lengths over the model's context: scaled alike (default), clipped, dropped, or an error")
+    trace.add_argument("--slo", nargs="+", default=None, metavar="METRIC=BOUND",
+                       help="e.g. ttft_s_p99=0.5 tpot_s_p99=0.05 (RunResult.summary() metrics, seconds)")
+    trace.add_argument("--grid", action="append", default=None, metavar="FIELD=V1,V2",
+                       help="a config axis (repeatable): one capacity per configuration, e.g. max_num_seqs=4,16")
+    trace.add_argument("--search", choices=["sim", "real"], default="sim", help="the runs the search makes")
+    trace.add_argument("--rel-tol", type=float, default=0.05, help="the search stops when high / low - 1 <= this")
+    trace.add_argument("--confirm", action="store_true",
+                       help="real runs at the capacity found and at 1.25x it, beside the search's runs")
     add_threads_argument(parser)
     EngineArgs.add_cli_args(parser)
+
+
+def parse_assignments(items, name: str, convert) -> dict:
+    """``["k=v", ...]`` -> ``{k: convert(v)}``; ValueError naming the flag and the item."""
+    out = {}
+    for item in items or ():
+        key, eq, value = item.partition("=")
+        if not eq or not key or not value:
+            raise ValueError(f"{name}: expected KEY=VALUE, got {item!r}.")
+        try:
+            out[key] = convert(value)
+        except ValueError:
+            raise ValueError(f"{name}: cannot read the value of {item!r}.") from None
+    return out
+
+
+def _grid_value(text: str):
+    values = []
+    for v in text.split(","):
+        for kind in (int, float):
+            try:
+                values.append(kind(v))
+                break
+            except ValueError:
+                continue
+        else:
+            values.append({"true": True, "false": False}.get(v.lower(), v))
+    return values
+
+
+def capacity_main(args: argparse.Namespace, config, model) -> int:
+    """``workbench simulate capacity``: one capacity per configuration of --grid (or the
+    flags' one), a table of them, with --confirm the real runs beside."""
+    import functools
+
+    import pandas as pd
+
+    from workbench.lab.capacity import capacity, run_name
+    from workbench.lab.sim.simulate import simulate
+    from workbench.lab.sweep import expand_grid
+    from workbench.lab.workload import Workload
+
+    slo = parse_assignments(args.slo, "--slo", float)
+    if not slo:
+        raise ValueError("capacity needs --slo METRIC=BOUND (e.g. --slo ttft_s_p99=0.5 tpot_s_p99=0.05).")
+    if args.trace:
+        workload = Workload.from_trace(args.trace, args.trace_format, window=tuple(args.window) if args.window else None,
+                                       max_requests=args.max_requests, fit=None if args.fit == "none" else args.fit,
+                                       max_model_len=config.max_model_len)
+    elif args.workload:
+        workload = Workload.load(args.workload)
+    else:
+        raise ValueError("capacity needs --trace NAME_OR_PATH or --workload FILE.")
+    print(repr(workload))
+    run = "real" if args.search == "real" else (functools.partial(simulate, cost_model=model) if args.cost_model
+                                                else "sim")
+    grid = parse_assignments(args.grid, "--grid", _grid_value)
+    rows = []
+    for overrides in expand_grid(grid) if grid else [{}]:
+        cfg = dataclasses.replace(config, **overrides)
+        found = capacity(workload, cfg, slo, run=run, rel_tol=args.rel_tol, progress=args.progress)
+        row = {**overrides, f"capacity ({args.search})": found.rate, "bounded": found.bounded,
+               "rates_tried": len(found.table)}
+        if args.confirm:
+            table = found.confirm(cost_model=model)
+            name = run_name(run)
+            for point, r in table.iterrows():
+                for m in slo:
+                    row[f"{m} {name} @ {point}"] = r[f"{m} ({name})"]
+                    row[f"{m} real @ {point}"] = r[f"{m} (real)"]
+                row[f"holds real @ {point}"] = r["holds (real)"]
+            row["real_steps_over_model"] = float(table["real_steps_over_model"].median())
+        rows.append(row)
+    with pd.option_context("display.width", 200, "display.max_columns", None):
+        print(pd.DataFrame(rows).T.to_string(header=False) if len(rows) == 1 else pd.DataFrame(rows).to_string(index=False))
+    return 0
 
 
 def simulate_main(args: argparse.Namespace) -> int:
@@ -106,6 +205,19 @@ def simulate_main(args: argparse.Namespace) -> int:
     try:
         set_threads(args.threads)
         config = EngineArgs.from_cli_args(args).create_engine_config()
+        if args.mode == "capacity":
+            return capacity_main(args, config, as_cost_model(args.cost_model))
+        if args.mode == "probe":
+            from workbench.lab.sim.probe import probe_machine
+
+            model = as_cost_model(args.cost_model)
+            probe = probe_machine(model, config, warn=False)
+            print(probe)
+            if args.output:
+                scaled = model.scaled(probe.ratio, note=f"{model.note}; times x{probe.ratio:.4g}: "
+                                                        "measured by `workbench simulate probe`")
+                print(f"saved the cost model scaled by {probe.ratio:.3g} to {scaled.save(args.output)}")
+            return 0
         if args.calibrate and (args.mode != "accuracy" or args.cost_model):
             raise ValueError("--calibrate goes with `simulate accuracy` and without --cost-model.")
         if args.real_runs < 1:
@@ -122,6 +234,7 @@ def simulate_main(args: argparse.Namespace) -> int:
                               repeats=args.real_runs, progress=args.progress)
             print(report)
             print(f"within 5% and identical schedules: {report.ok}")
+            print(f"within the real-vs-real floor and identical schedules (good): {report.good}")
             return 0
         if args.workload:
             workload = Workload.load(args.workload)

@@ -17,6 +17,7 @@ prediction and was further off on fresh workloads.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import importlib.resources
 import json
@@ -104,6 +105,17 @@ class CostModel:
         """Seconds to process text prompts of ``prompt_tokens`` tokens (a list, one per prompt)."""
         per_request, per_token = self.input_s
         return per_request * len(prompt_tokens) + per_token * sum(prompt_tokens)
+
+    def scaled(self, factor: float, note: str = "") -> CostModel:
+        """The same model with every time (coefficients, empty step, wake-up, input) times
+        ``factor``: the machine running uniformly ``factor`` x slower."""
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ValueError(f"factor must be a finite number > 0, got {factor!r}.")
+        return dataclasses.replace(
+            self, coefficients={f: c * factor for f, c in self.coefficients.items()},
+            empty_step_s=self.empty_step_s * factor, wake_s=self.wake_s * factor,
+            input_s=tuple(v * factor for v in self.input_s),
+            note=note or f"{self.note} (times x{factor:.4g})".strip())
 
     def predict_many(self, features: np.ndarray) -> np.ndarray:
         """Seconds per row of a ``[n, len(FEATURES)]`` feature matrix."""
@@ -265,12 +277,15 @@ def _residual_stats(actual: np.ndarray, predicted: np.ndarray) -> dict[str, floa
     ss_res = float(((actual - predicted) ** 2).sum())
     ss_tot = float(((actual - actual.mean()) ** 2).sum())
     rel = np.abs(predicted - actual) / actual
+    ratio = actual / np.maximum(predicted, 1e-12)
     return {
         "num_steps": int(len(actual)),
         "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else math.nan,
         "total_measured_over_predicted": float(actual.sum() / predicted.sum()) if predicted.sum() > 0 else math.nan,
         "median_abs_rel_err": float(np.median(rel)),
         "p90_abs_rel_err": float(np.quantile(rel, 0.9)),
+        "ratio_p10": float(np.quantile(ratio, 0.1)),  # measured / predicted: the prediction band
+        "ratio_p90": float(np.quantile(ratio, 0.9)),
     }
 
 

@@ -1,0 +1,95 @@
+"""capacity(): the bracket and bisection against a runner of known capacity, the simulator's
+answer re-checked run by run, the real confirmation, sweep(capacity=...) and the figure."""
+
+import concurrent.futures
+import math
+import multiprocessing
+
+import pytest
+from capacity_support import knee_runner
+
+from workbench import Workload
+from workbench.lab.capacity import capacity, slo_holds
+from workbench.lab.sim import simulate
+from workbench.lab.sweep import sweep
+
+WL = Workload.poisson(24, rate=3.0, input_len=(8, 40), output_len=(4, 12), seed=3, clock="wall", text=False)
+SLO = {"ttft_s_p99": 1.0}
+
+
+@pytest.mark.parametrize("start, seqs, points", [(3.0, 4, 1), (900.0, 4, 1), (3.0, 8, 3)])
+def test_search_brackets_and_bisects_to_the_known_capacity(start, seqs, points):
+    true = 25.0 * seqs  # see capacity_support.knee_runner
+    c = capacity(WL.at_rate(start), {"max_num_seqs": seqs}, SLO, run=knee_runner, points=points, rel_tol=0.02,
+                 progress=False)
+    assert c.bounded and c.rate <= true < c.rate * 1.02 + 1e-9
+    t = c.table
+    assert list(t["rate"]) == sorted(t["rate"])
+    assert (t["holds"] == (t["ttft_s_p99"] <= 1.0)).all()
+    assert t.loc[t["rate"] > c.rate, "holds"].eq(False).all()
+    assert t.loc[t["rate"] <= c.rate, "holds"].all()
+
+
+def test_unbounded_and_impossible_slos_are_reported():
+    up = capacity(WL, {"max_num_seqs": 4}, SLO, run=knee_runner, max_doublings=3, progress=False)
+    assert not up.bounded and up.rate == pytest.approx(WL.rate * 8) and "a lower bound" in repr(up)
+    down = capacity(WL.at_rate(900.0), {"max_num_seqs": 4}, {"ttft_s_p99": 1e-6}, run=knee_runner,
+                    max_doublings=2, progress=False)
+    assert math.isnan(down.rate)
+    with pytest.raises(ValueError, match="no capacity to confirm"):
+        down.confirm()
+
+
+def test_bad_slos_are_named():
+    with pytest.raises(ValueError, match="unknown metric 'ttft_p99'"):
+        capacity(WL, None, {"ttft_p99": 1.0}, progress=False)
+    with pytest.raises(ValueError, match=r"slo\['tpot_s_p99'\] must be a finite number > 0"):
+        capacity(WL, None, {"tpot_s_p99": -1}, progress=False)
+    with pytest.raises(ValueError, match="arrives at once"):
+        capacity(Workload.burst(4, clock="wall"), None, SLO, progress=False)
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as ex:
+        with pytest.raises(ValueError, match="this process pool forks the caller"):
+            capacity(WL, None, SLO, run="real", executor=ex, progress=False)
+
+
+CFG = {"block_size": 16, "num_kv_blocks": 64, "max_num_seqs": 4}
+SIM_SLO = {"ttft_s_p99": 0.02, "tpot_s_p99": 0.01}
+
+
+def test_simulated_capacity_matches_fresh_simulations_at_its_edges():
+    c = capacity(WL, CFG, SIM_SLO, rel_tol=0.05, progress=False)
+    assert c.bounded and math.isfinite(c.rate)
+    edge = c.table[c.table["rate"] > c.rate]["rate"].min()  # the lowest rate that broke
+    assert edge / c.rate - 1 <= 0.05 + 1e-9
+    for rate, expected in ((c.rate, True), (edge, False)):
+        s = simulate(WL.at_rate(rate), CFG).summary()
+        assert slo_holds(s, SIM_SLO) is expected
+        row = c.table[c.table["rate"] == rate].iloc[0]
+        assert row["ttft_s_p99"] == s["ttft_s_p99"] and row["tpot_s_p99"] == s["tpot_s_p99"]
+    fig = c.figure()
+    assert len(fig.axes) == 2 and fig.axes[0].get_ylabel() == "ttft_s_p99"
+
+
+def test_confirm_runs_real_beside_the_simulation():
+    small = Workload.poisson(8, rate=3.0, input_len=(8, 24), output_len=(2, 4), seed=3, clock="wall", text=False)
+    c = capacity(small, CFG, {"ttft_s_p99": 0.005, "tpot_s_p99": 0.01}, rel_tol=0.5, progress=False)
+    table = c.confirm(factor=1.25)
+    assert list(table.index) == ["capacity", "1.25 x capacity"]
+    assert table["rate"].tolist() == pytest.approx([c.rate, 1.25 * c.rate])
+    for run in ("sim", "real"):
+        for point, row in table.iterrows():
+            held = row[f"ttft_s_p99 ({run})"] <= 0.005 and row[f"tpot_s_p99 ({run})"] <= 0.01
+            assert row[f"holds ({run})"] == held
+    assert table.loc["capacity", "holds (sim)"]  # the search's own answer, re-run
+    assert (table["real_steps_over_model"] > 0).all() and table["real_steps_over_model"].map(math.isfinite).all()
+
+
+def test_sweep_gives_each_configs_capacity():
+    grid = {"max_num_seqs": [2, 4, 8]}
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        frame = sweep(WL, grid, run=knee_runner, executor=ex, capacity=SLO, progress=False)
+    assert frame["error"].isna().all()
+    for _, row in frame.iterrows():
+        true = 25.0 * row["max_num_seqs"]
+        assert row["capacity_rate"] <= true < row["capacity_rate"] * 1.05 + 1e-9
+        assert row["capacity_bounded"] and row["ttft_s_p99_at_capacity"] <= 1.0
