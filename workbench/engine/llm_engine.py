@@ -28,6 +28,7 @@ from workbench.model.model_config import ModelConfig
 from workbench.engine.output_processor import OutputProcessor
 from workbench.outputs import RequestOutput
 from workbench.engine.parallel_sampling import ParentRequest
+from workbench.lora.request import LoRARequest
 from workbench.engine.replay import RunResult, drive
 from workbench.request import RequestStatus
 from workbench.metrics.request_tracker import RequestTracker
@@ -111,6 +112,9 @@ class LLMEngine:
             max_num_kv_blocks=config.max_num_kv_blocks,
         )
         self.runner.allocate_kv_cache(num_blocks)
+        if config.enable_lora:
+            self.runner.enable_lora(max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
+                                    max_cpu_loras=config.max_cpu_loras or config.max_loras)
         max_num_seqs = config.max_num_seqs or default_max_num_seqs(self.device.type)
         if self.device.type == "cuda":  # compile every kernel variant before the first request
             self.runner.warm_up(max_num_seqs, self.max_num_batched_tokens)
@@ -126,11 +130,12 @@ class LLMEngine:
             policy=config.policy,
             record_events=True,
             clock=self.clock,
+            max_loras=config.max_loras if config.enable_lora else None,
         )
         self.input_processor = InputProcessor(
             self.tokenizer, max_model_len, self.model_config.vocab_size,
             max_logprobs=config.max_logprobs, eos_token_ids=self.model_config.eos_token_ids,
-            policy=self.scheduler.policy,
+            policy=self.scheduler.policy, enable_lora=config.enable_lora,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         #: Grammars of the constrained requests (structured outputs), compiled off this thread.
@@ -194,7 +199,7 @@ class LLMEngine:
         prompt: PromptType | EngineCoreRequest,
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
-        lora_request: object | None = None,
+        lora_request: LoRARequest | None = None,
         tokenization_kwargs: dict | None = None,
         trace_headers: Mapping[str, str] | None = None,
         priority: int = 0,
@@ -209,6 +214,8 @@ class LLMEngine:
         ``tokenization_kwargs`` may hold ``add_special_tokens``. ``params.n > 1`` makes n
         child sequences ``"{i}_{request_id}"`` reported as one RequestOutput
         (see :class:`~workbench.engine.parallel_sampling.ParentRequest`).
+        ``lora_request`` runs it under that LoRA adapter (``enable_lora``), loaded here first
+        if it is not yet: a bad adapter raises ValueError naming the file, nothing queued.
         """
         if self.is_sleeping():
             raise ValueError("The engine is sleeping: wake_up() before adding requests.")
@@ -223,11 +230,15 @@ class LLMEngine:
                 tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
                 priority=priority,
             )
+        if request.lora_request is not None:
+            if not self.config.enable_lora:
+                raise ValueError(f"Got lora_request {request.lora_request} but LoRA is not enabled!")
+            self.add_lora(request.lora_request)
         parent = ParentRequest(
             request.request_id, request.prompt, request.prompt_token_ids,
             request.sampling_params, eos_token_id=request.eos_token_id, priority=request.priority,
             arrival_time=self.clock() if request.arrival_time is None else request.arrival_time,
-            cache_salt=request.cache_salt,
+            cache_salt=request.cache_salt, lora_request=request.lora_request,
         )
         self.output_processor.add_request(parent)  # the one check of an id in flight
         try:
@@ -243,6 +254,24 @@ class LLMEngine:
                                     request.sampling_params, request.trace_headers)
         elif request.trace_headers:
             log_tracing_disabled_warning()
+
+    # ------------------------------------------------------------------ LoRA (vLLM's API)
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter into host memory (``max_cpu_loras``, LRU); False if its id is loaded
+        already. A bad adapter raises ValueError naming the file; nothing in flight changes."""
+        return self.runner.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Unload an adapter; False if it was not loaded (requests using it reload it)."""
+        return self.runner.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        """The ids of the adapters loaded in host memory."""
+        return self.runner.list_loras()
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """Keep a loaded adapter in its device slot and host memory, never evicted."""
+        return self.runner.pin_lora(lora_id)
 
     def abort_request(self, request_id: str | Iterable[str], *, report: bool = True) -> None:
         """Abort requests (by the id given to add_request) in any state; frees their blocks.
