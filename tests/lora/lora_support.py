@@ -14,7 +14,7 @@ def base_model():
 
 
 def make_peft_adapter(path, *, r=4, alpha=8, rslora=False, targets=("q_proj", "v_proj"),
-                      seed=0, std=0.05):
+                      seed=0, std=0.3):
     """A PEFT LoRA adapter with random A and B (peft's init leaves B zero: no effect) saved in
     ``path``; returns the PeftModel (on a fresh base)."""
     from peft import LoraConfig, get_peft_model

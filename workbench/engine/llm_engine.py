@@ -112,6 +112,8 @@ class LLMEngine:
             max_num_kv_blocks=config.max_num_kv_blocks,
         )
         self.runner.allocate_kv_cache(num_blocks)
+        #: The LoRA adapters added, by id (``add_lora`` or a request's ``lora_request``).
+        self.lora_requests: dict[int, LoRARequest] = {}
         if config.enable_lora:
             self.runner.enable_lora(max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
                                     max_cpu_loras=config.max_cpu_loras or config.max_loras)
@@ -230,10 +232,15 @@ class LLMEngine:
                 tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
                 priority=priority,
             )
-        if request.lora_request is not None:
+        lora = request.lora_request
+        if lora is not None:
             if not self.config.enable_lora:
-                raise ValueError(f"Got lora_request {request.lora_request} but LoRA is not enabled!")
-            self.add_lora(request.lora_request)
+                raise ValueError(f"Got lora_request {lora} but LoRA is not enabled!")
+            pinned = self.scheduler.pinned_loras
+            if lora.lora_name not in pinned and len(pinned) >= self.config.max_loras:
+                raise ValueError(f"lora_request {lora}: all max_loras={self.config.max_loras} device "
+                                 f"slots hold pinned adapters {sorted(pinned)}; it could never run.")
+            self.add_lora(lora)
         parent = ParentRequest(
             request.request_id, request.prompt, request.prompt_token_ids,
             request.sampling_params, eos_token_id=request.eos_token_id, priority=request.priority,
@@ -259,10 +266,15 @@ class LLMEngine:
     def add_lora(self, lora_request: LoRARequest) -> bool:
         """Load an adapter into host memory (``max_cpu_loras``, LRU); False if its id is loaded
         already. A bad adapter raises ValueError naming the file; nothing in flight changes."""
-        return self.runner.add_lora(lora_request)
+        added = self.runner.add_lora(lora_request)
+        self.lora_requests[lora_request.lora_int_id] = lora_request
+        return added
 
     def remove_lora(self, lora_id: int) -> bool:
         """Unload an adapter; False if it was not loaded (requests using it reload it)."""
+        lora = self.lora_requests.pop(lora_id, None)
+        if lora is not None:
+            self.scheduler.pinned_loras.discard(lora.lora_name)
         return self.runner.remove_lora(lora_id)
 
     def list_loras(self) -> set[int]:
@@ -270,8 +282,20 @@ class LLMEngine:
         return self.runner.list_loras()
 
     def pin_lora(self, lora_id: int) -> bool:
-        """Keep a loaded adapter in its device slot and host memory, never evicted."""
-        return self.runner.pin_lora(lora_id)
+        """Keep a loaded adapter in its device slot and host memory, never evicted; it counts
+        against ``max_loras`` in every step from now on. ValueError when it is not loaded, or
+        when the running requests' adapters and the pinned ones leave no slot for it."""
+        lora = self.lora_requests.get(lora_id)
+        if lora is None or lora_id not in self.runner.list_loras():
+            raise ValueError(f"Pinning failed. LoRA {lora_id} is not registered.")
+        taken = {r.lora_name for r in self.scheduler.running if r.lora_request is not None}
+        taken |= self.scheduler.pinned_loras
+        if lora.lora_name not in taken and len(taken) >= self.config.max_loras:
+            raise ValueError(f"Pinning failed. LoRA {lora_id}: the max_loras={self.config.max_loras} "
+                             f"device slots are taken by {sorted(taken)} (running or pinned).")
+        pinned = self.runner.pin_lora(lora_id)
+        self.scheduler.pinned_loras.add(lora.lora_name)
+        return pinned
 
     def abort_request(self, request_id: str | Iterable[str], *, report: bool = True) -> None:
         """Abort requests (by the id given to add_request) in any state; frees their blocks.

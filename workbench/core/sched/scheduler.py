@@ -17,8 +17,8 @@ There is no prefill or decode phase. Each ``schedule()`` moves requests'
    The pass stops at the first request that does not fit (no overtaking). A request in
    WAITING_FOR_FSM (its grammar still compiling) is passed over, keeping its place. With
    ``max_loras`` set (LoRA enabled), a batch holds at most that many distinct adapters: a
-   waiting request whose adapter is not in the batch when the batch is full of adapters is
-   passed over the same way, as vLLM does, and the step's ``lora_skipped_request_ids`` name it.
+   waiting request whose adapter is not in the batch when the batch's and the pinned adapters
+   fill ``max_loras`` is passed over the same way, as vLLM does, and the step's ``lora_skipped_request_ids`` name it.
 
 A chunk samples (``samples``) iff it reaches the last known token. ``is_prefill`` is True
 iff the chunk holds a prompt token or more than one token; a decode chunk is exactly one
@@ -168,6 +168,9 @@ class Scheduler:
             raise ValueError(f"max_loras must be an integer >= 1, got {max_loras!r}.")
         #: Most distinct LoRA adapters in one batch (None: LoRA disabled).
         self.max_loras = max_loras
+        #: Adapters pinned to their device slot (``LLMEngine.pin_lora``): they count against
+        #: ``max_loras`` in every step, in the batch or not.
+        self.pinned_loras: set[str] = set()
         self.policy = get_policy(policy)
         self.waiting = WaitingQueue(self.policy)
         self.running: list[Request] = []
@@ -322,8 +325,9 @@ class Scheduler:
                 continue
             lora_name = request.lora_name
             if (self.max_loras is not None and lora_name is not None
-                    and lora_name not in scheduled_loras
-                    and len(scheduled_loras) >= self.max_loras):  # vLLM: skipped, not blocking
+                    and lora_name not in scheduled_loras and lora_name not in self.pinned_loras
+                    and len(scheduled_loras | self.pinned_loras) >= self.max_loras):
+                # vLLM: skipped, not blocking (a pinned adapter keeps its slot, used or not)
                 self.waiting.skip_front()
                 lora_skipped.append(request.request_id)
                 continue
@@ -524,7 +528,7 @@ class Scheduler:
         )
         assert len(running) <= self.max_num_seqs, f"{len(running)} running > max_num_seqs={self.max_num_seqs}"
         if self.max_loras is not None:
-            loras = {r.lora_name for r in self.running if r.lora_request is not None}
+            loras = {r.lora_name for r in self.running if r.lora_request is not None} | self.pinned_loras
             assert len(loras) <= self.max_loras, (
                 f"running requests use {len(loras)} adapters {sorted(loras)} > max_loras={self.max_loras}")
         for r in self.running:
