@@ -27,14 +27,12 @@ PROMPTS = [
     "ROMEO:",
     "HAMLET:\nTo be, or not to be, that is the question:",
     "ADRIANA:\nAy, ay, Antipholus, look strange and frown:",
-    "FLAVIUS:",
-    "KING HENRY:\nOnce more unto the breach, dear friends, once more;",
 ]
 LORAS = {name: LoRARequest(name, i + 1, str(embedded_lora_path(name)))
          for i, name in enumerate(EMBEDDED_LORAS)}
 #: Prompt i runs under ADAPTERS[i % 3]: both adapters and the base model in every batch.
 ADAPTERS = [*EMBEDDED_LORAS, None]
-MAX_TOKENS = 16
+MAX_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
@@ -121,10 +119,16 @@ def test_mixed_forward_logits_match_peft(peft, prompts, backend):
             assert (expected - base).abs().max() > 0.1, f"adapter {name} barely changes the logits"
 
 
-def test_greedy_tokens_match_peft_in_mixed_batches_with_chunking_and_preemption(peft, prompts):
+@pytest.fixture(scope="module")
+def mixed(prompts):
+    """Every prompt in one engine, prompt i under ADAPTERS[i % 3]: (adapters, tokens, engine)."""
     adapters = [ADAPTERS[i % 3] for i in range(len(prompts))]
     engine = lora_engine()
-    ours = run(engine, prompts, adapters)
+    return adapters, run(engine, prompts, adapters), engine
+
+
+def test_greedy_tokens_match_peft_in_mixed_batches_with_chunking_and_preemption(peft, prompts, mixed):
+    adapters, ours, engine = mixed
     differs = 0
     for ids, name, mine in zip(prompts, adapters, ours):
         theirs, _ = peft_run(peft, name, lambda m: hf_greedy(m, ids, MAX_TOKENS, stop_at_eos=False))
@@ -136,14 +140,13 @@ def test_greedy_tokens_match_peft_in_mixed_batches_with_chunking_and_preemption(
     steps = list(engine.history)
     assert any(s.is_prefill and not s.samples for r in steps for s in r.scheduler_output.scheduled)
     assert any(r.scheduler_output.preempted_request_ids for r in steps), "no preemption happened"
-    mixed = [r for r in steps if len(r.scheduler_output.lora_names) == 2
-             and any(s.lora_name is None for s in r.scheduler_output.scheduled)]
-    assert mixed, "no step mixed both adapters and the base model"
+    mixed_steps = [r for r in steps if len(r.scheduler_output.lora_names) == 2
+                   and any(s.lora_name is None for s in r.scheduler_output.scheduled)]
+    assert mixed_steps, "no step mixed both adapters and the base model"
 
 
-def test_max_loras_one_gives_the_same_tokens_one_adapter_per_step(prompts):
-    adapters = [ADAPTERS[i % 3] for i in range(len(prompts))]
-    two = run(lora_engine(), prompts, adapters)
+def test_max_loras_one_gives_the_same_tokens_one_adapter_per_step(prompts, mixed):
+    adapters, two, _ = mixed
     engine = lora_engine(max_loras=1, max_cpu_loras=1)  # evicts from host memory too
     assert run(engine, prompts, adapters) == two
     assert all(len(r.scheduler_output.lora_names) <= 1 for r in engine.history)
@@ -151,13 +154,15 @@ def test_max_loras_one_gives_the_same_tokens_one_adapter_per_step(prompts):
 
 
 @pytest.mark.parametrize("name", EMBEDDED_LORAS)
-def test_a_peft_merged_checkpoint_gives_the_adapters_tokens(tmp_path, prompts, name):
+def test_a_peft_merged_checkpoint_gives_the_adapters_tokens(tmp_path, prompts, mixed, name):
     from peft import PeftModel
 
     merged = PeftModel.from_pretrained(base_model(), LORAS[name].lora_path).merge_and_unload()
     merged.save_pretrained(tmp_path)
     copy_tokenizer(tmp_path)
+    adapters, served, _ = mixed
+    mine = [i for i, a in enumerate(adapters) if a == name]
     plain = run(LLMEngine(model=str(tmp_path), dtype="float32", device="cpu", block_size=4,
-                          num_kv_blocks=24, max_num_batched_tokens=24), prompts, [None] * len(prompts))
-    served = run(lora_engine(), prompts, [name] * len(prompts))
-    assert plain == served
+                          num_kv_blocks=24, max_num_batched_tokens=24),
+                [prompts[i] for i in mine], [None] * len(mine))
+    assert plain == [served[i] for i in mine]
