@@ -479,6 +479,7 @@ class LLMEngine:
             num_blocks_allocated=kv_stats.num_blocks_allocated,
             num_blocks_freed=kv_stats.num_blocks_freed,
             num_blocks_evicted=kv_stats.num_blocks_evicted,
+            **(self._lora_stats() if self.config.enable_lora else {}),
         )
         record = StepRecord(
             step=so.step,
@@ -497,6 +498,16 @@ class LLMEngine:
         if self.tracer is not None:
             self.tracer.consume(record)
         return record
+
+    def _lora_stats(self) -> dict[str, dict[str, int]]:
+        """Requests per adapter, running and waiting (vLLM's lora_requests_info labels)."""
+        stats: dict[str, dict[str, int]] = {"running_lora_adapters": {}, "waiting_lora_adapters": {}}
+        for key, queue in (("running_lora_adapters", self.scheduler.running),
+                           ("waiting_lora_adapters", self.scheduler.waiting)):
+            for r in queue:
+                if r.lora_request is not None:
+                    stats[key][r.lora_name] = stats[key].get(r.lora_name, 0) + 1
+        return stats
 
     # ------------------------------------------------------------ research layer
     def requests_dataframe(self):

@@ -61,6 +61,17 @@ def _selftest(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def parse_lora_modules(items: list[str] | None) -> dict[str, str]:
+    """vLLM's ``--lora-modules name=path ...`` as {name: path} (argparse error text if bad)."""
+    modules: dict[str, str] = {}
+    for item in items or ():
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"--lora-modules: expected NAME=PATH, got {item!r}.")
+        modules[name] = path
+    return modules
+
+
 def _serve(args: argparse.Namespace) -> int:
     """Run the OpenAI-compatible server (uvicorn) over one engine until interrupted."""
     import asyncio
@@ -73,7 +84,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     async_llm = AsyncLLM(LLMEngine.from_engine_args(EngineArgs.from_cli_args(args)))
     name = args.served_model_name or args.model or "tiny-shakespeare"
-    app = build_app(async_llm, model_name=name, api_key=args.api_key)
+    app = build_app(async_llm, model_name=name, api_key=args.api_key,
+                    lora_modules=parse_lora_modules(args.lora_modules))
     print(f"Serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     try:
         # Exits by itself when the engine dies after an error (vLLM's behaviour).
@@ -130,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize")
+    serve.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                       help="LoRA adapters (PEFT directories) served under their names, as vLLM's "
+                       "--lora-modules (needs --enable-lora)")
     serve.add_argument("--log-level", default="info")
     EngineArgs.add_cli_args(serve)
     serve.set_defaults(func=_serve)

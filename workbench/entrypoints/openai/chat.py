@@ -58,7 +58,7 @@ class ChatFormat(ResponseFormat):
     def __init__(self, serving: OpenAIServing, req: P.ChatCompletionRequest, response_id: str,
                  echo: str) -> None:
         self.req, self.response_id, self.echo = req, response_id, echo
-        self.model = serving.model_name
+        self.model = req.model if req.model in serving.lora_requests else serving.model_name
         self.created = int(time.time())
 
     def _entry(self, token_id: int, v: Logprob) -> dict[str, Any]:
