@@ -217,6 +217,7 @@ def drive(engine, workload: Iterable[ArrivingRequest], *, clock: str | None = No
                             # A policy that ignores priorities (fcfs, spf) runs the same workload.
                             priority=request.priority if engine.uses_priority else 0,
                             arrival_time=t0 + request.arrival_time if clock == "wall" else None,
+                            lora_request=getattr(request, "lora_request", None),
                         )
                         if input_processed is not None and isinstance(request.prompt, str):
                             input_processed(len(engine.output_processor.parents[request.request_id].prompt_token_ids))
