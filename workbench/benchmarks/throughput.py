@@ -16,6 +16,12 @@ memory and threads do not interfere. Peers (``--compare hf``):
 ``--batch-invariant`` adds the engine with ``batch_invariant=True`` on the same requests (row
 ``workbench-batch-invariant``; its "ours / it" is the mode's slowdown).
 
+``--lora A [B]`` (each ``NAME=PATH``, or a shipped adapter's name: errors, timon) adds the engine
+with ``enable_lora`` three times: ``workbench-lora-0`` (no request uses an adapter: the cost of
+the LoRA layers alone), ``workbench-lora-1`` (every request under A) and ``workbench-lora-2``
+(requests alternate A and B, ``max_loras=2``: both adapters in every batch); "ours / it" is
+each one's slowdown against the base engine.
+
 Output tokens/s = requested output tokens / wall time of the timed run. Every system first runs
 the whole workload once untimed (first-touch allocations, caches), so no one's figure carries
 one-time costs.
@@ -70,13 +76,17 @@ def _run_workbench(spec: dict, requests: list[BenchRequest]) -> ThroughputResult
 
     from workbench import LLM, SamplingParams
 
+    from workbench.lora.request import LoRARequest
+
     llm = LLM(model=spec["model"], load_format=spec["load_format"], dtype=spec["dtype"],
               device=spec["device"], **spec["engine_kwargs"])
     prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
-    llm.generate(prompts, params, use_tqdm=False)  # warm-up: the whole workload, untimed
+    used = [LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(spec.get("loras", []))]
+    loras = [used[i % len(used)] if used else None for i in range(len(requests))]
+    llm.generate(prompts, params, use_tqdm=False, lora_request=loras)  # warm-up: untimed
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    outs = llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
     elapsed = time.perf_counter() - t0
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     expected = sum(r.output_len for r in requests)
@@ -84,6 +94,8 @@ def _run_workbench(spec: dict, requests: list[BenchRequest]) -> ThroughputResult
         raise RuntimeError(f"workbench generated {tokens} tokens, the workload asks for {expected}.")
     engine = llm.engine
     name = "workbench-batch-invariant" if engine.runner.batch_invariant else "workbench"
+    if engine.config.enable_lora:
+        name = f"workbench-lora-{len(used)}"
     return ThroughputResult(name, tokens, elapsed, len(requests), details={
         "attention_backend": engine.attention_backend, "device": str(engine.device),
         "max_num_seqs": engine.scheduler.max_num_seqs,
@@ -217,8 +229,22 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also run the engine with batch_invariant=True (its cost: a second row)")
     parser.add_argument("--hf-batch-sizes", default="16,32,64,96",
                         help="batch sizes tried for transformers generate (default 16,32,64,96)")
+    parser.add_argument("--lora", nargs="+", default=None, metavar="NAME[=PATH]",
+                        help="also run the engine serving 0, 1 and 2 of these LoRA adapters (a "
+                        "NAME alone: a shipped adapter)")
     parser.add_argument("--output-json", default=None, help="write the results here as JSON")
     return parser
+
+
+def lora_specs(items: list[str]) -> list[tuple[str, str]]:
+    """``--lora`` items as (name, path); a name alone is a shipped adapter's."""
+    from workbench.model.loader import embedded_lora_path
+
+    specs = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        specs.append((name, path if sep else str(embedded_lora_path(name))))
+    return specs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,6 +279,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch_invariant:
         invariant = {**spec, "engine_kwargs": {**engine_kwargs, "batch_invariant": True}}
         results.append(_in_own_process(_run_workbench, invariant, requests))
+    if args.lora:
+        loras = lora_specs(args.lora)
+        if len(loras) > 2:
+            print("error: --lora takes one or two adapters.", file=sys.stderr)
+            return 2
+        rank = max(_adapter_rank(path) for _, path in loras)
+        for k in range(len(loras) + 1 if len(loras) == 2 else 2):
+            lora_kwargs = {**engine_kwargs, "enable_lora": True, "max_loras": max(1, k),
+                           "max_lora_rank": rank}
+            results.append(_in_own_process(_run_workbench, {**spec, "engine_kwargs": lora_kwargs,
+                                                            "loras": loras[:k]}, requests))
     if args.compare == "hf":
         results.append(_in_own_process(_run_hf_generate, spec, requests, model_path))
         results.append(_in_own_process(_run_hf_generate_batch, spec, requests, model_path))
@@ -271,6 +308,13 @@ def main(argv: list[str] | None = None) -> int:
                                     "dtype": args.dtype, "device": spec["device"]},
                        "results": [r.to_dict() for r in results]}, f, indent=1)
     return 0
+
+
+def _adapter_rank(path: str) -> int:
+    """The rank ``r`` of a PEFT adapter directory (the engine's max_lora_rank for it)."""
+    from pathlib import Path
+
+    return int(json.loads((Path(path) / "adapter_config.json").read_text())["r"])
 
 
 def _default_device() -> str:
