@@ -82,11 +82,15 @@ class WorkerLoRAManager:
 
     # ------------------------------------------------------------------ per forward
     def set_active_adapters(self, lora_requests: Sequence[LoRARequest | None],
-                            num_tokens: Sequence[int], device: torch.device) -> torch.Tensor:
+                            num_tokens: Sequence[int], device: torch.device) -> torch.Tensor | None:
         """Map the batch: request ``i`` (adapter ``lora_requests[i]``, None for the base model)
         contributes ``num_tokens[i]`` tokens. Loads adapters not in host memory, activates
-        them, and returns (and shares with the layers) the per-token slot tensor."""
+        them, and returns (and shares with the layers) the per-token slot tensor; None, and
+        an empty mapping, when no request has an adapter."""
         ids = [r.lora_int_id for r in lora_requests if r is not None]
+        if not ids:
+            self.mapping.clear()
+            return None
         for r in lora_requests:
             if r is not None and r.lora_int_id not in self.manager.registered:
                 self.add_adapter(self._requests.get(r.lora_int_id, r))
