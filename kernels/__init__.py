@@ -20,7 +20,7 @@ import torch
 from workbench.kernels import batch_invariant, reference
 
 __all__ = ["paged_attention", "plan_attention", "write_kv_cache", "rms_norm", "rotary_embedding",
-           "reference", "batch_invariant", "BACKENDS"]
+           "plan_lora", "add_lora", "reference", "batch_invariant", "BACKENDS"]
 
 BACKENDS = ("torch", "triton", "cpu")
 
@@ -109,3 +109,26 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, backend=None, plan
 
         return triton_rope.rotary_embedding(positions, query, key, cos_sin_cache)
     return reference.rotary_embedding(positions, query, key, cos_sin_cache)
+
+
+def plan_lora(token_lora_indices, *, backend=None):
+    """The grouping of a forward's tokens by adapter slot that every LoRA projection of it
+    shares: an opaque plan for :func:`add_lora` (``None`` for backends that need none)."""
+    if backend != "cpu":
+        return None
+    from workbench.kernels import cpu_lora
+
+    return cpu_lora.plan_lora(token_lora_indices)
+
+
+def add_lora(y, x, lora_a, lora_b, token_lora_indices, *, backend=None, plan=None):
+    """See :func:`workbench.kernels.reference.add_lora`; ``plan`` from :func:`plan_lora`."""
+    if backend == "cpu":
+        from workbench.kernels import cpu_lora
+
+        return cpu_lora.add_lora(y, x, lora_a, lora_b, token_lora_indices, plan=plan)
+    if _use_triton(backend, x):
+        from workbench.kernels import triton_lora
+
+        return triton_lora.add_lora(y, x, lora_a, lora_b, token_lora_indices)
+    return reference.add_lora(y, x, lora_a, lora_b, token_lora_indices)

@@ -160,3 +160,29 @@ def rotary_embedding(
         x1, x2 = t[..., :half].float(), t[..., half:].float()
         rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
         t.copy_(rotated.to(t.dtype))
+
+
+def add_lora(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    token_lora_indices: torch.Tensor,
+) -> None:
+    """The batched LoRA update, in place: for every token ``t`` with slot ``i =
+    token_lora_indices[t] > 0``, ``y[t] += (x[t] @ lora_a[i].T) @ lora_b[i].T``; slot 0 ("no
+    adapter") adds nothing. Gather-based: each token takes its own adapter's matrices.
+
+    ``y`` [num_tokens, out] (any strides: a column slice of a fused projection's output),
+    ``x`` [num_tokens, in], ``lora_a`` [num_slots, rank, in], ``lora_b`` [num_slots, out, rank]
+    (the adapter's scaling already folded into ``lora_b``), ``token_lora_indices`` int
+    [num_tokens]. fp32 math, cast to ``y``'s dtype.
+    """
+    idx = token_lora_indices.long()
+    rows = (idx > 0).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return
+    slots = idx[rows]
+    h = torch.einsum("ti,tri->tr", x[rows].float(), lora_a[slots].float())
+    delta = torch.einsum("tr,tor->to", h, lora_b[slots].float())
+    y[rows] = (y[rows].float() + delta).to(y.dtype)

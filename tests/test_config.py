@@ -40,10 +40,14 @@ NON_DEFAULT = {
     "log_stats_interval": ("1.5", 1.5),
     "otlp_traces_endpoint": ("http://127.0.0.1:4318/v1/traces", "http://127.0.0.1:4318/v1/traces"),
     "torch_profiler_dir": ("/tmp/profiles", "/tmp/profiles"),
+    "max_loras": ("2", 2),
+    "max_lora_rank": ("8", 8),
+    "max_cpu_loras": ("4", 4),
 }
 #: Options valid only with another (here: with otlp_traces_endpoint), parsed all at once.
 DEPENDENT = {"collect_detailed_traces": ("all", "all")}
-BOOLEANS = ("enable_prefix_caching", "enable_chunked_prefill", "batch_invariant", "log_stats", "enable_sleep_mode")
+BOOLEANS = ("enable_prefix_caching", "enable_chunked_prefill", "batch_invariant", "log_stats", "enable_sleep_mode",
+            "enable_lora")
 
 
 def flag(name: str) -> str:
@@ -118,5 +122,5 @@ def test_invalid_values_are_refused_by_the_parser_or_the_class():
 def test_repr_names_the_engine_config():
     text = repr(EngineArgs(block_size=8))
     assert text.startswith("EngineConfig(model=None, tokenizer=None, dtype='auto',")
-    assert ", block_size=8," in text and text.endswith("log_stats_interval=5.0, otlp_traces_endpoint=None, collect_detailed_traces=None, enable_sleep_mode=False, torch_profiler_dir=None)")
+    assert ", block_size=8," in text and ("log_stats_interval=5.0, otlp_traces_endpoint=None, collect_detailed_traces=None, enable_sleep_mode=False, torch_profiler_dir=None") in text and text.endswith(")")
     assert "EngineConfig" in EngineArgs()._repr_html_()

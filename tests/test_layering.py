@@ -20,10 +20,12 @@ SOURCES = {"workbench": ROOT / "workbench", "workbench.kernels": ROOT / "kernels
 #: Bottom-up; each entry names the rooms of one layer (a module belongs to the longest match).
 LAYERS = (
     ("utils",),
-    ("sampling_params", "outputs", "request", "config", "kernels"),  # the public types
+    ("sampling_params", "outputs", "request", "config", "kernels", "lora"),  # the public types
+    # (lora: LoRARequest; the adapters' torch rooms sit above the model)
     ("core",),  # core.sched included
     ("metrics",),
     ("model",),
+    ("lora.layers", "lora.models", "lora.worker_manager"),  # multi-LoRA over the model
     ("worker",),
     ("reasoning",),  # reasoning parsers: the server splits replies, the grammars wait
     ("structured_output",),  # the grammars: the engine owns the manager, the sampler masks

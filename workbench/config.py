@@ -118,6 +118,13 @@ class EngineArgs:
     torch_profiler_dir: str | None = option(
         None, "directory of start_profile()'s torch.profiler traces; also enables the server's "
         "/start_profile and /stop_profile (vLLM's VLLM_TORCH_PROFILER_DIR)")
+    enable_lora: bool = option(
+        False, "serve LoRA adapters (PEFT format): lora_request= on requests, add_lora()")
+    max_loras: int = option(1, "with enable_lora: most distinct adapters in one batch (the "
+                            "device slots)")
+    max_lora_rank: int = option(16, "with enable_lora: the largest adapter rank accepted")
+    max_cpu_loras: int | None = option(
+        None, "with enable_lora: adapters kept loaded in host memory, LRU (default: max_loras)")
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -158,6 +165,14 @@ class EngineArgs:
                                  f"got {self.collect_detailed_traces!r}.")
             if not self.otlp_traces_endpoint:
                 raise ValueError("collect_detailed_traces requires `--otlp-traces-endpoint` to be set.")
+        for name in ("max_loras", "max_lora_rank"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= "
+                             f"max_loras ({self.max_loras})")
+        if self.enable_lora and self.batch_invariant:
+            raise ValueError("enable_lora: LoRA adapters are not supported with batch_invariant.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."

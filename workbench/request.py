@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from workbench.lora.request import LoRARequest
 from workbench.sampling_params import SamplingParams
 
 
@@ -75,6 +76,13 @@ class Request:
     #: vLLM's ``cache_salt``: mixed into the first block's hash, so only requests with the
     #: same salt share prefix-cache blocks.
     cache_salt: str | None = None
+    #: The LoRA adapter this request runs under (None: the base model); its name keys every
+    #: block's prefix hash, so requests under different adapters share no block.
+    lora_request: LoRARequest | None = None
+
+    @property
+    def lora_name(self) -> str | None:
+        return None if self.lora_request is None else self.lora_request.lora_name
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -41,3 +41,14 @@ def test_requests_longer_than_the_model_are_refused(capsys):
     assert main(["--num-prompts", "2", "--input-len-range", "1000:1000",
                  "--output-len-range", "100:100"]) == 2
     assert "max_model_len" in capsys.readouterr().err
+
+
+def test_lora_rows_name_their_adapters():
+    from workbench.benchmarks.throughput import _adapter_rank, lora_specs
+    from workbench.model.loader import embedded_lora_path
+
+    specs = lora_specs(["errors", "mine=/some/dir"])
+    assert specs == [("errors", str(embedded_lora_path("errors"))), ("mine", "/some/dir")]
+    assert _adapter_rank(specs[0][1]) == 8  # data/loras/errors/adapter_config.json
+    with pytest.raises(ValueError, match="No embedded LoRA adapter 'nope'"):
+        lora_specs(["nope"])

@@ -167,3 +167,21 @@ def test_the_readme_shows_what_the_help_prints(shell, capsys):
     for line in shown:  # each README line is a printed line, less its description
         assert any(p == line or p.startswith(line + "  ") for p in printed), line
     assert len(shown) == len(printed) - 1  # every printed line but the intro
+
+
+def test_load_with_loras_and_add_under_one(shell, capsys):
+    """``load --lora`` (a shipped adapter by name, or NAME=PATH) enables LoRA; ``add --lora``
+    runs a request under it; the step's batch names the adapter."""
+    from workbench.model.loader import embedded_lora_path
+
+    shell.run_line_magic("llm", f"load --lora errors timon={embedded_lora_path('timon')}")
+    engine = shell.user_ns["engine"]
+    assert engine.config.enable_lora and engine.config.max_loras == 2 and engine.list_loras() == {1, 2}
+    shell.run_line_magic("llm", "add ADRIANA: --id a --lora errors --max-tokens 2")
+    shell.run_line_magic("llm", "add TIMON: --id t --lora timon --max-tokens 2")
+    record = shell.run_line_magic("llm", "step")
+    assert record.scheduler_output.lora_names == ("errors", "timon")
+    with pytest.raises(UsageError, match=r"--lora nope: no such adapter.*\['errors', 'timon'\]"):
+        shell.run_line_magic("llm", "add x --lora nope")
+    with pytest.raises(UsageError, match="No embedded LoRA adapter 'nope'"):
+        shell.run_line_magic("llm", "load --lora nope")

@@ -16,6 +16,14 @@ memory and threads do not interfere. Peers (``--compare hf``):
 ``--batch-invariant`` adds the engine with ``batch_invariant=True`` on the same requests (row
 ``workbench-batch-invariant``; its "ours / it" is the mode's slowdown).
 
+``--lora A [B]`` (each ``NAME=PATH``, or a shipped adapter's name: errors, timon) runs, instead
+of the single engine row, the base engine beside the engine with ``enable_lora`` three times, all
+in one process, round after round (``--lora-rounds``, the best round counts):
+``workbench-lora-0`` (no request uses an adapter: the cost of the LoRA layers alone),
+``workbench-lora-1`` (every request under A) and ``workbench-lora-2`` (requests alternate A and
+B, ``max_loras=2``: both adapters in every batch); "ours / it" is each one's slowdown against
+the base engine.
+
 Output tokens/s = requested output tokens / wall time of the timed run. Every system first runs
 the whole workload once untimed (first-touch allocations, caches), so no one's figure carries
 one-time costs.
@@ -89,6 +97,48 @@ def _run_workbench(spec: dict, requests: list[BenchRequest]) -> ThroughputResult
         "max_num_seqs": engine.scheduler.max_num_seqs,
         "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
         "num_kv_blocks": engine.kv_cache.num_blocks, "threads": torch.get_num_threads()})
+
+
+def _run_lora_rounds(spec: dict, requests: list[BenchRequest]) -> list[ThroughputResult]:
+    """The base engine and the LoRA engines (0, 1, 2 adapters in use) side by side in one
+    process: ``rounds`` rounds, each timing every engine once on the whole workload in turn
+    (after one untimed warm-up run each); each engine's best round is reported, so a load
+    that comes and goes on the machine falls on all of them alike."""
+    _setup(spec["threads"])
+    import torch
+
+    from workbench import LLM, SamplingParams
+    from workbench.lora.request import LoRARequest
+
+    loras = [LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(spec["loras"])]
+    rank = max(_adapter_rank(lora.lora_path) for lora in loras)
+    prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
+    params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    common = dict(model=spec["model"], load_format=spec["load_format"], dtype=spec["dtype"],
+                  device=spec["device"], **spec["engine_kwargs"])
+    systems = {"workbench": (LLM(**common), [None] * len(requests))}
+    for k in range(len(loras) + 1 if len(loras) == 2 else 2):
+        used = loras[:k]
+        systems[f"workbench-lora-{k}"] = (
+            LLM(**common, enable_lora=True, max_loras=max(1, k), max_lora_rank=rank),
+            [used[i % k] if k else None for i in range(len(requests))])
+    best = {name: float("inf") for name in systems}
+    expected = sum(r.output_len for r in requests)
+    for round_index in range(spec["rounds"] + 1):
+        for name, (llm, per_request) in systems.items():
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts, params, use_tqdm=False, lora_request=per_request)
+            elapsed = time.perf_counter() - t0
+            tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+            if tokens != expected:
+                raise RuntimeError(f"{name} generated {tokens} tokens, the workload asks for {expected}.")
+            if round_index:  # round 0 is the warm-up
+                best[name] = min(best[name], elapsed)
+    return [ThroughputResult(name, expected, best[name], len(requests), details={
+        "attention_backend": llm.engine.attention_backend, "device": str(llm.engine.device),
+        "rounds": spec["rounds"], "threads": torch.get_num_threads(),
+        "adapters": sorted({r.lora_name for r in per_request if r is not None})})
+        for name, (llm, per_request) in systems.items()]
 
 
 def _hf_model(spec: dict, model_path: str):
@@ -217,8 +267,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also run the engine with batch_invariant=True (its cost: a second row)")
     parser.add_argument("--hf-batch-sizes", default="16,32,64,96",
                         help="batch sizes tried for transformers generate (default 16,32,64,96)")
+    parser.add_argument("--lora", nargs="+", default=None, metavar="NAME[=PATH]",
+                        help="also run the engine serving 0, 1 and 2 of these LoRA adapters (a "
+                        "NAME alone: a shipped adapter)")
+    parser.add_argument("--lora-rounds", type=int, default=3,
+                        help="with --lora: timed rounds over all engines; the best counts (default 3)")
     parser.add_argument("--output-json", default=None, help="write the results here as JSON")
     return parser
+
+
+def lora_specs(items: list[str]) -> list[tuple[str, str]]:
+    """``--lora`` items as (name, path); a name alone is a shipped adapter's."""
+    from workbench.model.loader import embedded_lora_path
+
+    specs = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        specs.append((name, path if sep else str(embedded_lora_path(name))))
+    return specs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,10 +315,17 @@ def main(argv: list[str] | None = None) -> int:
     spec = {"model": args.model, "load_format": args.load_format, "dtype": args.dtype,
             "device": args.device or _default_device(), "threads": args.threads,
             "engine_kwargs": engine_kwargs, "hf_batch_sizes": batch_sizes}
-    results = [_in_own_process(_run_workbench, spec, requests)]
+    results = [] if args.lora else [_in_own_process(_run_workbench, spec, requests)]
     if args.batch_invariant:
         invariant = {**spec, "engine_kwargs": {**engine_kwargs, "batch_invariant": True}}
         results.append(_in_own_process(_run_workbench, invariant, requests))
+    if args.lora:
+        loras = lora_specs(args.lora)
+        if len(loras) > 2:
+            print("error: --lora takes one or two adapters.", file=sys.stderr)
+            return 2
+        results[:0] = _in_own_process(_run_lora_rounds, {**spec, "loras": loras,
+                                                         "rounds": args.lora_rounds}, requests)
     if args.compare == "hf":
         results.append(_in_own_process(_run_hf_generate, spec, requests, model_path))
         results.append(_in_own_process(_run_hf_generate_batch, spec, requests, model_path))
@@ -271,6 +344,13 @@ def main(argv: list[str] | None = None) -> int:
                                     "dtype": args.dtype, "device": spec["device"]},
                        "results": [r.to_dict() for r in results]}, f, indent=1)
     return 0
+
+
+def _adapter_rank(path: str) -> int:
+    """The rank ``r`` of a PEFT adapter directory (the engine's max_lora_rank for it)."""
+    from pathlib import Path
+
+    return int(json.loads((Path(path) / "adapter_config.json").read_text())["r"])
 
 
 def _default_device() -> str:

@@ -153,7 +153,7 @@ class KVCacheManager:
     # ----------------------------------------------------------- prefix cache
     def update_block_hashes(self, request: Request) -> None:
         """Extend ``request.block_hashes`` to cover every full block of its tokens (the first
-        block's hash mixes in ``request.cache_salt``).
+        block's hash mixes in ``request.cache_salt``, every block's its adapter's name).
 
         O(new full blocks); a no-op when prefix caching is off.
         """
@@ -165,7 +165,8 @@ class KVCacheManager:
         for i in range(len(hashes), num_full):
             parent = hashes[i - 1] if i else None
             hashes.append(hash_block_tokens(parent, request.token_ids_slice(i * bs, (i + 1) * bs),
-                                            block_extra_keys(i, request.cache_salt)))
+                                            block_extra_keys(i, request.cache_salt,
+                                                             request.lora_name)))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest run of the request's leading full blocks found in the cache, and the

@@ -8,6 +8,10 @@ Extra keys (vLLM's name; here a request's ``cache_salt``, on its first block onl
 tokens, each as uint32_le(length) || UTF-8: a salted block's input is longer than any
 unsalted one of the same block size, and two different salts never give the same input, so
 salted requests share no block with unsalted ones or with other salts (CVE-2025-46570's fix).
+A request under a LoRA adapter adds two keys to *every* block, ``"lora"`` and the adapter's
+name (vLLM keys by ``lora_name``), before any salt: a block's key count (0 plain, 1 salt,
+2 adapter, 3 both) is part of the unambiguous length-prefixed input, so no block is shared
+between two adapters, nor between an adapter and the base model, whatever the salts.
 Python's ``hash()`` is never used: it is salted per process and only 64 bits wide.
 """
 
@@ -33,20 +37,23 @@ def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int],
     return h.digest()
 
 
-def block_extra_keys(block_index: int, cache_salt: str | None) -> tuple[str, ...]:
-    """The extra keys of a request's block ``block_index``: its salt on the first block only
-    (the later ones inherit it through their parent hash), as vLLM."""
-    return (cache_salt,) if block_index == 0 and cache_salt else ()
+def block_extra_keys(block_index: int, cache_salt: str | None,
+                     lora_name: str | None = None) -> tuple[str, ...]:
+    """The extra keys of a request's block ``block_index``: ``("lora", name)`` on every block
+    of a LoRA request, then its salt on the first block only (the later ones inherit it
+    through their parent hash), as vLLM."""
+    lora = ("lora", lora_name) if lora_name else ()
+    return lora + (cache_salt,) if block_index == 0 and cache_salt else lora
 
 
 def hash_request_blocks(
     token_ids: Sequence[int], block_size: int, parent_hash: bytes | None = None,
-    cache_salt: str | None = None,
+    cache_salt: str | None = None, lora_name: str | None = None,
 ) -> list[bytes]:
     """The chained hashes of every *full* block of ``token_ids`` (a partial tail is not hashed)."""
     hashes: list[bytes] = []
     for i, start in enumerate(range(0, len(token_ids) - block_size + 1, block_size)):
         parent_hash = hash_block_tokens(parent_hash, token_ids[start : start + block_size],
-                                        block_extra_keys(i, cache_salt))
+                                        block_extra_keys(i, cache_salt, lora_name))
         hashes.append(parent_hash)
     return hashes

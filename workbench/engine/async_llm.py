@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.engine.input_processor import PromptType
 from workbench.engine.llm_engine import LLMEngine
+from workbench.lora.request import LoRARequest
 from workbench.outputs import RequestOutput
 from workbench.sampling_params import SamplingParams
 
@@ -189,12 +190,13 @@ class AsyncLLM:
     async def process_inputs(
         self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, *,
         priority: int = 0, tokenization_kwargs: dict[str, Any] | None = None,
-        trace_headers: Mapping[str, str] | None = None,
+        trace_headers: Mapping[str, str] | None = None, lora_request: LoRARequest | None = None,
     ) -> EngineCoreRequest:
         """``InputProcessor.process_inputs`` on the input thread (raises its ValueError)."""
         return await self.run_input(
             self.input_processor.process_inputs, request_id, prompt, params,
             priority=priority, tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
+            lora_request=lora_request,
         )
 
     async def sleep(self, level: int = 1) -> None:
@@ -235,7 +237,7 @@ class AsyncLLM:
 
     async def add_request(
         self, prompt: PromptType | EngineCoreRequest, params: SamplingParams | None,
-        request_id: str, *, priority: int = 0,
+        request_id: str, *, priority: int = 0, lora_request: LoRARequest | None = None,
     ) -> RequestStream:
         """Process and queue a request; return the stream of its RequestOutputs, each as its
         params' ``output_kind`` says (vLLM's default CUMULATIVE: the text so far).
@@ -248,7 +250,8 @@ class AsyncLLM:
         if isinstance(prompt, EngineCoreRequest):
             request = prompt
         else:
-            request = await self.process_inputs(request_id, prompt, params, priority=priority)
+            request = await self.process_inputs(request_id, prompt, params, priority=priority,
+                                                lora_request=lora_request)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -264,7 +267,8 @@ class AsyncLLM:
         return RequestStream(self, request_id, queue)
 
     async def generate(
-        self, prompt: PromptType | EngineCoreRequest, params: SamplingParams, request_id: str
+        self, prompt: PromptType | EngineCoreRequest, params: SamplingParams, request_id: str,
+        *, lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield a request's RequestOutputs until the finished one (vLLM's shape), each as
         ``params.output_kind`` says: CUMULATIVE by default (as vLLM), DELTA for new text only.
@@ -272,7 +276,7 @@ class AsyncLLM:
         Validation errors are raised at the first iteration; leaving the iteration early
         (break + close, cancellation, an exception) aborts the request.
         """
-        stream = await self.add_request(prompt, params, request_id)
+        stream = await self.add_request(prompt, params, request_id, lora_request=lora_request)
         try:
             async for out in stream:
                 yield out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workbench.lora.request import LoRARequest
 from workbench.sampling_params import SamplingParams
 
 
@@ -33,3 +34,5 @@ class EngineCoreRequest:
     #: vLLM's ``cache_salt`` (a prompt dict's key): only requests with the same salt share
     #: prefix-cache blocks.
     cache_salt: str | None = None
+    #: The adapter it runs under (None: the base model).
+    lora_request: LoRARequest | None = None

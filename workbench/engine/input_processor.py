@@ -9,6 +9,7 @@ from typing import Any, Union
 
 from workbench.core.sched.request_queue import FCFSPolicy, SchedulingPolicy
 from workbench.engine.engine_core_request import EngineCoreRequest
+from workbench.lora.request import LoRARequest
 from workbench.metrics.tracing import check_trace_headers
 from workbench.sampling_params import SamplingParams, check_logprobs
 from workbench.structured_output.backend_xgrammar import validate_grammar
@@ -38,7 +39,7 @@ class InputProcessor:
 
     def __init__(self, tokenizer, max_model_len: int, vocab_size: int, max_logprobs: int = 20,
                  *, eos_token_ids: Sequence[int] = (), policy: SchedulingPolicy | None = None,
-                 logits_processors: Sequence[type] = ()) -> None:
+                 logits_processors: Sequence[type] = (), enable_lora: bool = False) -> None:
         """``eos_token_ids``: the model's (generation_config.json); ``policy``: the engine's
         scheduling policy, which decides whether a non-zero priority is accepted;
         ``logits_processors``: the engine's custom processor classes, whose
@@ -49,6 +50,8 @@ class InputProcessor:
         self.vocab_size = vocab_size
         self.max_logprobs = max_logprobs
         self.policy = policy or FCFSPolicy()
+        #: Whether a request may name a LoRA adapter (vLLM's ValueError otherwise).
+        self.enable_lora = enable_lora
         # The tokenizer's eos ends a request; the model's other eos ids join each request's
         # stop_token_ids (as vLLM does), unless it ignores eos.
         eos = tokenizer.eos_token_id
@@ -62,7 +65,7 @@ class InputProcessor:
         params: SamplingParams | None = None,
         *,
         arrival_time: float | None = None,
-        lora_request: object | None = None,
+        lora_request: LoRARequest | None = None,
         tokenization_kwargs: Mapping[str, Any] | None = None,
         trace_headers: Mapping[str, str] | None = None,
         priority: int = 0,
@@ -73,7 +76,10 @@ class InputProcessor:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}.")
         if lora_request is not None:
-            raise ValueError("lora_request: LoRA adapters are not supported by this engine.")
+            if not self.enable_lora:
+                raise ValueError(f"Got lora_request {lora_request} but LoRA is not enabled!")
+            if not isinstance(lora_request, LoRARequest):
+                raise ValueError(f"lora_request must be a LoRARequest, got {lora_request!r}.")
         trace_headers = check_trace_headers(trace_headers)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}.")
@@ -102,7 +108,8 @@ class InputProcessor:
             )
         return EngineCoreRequest(request_id, text, token_ids, params, self.eos_token_id,
                                  arrival_time=arrival_time, priority=priority,
-                                 trace_headers=trace_headers, cache_salt=cache_salt)
+                                 trace_headers=trace_headers, cache_salt=cache_salt,
+                                 lora_request=lora_request)
 
     def process(
         self, prompt: PromptType, params: SamplingParams, *, add_special_tokens: bool = True

@@ -30,6 +30,7 @@ from workbench.engine.output_processor import OutputProcessor
 from workbench.outputs import RequestOutput
 from workbench.engine.parallel_sampling import ParentRequest
 from workbench.engine.replay import RunResult, RunSource, drive, run_clock
+from workbench.lora.request import LoRARequest
 from workbench.request import RequestStatus
 from workbench.metrics.request_tracker import RequestTracker
 from workbench.metrics.tracing import RequestTracer, log_tracing_disabled_warning
@@ -129,6 +130,11 @@ class LLMEngine:
             max_num_kv_blocks=config.max_num_kv_blocks,
         )
         self.runner.allocate_kv_cache(num_blocks)
+        #: The LoRA adapters added, by id (``add_lora`` or a request's ``lora_request``).
+        self.lora_requests: dict[int, LoRARequest] = {}
+        if config.enable_lora:
+            self.runner.enable_lora(max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
+                                    max_cpu_loras=config.max_cpu_loras or config.max_loras)
         max_num_seqs = config.max_num_seqs or default_max_num_seqs(self.device.type)
         if self.device.type == "cuda":  # compile every kernel variant before the first request
             self.runner.warm_up(max_num_seqs, self.max_num_batched_tokens)
@@ -144,11 +150,13 @@ class LLMEngine:
             policy=config.policy,
             record_events=True,
             clock=self.clock,
+            max_loras=config.max_loras if config.enable_lora else None,
         )
         self.input_processor = InputProcessor(
             self.tokenizer, max_model_len, self.model_config.vocab_size,
             max_logprobs=config.max_logprobs, eos_token_ids=self.model_config.eos_token_ids,
             policy=self.scheduler.policy, logits_processors=self.logits_processor_classes,
+            enable_lora=config.enable_lora,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         #: Grammars of the constrained requests (structured outputs), compiled off this thread.
@@ -213,7 +221,7 @@ class LLMEngine:
         prompt: PromptType | EngineCoreRequest,
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
-        lora_request: object | None = None,
+        lora_request: LoRARequest | None = None,
         tokenization_kwargs: dict | None = None,
         trace_headers: Mapping[str, str] | None = None,
         priority: int = 0,
@@ -228,6 +236,8 @@ class LLMEngine:
         ``tokenization_kwargs`` may hold ``add_special_tokens``. ``params.n > 1`` makes n
         child sequences ``"{i}_{request_id}"`` reported as one RequestOutput
         (see :class:`~workbench.engine.parallel_sampling.ParentRequest`).
+        ``lora_request`` runs it under that LoRA adapter (``enable_lora``), loaded here first
+        if it is not yet: a bad adapter raises ValueError naming the file, nothing queued.
         """
         if self.is_sleeping():
             raise ValueError("The engine is sleeping: wake_up() before adding requests.")
@@ -242,11 +252,20 @@ class LLMEngine:
                 tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
                 priority=priority,
             )
+        lora = request.lora_request
+        if lora is not None:
+            if not self.config.enable_lora:
+                raise ValueError(f"Got lora_request {lora} but LoRA is not enabled!")
+            pinned = self.scheduler.pinned_loras
+            if lora.lora_name not in pinned and len(pinned) >= self.config.max_loras:
+                raise ValueError(f"lora_request {lora}: all max_loras={self.config.max_loras} device "
+                                 f"slots hold pinned adapters {sorted(pinned)}; it could never run.")
+            self.add_lora(lora)
         parent = ParentRequest(
             request.request_id, request.prompt, request.prompt_token_ids,
             request.sampling_params, eos_token_id=request.eos_token_id, priority=request.priority,
             arrival_time=self.clock() if request.arrival_time is None else request.arrival_time,
-            cache_salt=request.cache_salt,
+            cache_salt=request.cache_salt, lora_request=request.lora_request,
         )
         self.output_processor.add_request(parent)  # the one check of an id in flight
         try:
@@ -262,6 +281,41 @@ class LLMEngine:
                                     request.sampling_params, request.trace_headers)
         elif request.trace_headers:
             log_tracing_disabled_warning()
+
+    # ------------------------------------------------------------------ LoRA (vLLM's API)
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter into host memory (``max_cpu_loras``, LRU); False if its id is loaded
+        already. A bad adapter raises ValueError naming the file; nothing in flight changes."""
+        added = self.runner.add_lora(lora_request)
+        self.lora_requests[lora_request.lora_int_id] = lora_request
+        return added
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Unload an adapter; False if it was not loaded (requests using it reload it)."""
+        lora = self.lora_requests.pop(lora_id, None)
+        if lora is not None:
+            self.scheduler.pinned_loras.discard(lora.lora_name)
+        return self.runner.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        """The ids of the adapters loaded in host memory."""
+        return self.runner.list_loras()
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """Keep a loaded adapter in its device slot and host memory, never evicted; it counts
+        against ``max_loras`` in every step from now on. ValueError when it is not loaded, or
+        when the running requests' adapters and the pinned ones leave no slot for it."""
+        lora = self.lora_requests.get(lora_id)
+        if lora is None or lora_id not in self.runner.list_loras():
+            raise ValueError(f"Pinning failed. LoRA {lora_id} is not registered.")
+        taken = {r.lora_name for r in self.scheduler.running if r.lora_request is not None}
+        taken |= self.scheduler.pinned_loras
+        if lora.lora_name not in taken and len(taken) >= self.config.max_loras:
+            raise ValueError(f"Pinning failed. LoRA {lora_id}: the max_loras={self.config.max_loras} "
+                             f"device slots are taken by {sorted(taken)} (running or pinned).")
+        pinned = self.runner.pin_lora(lora_id)
+        self.scheduler.pinned_loras.add(lora.lora_name)
+        return pinned
 
     def abort_request(self, request_id: str | Iterable[str], *, report: bool = True) -> None:
         """Abort requests (by the id given to add_request) in any state; frees their blocks.
@@ -445,6 +499,7 @@ class LLMEngine:
             num_blocks_allocated=kv_stats.num_blocks_allocated,
             num_blocks_freed=kv_stats.num_blocks_freed,
             num_blocks_evicted=kv_stats.num_blocks_evicted,
+            **(self._lora_stats() if self.config.enable_lora else {}),
         )
         record = StepRecord(
             step=so.step,
@@ -463,6 +518,16 @@ class LLMEngine:
         if self.tracer is not None:
             self.tracer.consume(record)
         return record
+
+    def _lora_stats(self) -> dict[str, dict[str, int]]:
+        """Requests per adapter, running and waiting (vLLM's lora_requests_info labels)."""
+        stats: dict[str, dict[str, int]] = {"running_lora_adapters": {}, "waiting_lora_adapters": {}}
+        for key, queue in (("running_lora_adapters", self.scheduler.running),
+                           ("waiting_lora_adapters", self.scheduler.waiting)):
+            for r in queue:
+                if r.lora_request is not None:
+                    stats[key][r.lora_name] = stats[key].get(r.lora_name, 0) + 1
+        return stats
 
     # ------------------------------------------------------------ research layer
     def fork(self) -> LLMEngine:

@@ -38,6 +38,7 @@ class ParentRequest:
         priority: int = 0,
         arrival_time: float,
         cache_salt: str | None = None,
+        lora_request=None,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
@@ -55,6 +56,7 @@ class ParentRequest:
                 priority=priority,
                 arrival_time=arrival_time,
                 cache_salt=cache_salt,
+                lora_request=lora_request,
             )
             for i in range(self.n)
         ]

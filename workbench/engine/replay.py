@@ -418,6 +418,7 @@ class Driver:
                 # A policy that ignores priorities (fcfs, spf) runs the same workload.
                 priority=request.priority if engine.uses_priority else 0,
                 arrival_time=self.t0 + _arrival(request, "wall") if self.clock == "wall" else None,
+                lora_request=getattr(request, "lora_request", None),
             )
             if self._input_processed is not None and isinstance(request.prompt, str):
                 self._input_processed(len(engine.output_processor.parents[request.request_id].prompt_token_ids))

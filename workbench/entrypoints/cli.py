@@ -61,6 +61,17 @@ def _selftest(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def parse_lora_modules(items: list[str] | None) -> dict[str, str]:
+    """vLLM's ``--lora-modules name=path ...`` as {name: path} (argparse error text if bad)."""
+    modules: dict[str, str] = {}
+    for item in items or ():
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"--lora-modules: expected NAME=PATH, got {item!r}.")
+        modules[name] = path
+    return modules
+
+
 def _serve(args: argparse.Namespace) -> int:
     """Run the OpenAI-compatible server (uvicorn) over one engine until interrupted."""
     import asyncio
@@ -76,8 +87,9 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         app = build_app(async_llm, model_name=name, api_key=args.api_key,
                         enable_auto_tool_choice=args.enable_auto_tool_choice,
-                        tool_call_parser=args.tool_call_parser)
-    except ValueError as exc:  # a tool-call parser flag
+                        tool_call_parser=args.tool_call_parser,
+                        lora_modules=parse_lora_modules(args.lora_modules))
+    except ValueError as exc:  # a tool-call parser flag, a bad --lora-modules entry or adapter
         asyncio.run(async_llm.shutdown())
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -137,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize")
+    serve.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                       help="LoRA adapters (PEFT directories) served under their names, as vLLM's "
+                       "--lora-modules (needs --enable-lora)")
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--enable-auto-tool-choice", action="store_true",
                        help='serve tool_choice "auto" (needs --tool-call-parser), as vLLM')

@@ -11,6 +11,7 @@ from workbench.engine.llm_engine import LLMEngine
 from workbench.config import EngineArgs
 from workbench.utils.heap import frozen_heap
 from workbench.engine.input_processor import PromptType
+from workbench.lora.request import LoRARequest
 from workbench.outputs import RequestOutput
 from workbench.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -44,11 +45,13 @@ class LLM:
         *,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in input order.
 
         A prompt is a string, a list of token ids, or ``{"prompt_token_ids": [...]}``.
         ``sampling_params`` is one SamplingParams for all prompts or one per prompt.
+        ``lora_request``: one adapter for all prompts or one per prompt (None: the base model).
         If any prompt is invalid, a ValueError names it and nothing is generated.
         """
         if isinstance(prompts, (str, Mapping)) or (
@@ -58,7 +61,8 @@ class LLM:
         prompts = list(prompts)
         params = self._broadcast(sampling_params, len(prompts), "sampling_params")
         priorities = self._broadcast(priority or 0, len(prompts), "priority")
-        return self._run(prompts, params, priorities, use_tqdm)
+        return self._run(prompts, params, priorities, use_tqdm,
+                         self._broadcast_lora(lora_request, len(prompts)))
 
     def chat(
         self,
@@ -70,6 +74,7 @@ class LLM:
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them (the tokenizer's chat
         template, given ``tools`` and ``chat_template_kwargs`` as vLLM's ``LLM.chat``; the
@@ -86,7 +91,17 @@ class LLM:
             ids = self.engine.tokenizer(text, add_special_tokens=False).input_ids
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         params = self._broadcast(sampling_params, len(prompts), "sampling_params")
-        return self._run(prompts, params, [0] * len(prompts), use_tqdm)
+        return self._run(prompts, params, [0] * len(prompts), use_tqdm,
+                         self._broadcast_lora(lora_request, len(prompts)))
+
+    @staticmethod
+    def _broadcast_lora(value, n: int) -> list:
+        if value is None or isinstance(value, LoRARequest):
+            return [value] * n
+        value = list(value)
+        if len(value) != n:
+            raise ValueError(f"lora_request has {len(value)} entries but there are {n} prompts.")
+        return value
 
     def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams) -> list[BeamSearchOutput]:
         """vLLM's beam search (:mod:`workbench.engine.beam_search`), driven above the engine:
@@ -123,16 +138,16 @@ class LLM:
             raise ValueError(f"{name} has {len(value)} entries but there are {n} prompts.")
         return value
 
-    def _run(self, prompts, params, priorities, use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, prompts, params, priorities, use_tqdm: bool, loras) -> list[RequestOutput]:
         from tqdm.auto import tqdm
 
         engine = self.engine
         params = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         requests = []
-        for i, (prompt, p, prio) in enumerate(zip(prompts, params, priorities)):
+        for i, (prompt, p, prio, lora) in enumerate(zip(prompts, params, priorities, loras)):
             try:  # every prompt processed (once) before any is added
                 requests.append(engine.input_processor.process_inputs(
-                    f"gen-{self._num_added + i}", prompt, p, priority=prio))
+                    f"gen-{self._num_added + i}", prompt, p, priority=prio, lora_request=lora))
             except (ValueError, TypeError) as exc:
                 raise type(exc)(f"prompts[{i}]: {exc}") from exc
         ids = []

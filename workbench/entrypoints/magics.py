@@ -73,6 +73,9 @@ def build_parser() -> _Parser:
     load.add_argument("--as", dest="name", default="engine", metavar="NAME", help="variable to bind the engine to (default: engine)")
     load.add_argument("--no-teaching", action="store_true",
                       help="start from EngineConfig() defaults instead of the small teaching engine")
+    load.add_argument("--lora", nargs="+", default=[], metavar="NAME=PATH",
+                      help="LoRA adapters (PEFT directories) for `add --lora NAME`; a NAME alone is "
+                      "a shipped adapter (errors, timon); implies --enable-lora")
     EngineArgs.add_cli_args(load, exclude=("model",), keep_defaults=False)
     gen = sub.add_parser("generate", add_help=False, help="generate a continuation and print it")
     gen.add_argument("prompt", nargs="+", metavar="PROMPT", help="the prompt (quote it, or let the words join)")
@@ -84,6 +87,7 @@ def build_parser() -> _Parser:
     add.add_argument("prompt", nargs="+", metavar="PROMPT", help="the prompt (quote it, or let the words join)")
     add.add_argument("--id", default=None, metavar="ID", help="request id (default: one is made up, req-N)")
     add.add_argument("--priority", type=int, default=0, metavar="P", help="smaller is served first under policy priority")
+    add.add_argument("--lora", default=None, metavar="NAME", help="run it under this adapter of `load --lora`")
     _sampling_options(add, 32)
     step = sub.add_parser("step", add_help=False, help="advance the engine N steps (default 1); shows the last")
     step.add_argument("n", nargs="?", type=int, default=1, metavar="N", help="steps to take (default: 1)")
@@ -180,6 +184,8 @@ class WorkbenchMagics(Magics):
         super().__init__(shell, **kwargs)
         self.parser = build_parser()
         self._ids = itertools.count()
+        #: The adapters of the latest ``load --lora``, by name.
+        self.loras: dict = {}
 
     # ------------------------------------------------------------ dispatch
     @line_cell_magic
@@ -228,8 +234,15 @@ class WorkbenchMagics(Magics):
         overrides = {f.name: getattr(options, f.name) for f in dataclasses.fields(EngineConfig)
                      if getattr(options, f.name, None) is not None}
         overrides["model"] = options.model
+        loras = self._lora_requests(options.lora)
+        if loras:
+            overrides["enable_lora"] = True
+            overrides.setdefault("max_loras", min(len(loras), 2))
         config = EngineConfig(**overrides) if options.no_teaching else teaching_config(**overrides)
         self.current = LLM(**dataclasses.asdict(config))
+        self.loras = loras
+        for lora in loras.values():
+            self.current.engine.add_lora(lora)
         if self.shell is not None:
             self.shell.user_ns[options.name] = self.current.engine
         return self.current.engine
@@ -247,10 +260,33 @@ class WorkbenchMagics(Magics):
         out = self._get_llm().chat([message], self._params(options), use_tqdm=False)[0]
         print(out.outputs[0].text)
 
+    @staticmethod
+    def _lora_requests(items: list[str]) -> dict:
+        """``NAME=PATH`` (or a shipped adapter's NAME) -> LoRARequest, ids from 1."""
+        from workbench.lora.request import LoRARequest
+        from workbench.model.loader import embedded_lora_path
+
+        loras = {}
+        for item in items:
+            name, sep, path = item.partition("=")
+            try:
+                path = path if sep else str(embedded_lora_path(name))
+            except ValueError as exc:
+                raise UsageError(f"--lora {item}: {exc} Give NAME=PATH for another one.") from None
+            loras[name] = LoRARequest(name, len(loras) + 1, path)
+        return loras
+
     def _cmd_add(self, options):
         engine = self.engine
         request_id = options.id or self._new_id(engine)
-        engine.add_request(request_id, " ".join(options.prompt), self._params(options), priority=options.priority)
+        lora = None
+        if options.lora is not None:
+            lora = self.loras.get(options.lora)
+            if lora is None:
+                raise UsageError(f"--lora {options.lora}: no such adapter; `%llm load --lora NAME=PATH` "
+                                 f"loaded {sorted(self.loras)}.")
+        engine.add_request(request_id, " ".join(options.prompt), self._params(options),
+                           priority=options.priority, lora_request=lora)
         print(f"added {request_id!r}")
         return None
 

@@ -50,6 +50,8 @@ import numpy as np
 from workbench.engine.replay import CLOCKS
 from workbench.lab import traces
 from workbench.lab.corpus_prompts import PromptCutter, encode
+from workbench.lab.corpus_prompts import PromptCutter
+from workbench.lora.request import LoRARequest
 from workbench.sampling_params import RequestOutputKind, SamplingParams
 
 #: A length spec: an exact length, an inclusive ``(low, high)`` uniform range, one explicit
@@ -70,6 +72,8 @@ class WorkloadRequest:
     arrival_step: int | None = None
     arrival_time: float | None = None
     priority: int = 0
+    #: The LoRA adapter it runs under (None: the base model); the engine needs enable_lora.
+    lora_request: LoRARequest | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -105,11 +109,16 @@ class WorkloadRequest:
             "arrival_step": self.arrival_step,
             "arrival_time": self.arrival_time,
             "priority": self.priority,
+            **({} if self.lora_request is None else {"lora_request": {
+                "lora_name": self.lora_request.lora_name, "lora_int_id": self.lora_request.lora_int_id,
+                "lora_path": self.lora_request.lora_path}}),
         }
 
     @classmethod
     def from_json(cls, data: dict) -> WorkloadRequest:
-        return cls(**{**data, "params": _params_from_json(data["params"])})
+        lora = data.get("lora_request")
+        return cls(**{**data, "params": _params_from_json(data["params"]),
+                      "lora_request": None if lora is None else LoRARequest(**lora)})
 
 
 class Workload:
@@ -194,6 +203,15 @@ class Workload:
                                                         else int(math.floor(r.arrival_step * f)))
             requests.append(dataclasses.replace(r, arrival_time=t, arrival_step=step))
         return Workload(requests, {**self.info, "rate": float(rate)}, clock=self.clock)
+    def with_lora_requests(self, loras: Sequence[LoRARequest | None]) -> Workload:
+        """The same requests, request ``i`` under ``loras[i % len(loras)]`` (None: the base
+        model): ``wl.with_lora_requests([None, a, b])`` mixes two adapters and the base."""
+        if not loras:
+            raise ValueError("loras must name at least one adapter (or None).")
+        requests = [dataclasses.replace(r, lora_request=loras[i % len(loras)])
+                    for i, r in enumerate(self.requests)]
+        names = [None if lora is None else lora.lora_name for lora in loras]
+        return Workload(requests, {**self.info, "loras": names}, clock=self.clock)
 
     # ------------------------------------------------------------ generators
     @classmethod

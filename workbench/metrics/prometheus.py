@@ -37,8 +37,12 @@ class PrometheusStatLogger(StatLoggerBase):
     ``log()`` does nothing: Prometheus pulls. Gauges show the latest step's state.
     """
 
-    def __init__(self, model_name: str, *, max_model_len: int = 100_000) -> None:
+    def __init__(self, model_name: str, *, max_model_len: int = 100_000,
+                 max_lora: int | None = None) -> None:
+        """``max_lora``: the engine's ``max_loras`` when LoRA is enabled (adds vLLM's
+        ``vllm:lora_requests_info``)."""
         self.model_name = model_name
+        self.max_lora = max_lora
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         reg = self.registry
@@ -108,6 +112,11 @@ class PrometheusStatLogger(StatLoggerBase):
         self.iteration_tokens = histogram(
             "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
             [2.0**i for i in range(15)])
+        #: vLLM's info gauge: its labels name the running and waiting adapters (comma-
+        #: separated) and max_lora, its value is the time it was set. One series: the latest.
+        self.lora_requests_info = None if max_lora is None else Gauge(
+            "vllm:lora_requests_info", "Running stats on lora requests.",
+            ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=reg)
 
     def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
         s, it = scheduler_stats, iteration_stats
@@ -117,6 +126,11 @@ class PrometheusStatLogger(StatLoggerBase):
         self.prefix_cache_queries.inc(s.prefix_cache_queries)
         self.prefix_cache_hits.inc(s.prefix_cache_hits)
         self.num_preemptions.inc(s.num_preemptions)
+        if self.lora_requests_info is not None:
+            self.lora_requests_info.clear()
+            self.lora_requests_info.labels(
+                str(self.max_lora), ",".join(s.waiting_lora_adapters),
+                ",".join(s.running_lora_adapters)).set_to_current_time()
         self.prompt_tokens.inc(it.num_prompt_tokens)
         self.generation_tokens.inc(it.num_generation_tokens)
         if it.num_prompt_tokens or it.num_generation_tokens:

@@ -37,6 +37,9 @@ class SchedulerStats:
     num_blocks_allocated: int = 0  # this step
     num_blocks_freed: int = 0  # this step: blocks whose ref_count fell to 0
     num_blocks_evicted: int = 0  # this step: cached blocks whose hash was dropped to serve it
+    #: LoRA adapter name -> requests running / waiting under it (LoRA enabled only).
+    running_lora_adapters: dict[str, int] = field(default_factory=dict)
+    waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
 
     def _repr_html_(self) -> str:
         return html_table("SchedulerStats", asdict(self))

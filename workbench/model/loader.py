@@ -41,6 +41,17 @@ def default_model_path() -> pathlib.Path:
     return path
 
 
+#: The LoRA adapters shipped for the embedded model, in data/loras/<name>/ (PEFT format).
+EMBEDDED_LORAS = ("errors", "timon")
+
+
+def embedded_lora_path(name: str) -> pathlib.Path:
+    """The directory of a LoRA adapter shipped for the embedded model (:data:`EMBEDDED_LORAS`)."""
+    if name not in EMBEDDED_LORAS:
+        raise ValueError(f"No embedded LoRA adapter {name!r}; there are {list(EMBEDDED_LORAS)}.")
+    return pathlib.Path(str(importlib.resources.files("workbench.data") / "loras" / name))
+
+
 def _hub_offline() -> bool:
     from huggingface_hub import constants
 

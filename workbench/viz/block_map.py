@@ -19,6 +19,7 @@ import traitlets
 
 from workbench.core.kv_state import BLOCK_STATES, block_state, never_used_blocks
 from workbench.viz.colors import STATE_COLORS, assign_colors, color_rank, request_color, text_color
+from workbench.viz.chunks import request_adapters, request_label
 from workbench.viz.source import ViewSource
 
 
@@ -145,7 +146,8 @@ class BlockMap(widgets.VBox):
         self.summary = counts
         self.block_picker.max = state.num_blocks - 1
         owners = self._owners()
-        options = [("(none)", "")] + [(o, o) for o in owners]
+        adapters = request_adapters(self.source.records())
+        options = [("(none)", "")] + [(request_label(o, adapters), o) for o in owners]
         if self.selected_request and self.selected_request not in owners:
             options.append((f"{self.selected_request} (no blocks)", self.selected_request))
         with self.request_picker.hold_trait_notifications():

@@ -8,6 +8,19 @@ empty gets a sentence saying why nothing ran.
 
 from __future__ import annotations
 
+
+def request_adapters(records) -> dict[str, str]:
+    """``request_id -> LoRA adapter name`` for every request the records scheduled under one."""
+    return {c.request_id: c.lora_name for r in records for c in r.scheduler_output.scheduled
+            if c.lora_name}
+
+
+def request_label(request_id: str, adapters: dict[str, str]) -> str:
+    """A request as the views label it: its id, and its adapter in brackets when it has one."""
+    name = adapters.get(request_id)
+    return f"{request_id} [{name}]" if name else request_id
+
+
 def chunk_kinds(records) -> dict[tuple[int, str], str]:
     """``(step, request_id) -> kind`` for every chunk the records scheduled."""
     high_water: dict[str, int] = {}

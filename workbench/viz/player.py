@@ -21,7 +21,7 @@ import traitlets
 from workbench.core.kv_events import BlockAllocated, BlockFreed
 from workbench.viz.block_map import BlockMap
 from workbench.viz.busy import busy
-from workbench.viz.chunks import chunk_kinds, empty_batch_reason
+from workbench.viz.chunks import chunk_kinds, empty_batch_reason, request_adapters
 from workbench.viz.colors import STATE_COLORS, assign_colors, request_chip
 from workbench.viz.live import LiveUpdater
 from workbench.viz.source import ViewSource
@@ -216,6 +216,7 @@ class StepPlayer(widgets.VBox):
                 "tokens": [chunk.num_computed_tokens, chunk.seq_len], "num_new_tokens": chunk.num_new_tokens,
                 "num_cached_tokens": chunk.num_cached_tokens, "block_ids": list(chunk.block_ids),
                 "sampled": None if sampled is None else self.source.decode([sampled]),
+                "lora": chunk.lora_name,
             })
         self.batch_rows = rows
         last = self.source.last_step
@@ -256,6 +257,11 @@ class StepPlayer(widgets.VBox):
                 notes.append(f"{event.request_id} finished ({event.reason}) with "
                              f"{event.num_output_tokens} output tokens; its blocks were freed.")
         notes += preemption_notes(record, self.source.policy_name)
+        if so.lora_skipped_request_ids:
+            adapters = request_adapters(self.source.records())
+            skipped = ", ".join(f"{r} ({adapters.get(r) or 'its adapter'})" for r in so.lora_skipped_request_ids)
+            notes.append(f"{skipped} skipped: max_loras caps a batch at {len(so.lora_names) or 'its'} "
+                         f"adapters ({', '.join(so.lora_names) or 'pinned'}); another would exceed it.")
         if so.num_blocks_evicted:
             notes.append(f"{so.num_blocks_evicted} cached blocks were evicted to serve new allocations.")
         return notes
@@ -265,10 +271,13 @@ class StepPlayer(widgets.VBox):
         used, budget = so.total_num_scheduled_tokens, so.token_budget
         bar = (f'<div style="display:inline-block;width:200px;height:10px;background:#eee;border:1px solid #999">'
                f'<div style="width:{min(100, 100 * used / max(budget, 1)):.0f}%;height:100%;background:#4a7"></div></div>')
+        lora = any(r["lora"] for r in self.batch_rows)
         head = "".join(f"<th>{h}</th>" for h in
-                       ("request", "kind", "tokens [from, to)", "new", "prefix hit", "block table", "sampled"))
+                       ("request", *(("adapter",) if lora else ()), "kind", "tokens [from, to)", "new",
+                        "prefix hit", "block table", "sampled"))
         body = "".join(
-            "<tr>" + f"<td>{request_chip(r['request_id'])}</td><td>{r['kind']}</td>"
+            "<tr>" + f"<td>{request_chip(r['request_id'])}</td>"
+            + (f"<td>{html.escape(r['lora'] or '')}</td>" if lora else "") + f"<td>{r['kind']}</td>"
             f"<td>[{r['tokens'][0]}, {r['tokens'][1]})</td><td>{r['num_new_tokens']}</td>"
             f"<td>{r['num_cached_tokens'] or ''}</td><td>{' '.join(map(str, r['block_ids']))}</td>"
             f"<td><code>{html.escape(repr(r['sampled'])) if r['sampled'] is not None else ''}</code></td></tr>"

@@ -19,7 +19,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from workbench.viz.chunks import empty_batch_reason, chunk_kinds
+from workbench.viz.chunks import chunk_kinds, empty_batch_reason, request_adapters, request_label
 from workbench.viz.colors import STATE_COLORS, assign_colors, request_color
 from workbench.viz.encoding import CHUNK_HATCH, chunk_handles
 from workbench.viz.figures import figure_png, new_figure, png_img
@@ -83,7 +83,7 @@ def empty_steps(records) -> list[int]:
 
 
 def draw_timeline(ax, rows: list[str], spans: list[dict], *, steps: tuple[int, int], empty: list[int] = (),
-                  title: str = "") -> None:
+                  title: str = "", adapters: dict[str, str] | None = None) -> None:
     """Draw ``request_spans`` output on ``ax`` over ``steps`` = (first, last), both drawn:
     row i (top = first arrival) is rows[i]; step s is the column centred on tick s, as in the
     step plot; a finish marker sits on the finishing step; empty batches are shaded columns."""
@@ -112,7 +112,8 @@ def draw_timeline(ax, rows: list[str], spans: list[dict], *, steps: tuple[int, i
                     markerfacecolor="white", markersize=7, markeredgewidth=1.5, linestyle="none", zorder=3)
     n = len(rows)
     every = max(1, n // 40)
-    ax.set_yticks([y[r] for r in rows[::every]], rows[::every], fontsize=7 if n > 20 else 9)
+    ax.set_yticks([y[r] for r in rows[::every]],
+                  [request_label(r, adapters or {}) for r in rows[::every]], fontsize=7 if n > 20 else 9)
     ax.set_ylim(-0.6, max(n, 1) - 0.4)
     ax.set_xlim(steps[0] - 0.6, steps[1] + 0.6)
     ax.set_xlabel("step")
@@ -184,7 +185,8 @@ class RequestTimeline(widgets.VBox):
         if self.rows:
             first = records[0].step if records else 0
             draw_timeline(ax, self.rows, self.spans, steps=(first, last + 1 if pending else last),
-                          empty=empty_steps(records), title=self._title(records, pending))
+                          empty=empty_steps(records), title=self._title(records, pending),
+                          adapters=request_adapters(self.source.records()))
             timeline_legend(figure)
         else:
             ax.set_title("no requests yet")

@@ -209,6 +209,8 @@ class ModelRunner:
         #: "forward" timing is launch time and the wait shows in "sample". True: synchronise
         #: around the forward so that each timing is the device's (one more sync per step).
         self.sync_timings = False
+        #: Multi-LoRA (``enable_lora``): None until :meth:`enable_lora`.
+        self.lora_manager = None
 
     def determine_num_blocks(
         self,
@@ -278,6 +280,34 @@ class ModelRunner:
         del caches, hidden
         torch.cuda.empty_cache()
         return peak
+
+    # ------------------------------------------------------------------ LoRA
+    def enable_lora(self, *, max_loras: int, max_lora_rank: int, max_cpu_loras: int) -> None:
+        """Wrap the model's projections for batched multi-LoRA (before the first step)."""
+        from workbench.lora.worker_manager import WorkerLoRAManager
+
+        self.lora_manager = WorkerLoRAManager(
+            self.model, max_loras=max_loras, max_lora_rank=max_lora_rank,
+            max_cpu_loras=max_cpu_loras, backend=self.attention_backend)
+
+    def _lora(self):
+        if self.lora_manager is None:
+            raise ValueError("LoRA is not enabled: create the engine with enable_lora=True "
+                             "(--enable-lora).")
+        return self.lora_manager
+
+    def add_lora(self, lora_request) -> bool:
+        """Load an adapter into host memory (ValueError naming the file if it is bad)."""
+        return self._lora().add_adapter(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self._lora().remove_adapter(lora_id)
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return self._lora().pin_adapter(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self._lora().list_adapters()
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
@@ -373,6 +403,10 @@ class ModelRunner:
             seq_lens=inputs.seq_lens,
             backend=self.attention_backend,
         )
+        if self.lora_manager is not None:
+            self.lora_manager.set_active_adapters(
+                [requests[s.request_id].lora_request for s in scheduler_output.scheduled],
+                [s.num_new_tokens for s in scheduler_output.scheduled], self.device)
         sync()
         t1 = time.perf_counter()
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn)

@@ -28,6 +28,7 @@ class ScheduledRequest:
     is_prefill: bool
     samples: bool
     num_cached_tokens: int = 0  # prefix-cache hit tokens found when this request was (re)scheduled
+    lora_name: str | None = None  # the request's LoRA adapter (None: the base model)
 
     @property
     def seq_len(self) -> int:
@@ -54,6 +55,13 @@ class SchedulerOutput:
     kv_cache_stats: KVCacheStats = field(default_factory=KVCacheStats)
     num_free_blocks: int = 0  # after scheduling
     kv_usage: float = 0.0  # after scheduling, in [0, 1]
+    #: Waiting requests passed over because their adapter would exceed ``max_loras``.
+    lora_skipped_request_ids: tuple[str, ...] = ()
+
+    @property
+    def lora_names(self) -> tuple[str, ...]:
+        """The distinct adapters in this batch, in batch order."""
+        return tuple(dict.fromkeys(s.lora_name for s in self.scheduled if s.lora_name))
 
     @property
     def num_blocks_allocated(self) -> int:
@@ -79,12 +87,14 @@ class SchedulerOutput:
             ("resumed", self.resumed_request_ids),
             ("preempted", self.preempted_request_ids),
             ("finished", self.finished_request_ids),
+            ("skipped_max_loras", self.lora_skipped_request_ids),
         )
         return [(name, ids) for name, ids in groups if ids]
 
     def _chunk_line(self, s: ScheduledRequest) -> str:
         kind = "prefill" if s.is_prefill else "decode"
         hit = f" cached={s.num_cached_tokens}" if s.num_cached_tokens else ""
+        hit += f" lora={s.lora_name}" if s.lora_name else ""
         sample = " -> sample" if s.samples else ""
         return (
             f"{s.request_id}: {kind} [{s.num_computed_tokens}, {s.seq_len}){hit} "

@@ -15,7 +15,10 @@ There is no prefill or decode phase. Each ``schedule()`` moves requests'
    rest of its tokens are chunked to the budget (chunked prefill), or -- with chunked
    prefill off -- it is admitted only when all of them fit this step's remaining budget.
    The pass stops at the first request that does not fit (no overtaking). A request in
-   WAITING_FOR_FSM (its grammar still compiling) is passed over, keeping its place.
+   WAITING_FOR_FSM (its grammar still compiling) is passed over, keeping its place. With
+   ``max_loras`` set (LoRA enabled), a batch holds at most that many distinct adapters: a
+   waiting request whose adapter is not in the batch when the batch's and the pinned adapters
+   fill ``max_loras`` is passed over the same way, as vLLM does, and the step's ``lora_skipped_request_ids`` name it.
 
 A chunk samples (``samples``) iff it reaches the last known token. ``is_prefill`` is True
 iff the chunk holds a prompt token or more than one token; a decode chunk is exactly one
@@ -145,6 +148,7 @@ class Scheduler:
         policy: str | SchedulingPolicy = "fcfs",
         record_events: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        max_loras: int | None = None,
     ):
         for name, value in (
             ("max_num_seqs", max_num_seqs),
@@ -160,6 +164,13 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.enable_chunked_prefill = enable_chunked_prefill
+        if max_loras is not None and (not isinstance(max_loras, int) or max_loras < 1):
+            raise ValueError(f"max_loras must be an integer >= 1, got {max_loras!r}.")
+        #: Most distinct LoRA adapters in one batch (None: LoRA disabled).
+        self.max_loras = max_loras
+        #: Adapters pinned to their device slot (``LLMEngine.pin_lora``): they count against
+        #: ``max_loras`` in every step, in the batch or not.
+        self.pinned_loras: set[str] = set()
         self.policy = get_policy(policy)
         self.waiting = WaitingQueue(self.policy)
         self.running: list[Request] = []
@@ -304,10 +315,21 @@ class Scheduler:
         admitted: list[tuple[Request, int, int]] = []  # (request, new tokens, prefix-hit tokens)
         new_ids: list[str] = []
         resumed_ids: list[str] = []
+        lora_skipped: list[str] = []
+        # The batch's adapters: every running request is scheduled when this pass runs.
+        scheduled_loras = {r.lora_name for r in running if r.lora_request is not None}
         while not preempted and self.waiting and budget > 0 and len(running) < self.max_num_seqs:
             request = self.waiting.peek()
             if request.status is RequestStatus.WAITING_FOR_FSM:  # vLLM: skipped, not blocking
                 self.waiting.skip_front()
+                continue
+            lora_name = request.lora_name
+            if (self.max_loras is not None and lora_name is not None
+                    and lora_name not in scheduled_loras and lora_name not in self.pinned_loras
+                    and len(scheduled_loras | self.pinned_loras) >= self.max_loras):
+                # vLLM: skipped, not blocking (a pinned adapter keeps its slot, used or not)
+                self.waiting.skip_front()
+                lora_skipped.append(request.request_id)
                 continue
             hit_blocks, num_hit = kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_hit
@@ -331,6 +353,8 @@ class Scheduler:
                 request.first_scheduled_time = now
                 request.num_cached_tokens = num_hit
             running.append(request)
+            if lora_name is not None:
+                scheduled_loras.add(lora_name)
             admitted.append((request, num_new, num_hit))
             budget -= num_new
         self.waiting.restore_skipped()
@@ -348,6 +372,7 @@ class Scheduler:
             kv_cache_stats=kv.make_stats(),
             num_free_blocks=kv.num_free_blocks,
             kv_usage=kv.usage,
+            lora_skipped_request_ids=tuple(lora_skipped),
         )
         if self._events is not None:
             step = output.step
@@ -429,6 +454,7 @@ class Scheduler:
             is_prefill=num_new > 1 or start < num_prompt,
             samples=end == num_prompt + len(request.output_token_ids),
             num_cached_tokens=num_hit,
+            lora_name=request.lora_name,
         )
 
     def _log_admission(self, request: Request, resumed: bool, num_hit: int, hit_blocks, now: float) -> None:
@@ -501,6 +527,10 @@ class Scheduler:
             f"running+waiting {sorted(set(running) | set(waiting))} != unfinished {sorted(self.requests)}"
         )
         assert len(running) <= self.max_num_seqs, f"{len(running)} running > max_num_seqs={self.max_num_seqs}"
+        if self.max_loras is not None:
+            loras = {r.lora_name for r in self.running if r.lora_request is not None} | self.pinned_loras
+            assert len(loras) <= self.max_loras, (
+                f"running requests use {len(loras)} adapters {sorted(loras)} > max_loras={self.max_loras}")
         for r in self.running:
             assert r.status is RequestStatus.RUNNING, f"{r.request_id!r} in running with status {r.status.name}"
             lo = 0 if r.request_id in scheduled else 1

@@ -5,7 +5,9 @@ both JSON or SSE (``stream: true``: ``data: {json}\\n\\n`` chunks ending ``data:
 ``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize`` (tokenization.py); ``GET /health``;
 ``GET /metrics`` (vLLM's ``vllm:`` series from the engine's PrometheusStatLogger); with
 ``torch_profiler_dir``, ``POST /start_profile`` and ``POST /stop_profile``; with
-``VLLM_SERVER_DEV_MODE=1``, ``POST /sleep``, ``POST /wake_up`` and ``GET /is_sleeping``. Errors are
+``VLLM_SERVER_DEV_MODE=1``, ``POST /sleep``, ``POST /wake_up`` and ``GET /is_sleeping``; with
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, ``POST /v1/load_lora_adapter`` and
+``/v1/unload_lora_adapter``. Errors are
 OpenAI-shaped (errors.py). A client that disconnects has its request aborted (blocks freed).
 """
 
@@ -16,9 +18,10 @@ import hmac
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from typing import Any
 
-from fastapi import FastAPI, Query
+from fastapi import Body, FastAPI, Query
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -26,7 +29,7 @@ from workbench.metrics.prometheus import PrometheusStatLogger
 from workbench.engine.async_llm import AsyncLLM
 from workbench.entrypoints.openai.chat import chat_router
 from workbench.entrypoints.openai.completion import completion_router
-from workbench.entrypoints.openai.errors import error_response, install_error_handlers
+from workbench.entrypoints.openai.errors import APIError, error_response, install_error_handlers
 from workbench.entrypoints.openai.serving import OpenAIServing
 from workbench.entrypoints.openai.generation_defaults import load_generation_defaults
 from workbench.entrypoints.openai.tokenization import tokenization_router
@@ -79,8 +82,9 @@ def prometheus_logger(async_llm: AsyncLLM, model_name: str) -> PrometheusStatLog
             return existing
         if existing is not None:
             engine.remove_logger(_LOGGER_NAME)
-        logger = PrometheusStatLogger(model_name,
-                                      max_model_len=engine.model_config.max_model_len)
+        logger = PrometheusStatLogger(
+            model_name, max_model_len=engine.model_config.max_model_len,
+            max_lora=engine.config.max_loras if engine.config.enable_lora else None)
         engine.add_logger(_LOGGER_NAME, logger)
         return logger
 
@@ -89,16 +93,22 @@ def prometheus_logger(async_llm: AsyncLLM, model_name: str) -> PrometheusStatLog
 
 def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | list[str] | None = None,
               generation_config: str = "auto", enable_auto_tool_choice: bool = False,
-              tool_call_parser: str | None = None) -> FastAPI:
+              tool_call_parser: str | None = None,
+              lora_modules: Mapping[str, str] | None = None) -> FastAPI:
     """The OpenAI-compatible app over ``async_llm``; ``api_key`` (one key or several) guards
     /v1* (``Authorization: Bearer <key>``, vLLM's rule); ``generation_config`` ("auto", "vllm" or
     a folder) gives the sampling defaults, as vLLM's ``--generation-config``;
     ``enable_auto_tool_choice`` with ``tool_call_parser`` (e.g. "hermes") serve
-    ``tool_choice: "auto"``, as vLLM's flags of those names."""
+    ``tool_choice: "auto"``, as vLLM's flags of those names; ``lora_modules``
+    (name -> PEFT directory, vLLM's ``--lora-modules``) are loaded now and served under their
+    names (the engine needs ``enable_lora``); with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``,
+    ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` change them at run time."""
     defaults = load_generation_defaults(generation_config, async_llm.model_config.path)
     serving = OpenAIServing(async_llm, model_name, defaults,
                             enable_auto_tools=enable_auto_tool_choice,
                             tool_parser=tool_call_parser)
+    for name, path in (lora_modules or {}).items():
+        serving.add_lora_module(name, path)
     metrics = prometheus_logger(async_llm, model_name)
     app = FastAPI(title="llm-workbench OpenAI-compatible server")
     app.state.serving = serving
@@ -117,6 +127,9 @@ def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | list[str] 
             return error_response(503, f"The engine is not running: {error!r}" if error
                                   else "The engine is shut down.")
         return Response(status_code=200)
+
+    if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true"):
+        _add_lora_endpoints(app, serving)
 
     @app.get("/metrics")
     async def show_metrics() -> Response:
@@ -151,6 +164,31 @@ def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | list[str] 
             return Response(status_code=200)
 
     return app
+
+
+def _add_lora_endpoints(app: FastAPI, serving: OpenAIServing) -> None:
+    """vLLM's runtime LoRA endpoints (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``):
+    ``POST /v1/load_lora_adapter`` {lora_name, lora_path} and ``/v1/unload_lora_adapter``
+    {lora_name}; the answers are vLLM's plain-text successes and OpenAI-shaped errors."""
+    logger.warning("LoRA dynamic loading & unloading is enabled in the API server. This should "
+                   "ONLY be used for local development!")
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(body: dict = Body(...)) -> Response:
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path:
+            raise APIError(400, "Both 'lora_name' and 'lora_path' must be provided.", "lora_name")
+        await serving.load_lora_adapter(name, path)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(body: dict = Body(...)) -> Response:
+        name = body.get("lora_name")
+        if not name:
+            raise APIError(400, "'lora_name' needs to be provided to unload a LoRA adapter.",
+                           "lora_name")
+        await serving.unload_lora_adapter(name)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
 
 def _add_dev_endpoints(app: FastAPI, async_llm: AsyncLLM) -> None:

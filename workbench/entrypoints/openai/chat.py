@@ -92,7 +92,7 @@ class ChatFormat(ResponseFormat):
     def __init__(self, serving: OpenAIServing, req: P.ChatCompletionRequest, response_id: str,
                  echo: str, readers: Callable[[], ReplyReader] | None = None) -> None:
         self.req, self.response_id, self.echo = req, response_id, echo
-        self.model = serving.model_name
+        self.model = req.model if req.model in serving.lora_requests else serving.model_name
         self.created = int(time.time())
         self.readers = readers
         self._readers: dict[int, ReplyReader] = {}

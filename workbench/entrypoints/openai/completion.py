@@ -31,7 +31,7 @@ class CompletionFormat(ResponseFormat):
     def __init__(self, serving: OpenAIServing, req: P.CompletionRequest, response_id: str
                  ) -> None:
         self.req, self.response_id = req, response_id
-        self.model = serving.model_name
+        self.model = req.model if req.model in serving.lora_requests else serving.model_name
         self.created = int(time.time())
 
     def _echo(self, state: ChoiceState) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import logging
 import uuid
@@ -31,6 +32,7 @@ from workbench.outputs import CompletionOutput, Logprob, RequestOutput
 from workbench.sampling_params import BeamSearchParams, SamplingParams
 from workbench.entrypoints.openai import protocol as P
 from workbench.entrypoints.openai import responses as R
+from workbench.lora.request import LoRARequest
 from workbench.engine.async_llm import AsyncLLM, EngineDeadError, RequestStream
 from workbench.metrics.tracing import extract_trace_headers, log_tracing_disabled_warning
 from workbench.entrypoints.openai.errors import APIError, error_event
@@ -139,11 +141,52 @@ class OpenAIServing:
                     async_llm.config.reasoning_parser)
         except KeyError as exc:
             raise ValueError(exc.args[0]) from None
+        #: The LoRA adapters served, by name: a request's ``model`` selects one (vLLM's
+        #: OpenAIServingModels); ids are given in the order of loading, from 1.
+        self.lora_requests: dict[str, LoRARequest] = {}
+        self._lora_id_counter = itertools.count(1)
+
+    # ------------------------------------------------------------------ LoRA adapters
+    def _new_lora(self, lora_name: str, lora_path: str) -> LoRARequest:
+        if lora_name in self.lora_requests or lora_name == self.model_name:
+            raise APIError(400, f"The lora adapter '{lora_name}' has already been loaded.", "lora_name")
+        return LoRARequest(lora_name, next(self._lora_id_counter), str(lora_path),
+                           base_model_name=self.model_name)
+
+    async def load_lora_adapter(self, lora_name: str, lora_path: str) -> LoRARequest:
+        """Load an adapter on the engine thread and serve it under ``lora_name`` (vLLM's
+        wording for a name in use; the engine's error, naming the file, for a bad adapter)."""
+        lora = self._new_lora(lora_name, lora_path)
+        try:
+            await self.llm.call(lambda: self.llm.engine.add_lora(lora))
+        except ValueError as exc:
+            raise APIError(400, str(exc), "lora_path") from exc
+        self.lora_requests[lora_name] = lora
+        return lora
+
+    def add_lora_module(self, lora_name: str, lora_path: str) -> LoRARequest:
+        """:meth:`load_lora_adapter` from a thread with no event loop (``--lora-modules`` at
+        start-up); a bad adapter raises the engine's ValueError."""
+        lora = self._new_lora(lora_name, lora_path)
+        self.llm.submit(lambda: self.llm.engine.add_lora(lora)).result()
+        self.lora_requests[lora_name] = lora
+        return lora
+
+    async def unload_lora_adapter(self, lora_name: str) -> None:
+        lora = self.lora_requests.pop(lora_name, None)
+        if lora is None:
+            raise APIError(404, f"The lora adapter '{lora_name}' cannot be found.", "lora_name")
+        await self.llm.call(lambda: self.llm.engine.remove_lora(lora.lora_int_id))
 
     # ------------------------------------------------------------------ checks
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The adapter a request's ``model`` names (None: the base model); 404 if unknown."""
+        if model is None or model == self.model_name:
+            return None
+        lora = self.lora_requests.get(model)
+        if lora is None:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
+        return lora
 
     def check_request(self, req: P._CommonFields, raw: Request) -> str:
         """Model and supported fields; warn about unknown fields (priority is the input
@@ -202,7 +245,7 @@ class OpenAIServing:
                     request_id if single else f"{request_id}-{i}", prompt, params,
                     priority=req.priority,
                     tokenization_kwargs={"add_special_tokens": req.add_special_tokens},
-                    trace_headers=trace_headers,
+                    trace_headers=trace_headers, lora_request=self.check_model(req.model),
                 )
             except (ValueError, TypeError) as exc:
                 raise APIError.bad_request(exc, fields) from exc

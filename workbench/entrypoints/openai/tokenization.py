@@ -1,4 +1,4 @@
-"""GET /v1/models, POST /tokenize (a text or a chat) and POST /detokenize, vLLM's shapes.
+"""GET /v1/models (the base model, then each LoRA adapter with its ``parent``), POST /tokenize (a text or a chat) and POST /detokenize, vLLM's shapes.
 
 Tokenizer work runs on AsyncLLM's input thread, never on the engine thread.
 """
@@ -20,9 +20,12 @@ def tokenization_router(serving: OpenAIServing) -> APIRouter:
 
     @router.get("/v1/models")
     async def show_available_models() -> Response:
-        card = R.ModelCard(id=serving.model_name, root=serving.model_name,
-                           max_model_len=serving.max_model_len)
-        return JSONResponse(R.dump(R.ModelList(data=[card])))
+        cards = [R.ModelCard(id=serving.model_name, root=serving.model_name,
+                             max_model_len=serving.max_model_len)]
+        cards += [R.ModelCard(id=lora.lora_name, root=lora.lora_path,
+                              parent=lora.base_model_name or serving.model_name)
+                  for lora in serving.lora_requests.values()]
+        return JSONResponse(R.dump(R.ModelList(data=cards)))
 
     @router.post("/tokenize")
     async def tokenize(req: P.TokenizeRequest) -> Response:

@@ -84,6 +84,27 @@ class SimulatedRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks  # no tensors: nothing is computed
 
+    # LoRA: the scheduler's cap is what a simulation shows; adapters are names, no weights
+    # (the cost model has no adapter term yet: an adapted token costs a base token).
+    def enable_lora(self, *, max_loras: int, max_lora_rank: int, max_cpu_loras: int) -> None:
+        self.loras: set[int] = set()
+
+    def add_lora(self, lora_request) -> bool:
+        added = lora_request.lora_int_id not in self.loras
+        self.loras.add(lora_request.lora_int_id)
+        return added
+
+    def remove_lora(self, lora_id: int) -> bool:
+        removed = lora_id in self.loras
+        self.loras.discard(lora_id)
+        return removed
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return lora_id in self.loras
+
+    def list_loras(self) -> set[int]:
+        return set(self.loras)
+
     def warm_up(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         """Nothing to compile."""
 
