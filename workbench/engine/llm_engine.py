@@ -131,11 +131,13 @@ class LLMEngine:
             self.tokenizer, max_model_len, self.model_config.vocab_size,
             max_logprobs=config.max_logprobs, eos_token_ids=self.model_config.eos_token_ids,
             policy=self.scheduler.policy,
+            structured_outputs_config=config.structured_outputs_config,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         #: Grammars of the constrained requests (structured outputs), compiled off this thread.
-        self.structured_output = StructuredOutputManager(self.tokenizer,
-                                                         self.model_config.vocab_size)
+        self.structured_output = StructuredOutputManager(
+            self.tokenizer, self.model_config.vocab_size,
+            config=config.structured_outputs_config)
         self.history = StepHistory(config.max_history, initial_kv_state=self.kv_cache.snapshot())
         self.request_tracker = RequestTracker()
         #: Callables ``fn(record)`` run after every step, in order; one that raises is logged
