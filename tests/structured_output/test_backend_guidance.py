@@ -14,7 +14,8 @@ import pytest
 from workbench import EngineArgs, LLMEngine, SamplingParams
 from workbench.config import StructuredOutputsConfig
 from workbench.sampling_params import StructuredOutputsParams as S
-from workbench.structured_output.request import grammar_is_likely_lark, grammar_key
+from workbench.structured_output.backends import grammar_key
+from workbench.structured_output.request import grammar_is_likely_lark
 
 OBJECT = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0,
                                                  "maximum": 9},

@@ -8,7 +8,8 @@ import xgrammar as xgr
 
 from workbench.sampling_params import StructuredOutputsParams as S
 from workbench.structured_output.backend_xgrammar import validate
-from workbench.structured_output.request import GrammarKey, constraint_spec, grammar_key
+from workbench.structured_output.backends import grammar_key
+from workbench.structured_output.request import GrammarKey, constraint_spec
 
 
 def test_keys_are_the_constraint_as_text():

@@ -12,7 +12,7 @@ from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.metrics.tracing import check_trace_headers
 from workbench.config import StructuredOutputsConfig
 from workbench.sampling_params import SamplingParams, check_logprobs
-from workbench.structured_output.request import grammar_key
+from workbench.structured_output.backends import grammar_key
 
 #: A prompt as vLLM accepts it: text, a list of token ids, or {"prompt_token_ids": [...]} / {"prompt": "..."}.
 PromptType = Union[str, Sequence[int], Mapping[str, Any]]

@@ -396,6 +396,8 @@ class LLMEngine:
         t3 = time.perf_counter()
         timings["output"] = t3 - t2
         record = self._record(so, timings, result)
+        iteration.grammar_compile_seconds = list(record.structured_output.compile_seconds)
+        iteration.num_grammar_cache_hits = len(record.structured_output.cache_hits)
         for stat_logger in self.stat_loggers.values():
             stat_logger.record(record.scheduler_stats, iteration)
         if self.config.log_stats and time.monotonic() - self._last_log_time >= self.config.log_stats_interval:

@@ -3,7 +3,7 @@ request's grammar on its own thread, and per step fills the token bitmask of the
 rows that sample and advances their grammars on the tokens they got.
 
 A constrained request enters WAITING_FOR_FSM unless its grammar is already compiled (the
-cache is keyed by :func:`~workbench.structured_output.request.grammar_key`, which names the
+cache is keyed by :func:`~workbench.structured_output.backends.grammar_key`, which names the
 backend: xgrammar or guidance, per the engine's StructuredOutputsConfig);
 ``update_waiting`` (before each schedule) sets it WAITING once its compile is done, or reports
 it failed. What it did in a step -- who waits, compile times, each row's allowed-token count
@@ -22,7 +22,8 @@ import torch
 from workbench.config import StructuredOutputsConfig
 from workbench.core.sched.output import SchedulerOutput
 from workbench.request import Request, RequestStatus
-from workbench.structured_output.request import GrammarKey, grammar_key
+from workbench.structured_output.backends import grammar_key
+from workbench.structured_output.request import GrammarKey
 from workbench.worker.sampler import unpack_bitmask
 
 

@@ -24,7 +24,7 @@ from workbench.sampling_params import (
     check_logprobs,
 )
 from workbench.config import StructuredOutputsConfig
-from workbench.structured_output.request import grammar_key
+from workbench.structured_output.backends import grammar_key
 
 logger = logging.getLogger("workbench.entrypoints.openai")
 
