@@ -146,8 +146,12 @@ class GuidanceGrammar:
     def __init__(self, matcher: llguidance.LLMatcher, eos_token: int) -> None:
         self.matcher, self.eos_token = matcher, eos_token
         self._terminated = False
+        self._eos_lag = 0  # 1: the end token was accepted by a stopped matcher, which keeps no record
 
     def accept_token(self, token_id: int) -> bool:
+        if token_id == self.eos_token and self.matcher.is_stopped():
+            self._terminated, self._eos_lag = True, 1
+            return True
         ok = self.matcher.consume_token(token_id)
         if ok and token_id == self.eos_token:
             self._terminated = True
@@ -159,8 +163,9 @@ class GuidanceGrammar:
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens:
-            self.matcher.rollback(num_tokens)
-            self._terminated = False
+            if num_tokens > self._eos_lag:
+                self.matcher.rollback(num_tokens - self._eos_lag)
+            self._terminated, self._eos_lag = False, 0
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         import llguidance.torch
