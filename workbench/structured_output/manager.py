@@ -42,7 +42,8 @@ class StructuredOutputStep:
     whose grammar became ready, its compile's seconds (0.0: it was in the cache); the
     requests that found their grammar cached or already compiling (``cache_hits``); the
     seconds of each compile that ended (one per grammar, however many requests share it);
-    the backend of each ready grammar; and the rows."""
+    the backend of each ready grammar; the rows; and ``mask_seconds``, the engine thread's
+    time on grammars in the step (filling the bitmask, advancing the matchers)."""
 
     waiting_for_fsm: tuple[str, ...] = ()
     compiled: dict[str, float] = field(default_factory=dict)
@@ -50,6 +51,7 @@ class StructuredOutputStep:
     compile_seconds: list[float] = field(default_factory=list)
     backends: dict[str, str] = field(default_factory=dict)
     rows: dict[str, GrammarRow] = field(default_factory=dict)
+    mask_seconds: float = 0.0
 
     def __bool__(self) -> bool:
         return bool(self.waiting_for_fsm or self.compiled or self.rows)
@@ -183,6 +185,7 @@ class StructuredOutputManager:
                if c.samples and c.request_id in self._grammars]
         if not ids:
             return {}
+        start = time.perf_counter()
         bitmask = torch.full((len(ids), -(-self.vocab_size // 32)), -1, dtype=torch.int32)
         for row, rid in enumerate(ids):
             self._grammars[rid].grammar.fill_bitmask(bitmask, row)
@@ -191,6 +194,7 @@ class StructuredOutputManager:
         for row, rid in enumerate(ids):
             forced = int(allowed[row].nonzero()[0]) if counts[row] == 1 else None
             self._step.rows[rid] = GrammarRow(counts[row], forced)
+        self._step.mask_seconds += time.perf_counter() - start
         return {rid: bitmask[row] for row, rid in enumerate(ids)}
 
     def accept_tokens(self, requests: Iterable[Request]) -> tuple[list[str], dict[str, str]]:
@@ -201,6 +205,7 @@ class StructuredOutputManager:
         ended, refused = [], {}
         if not self._grammars:
             return ended, refused
+        start = time.perf_counter()
         for request in requests:
             active = self._active(request.request_id, request)
             if active is None:
@@ -214,6 +219,7 @@ class StructuredOutputManager:
                 if active.grammar.is_terminated():
                     ended.append(request.request_id)
                     break
+        self._step.mask_seconds += time.perf_counter() - start
         return ended, refused
 
     def _active(self, request_id: str, request: Request | None = None) -> _Active | None:
