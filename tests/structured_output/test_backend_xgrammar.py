@@ -13,7 +13,9 @@ from workbench.structured_output.request import GrammarKey, constraint_spec
 
 
 def test_keys_are_the_constraint_as_text():
-    assert grammar_key(S(json={"b": 1, "a": 2})) == grammar_key(S(json='{"a": 2, "b": 1}'))
+    assert grammar_key(S(json={"b": 1, "a": 2})) == grammar_key(S(json='{"b": 1, "a": 2}'))
+    # the keys' order is the properties' order in the output: another order, another grammar
+    assert grammar_key(S(json={"b": 1, "a": 2})) != grammar_key(S(json={"a": 2, "b": 1}))
     assert grammar_key(S(json_object=True)) == GrammarKey(
         "xgrammar", "json_object", '{"type": "object"}', True)
     assert grammar_key(S(regex="a+", disable_any_whitespace=True)) == GrammarKey(

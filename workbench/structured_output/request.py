@@ -1,6 +1,7 @@
 """A constraint's grammar key (vLLM's structured-output key, with its backend).
 
-A key is the constraint as text (a JSON schema dumped with sorted keys, the regex, the
+A key is the constraint as text (a JSON schema dumped in its own key order, which is the
+order of the properties in the output, as vLLM's key; the regex, the
 choices as the EBNF ``root ::= "a" | "b"``, the grammar, the structural tag's JSON) with the
 options that change its grammar and the backend that compiles it: equal keys compile to the
 same grammar, which the manager caches. ``json_object`` is the schema ``{"type": "object"}``.
@@ -38,7 +39,7 @@ def constraint_spec(params: StructuredOutputsParams) -> tuple[str, str]:
     kind = params.kind
     if kind == "json":
         return kind, (params.json if isinstance(params.json, str)
-                      else json.dumps(params.json, sort_keys=True))
+                      else json.dumps(params.json))
     if kind == "json_object":
         return kind, '{"type": "object"}'
     if kind == "choice":
