@@ -146,16 +146,16 @@ timeline
 # ## Every kind of constraint, in one batch with a free request
 #
 # Regex, choice, an EBNF grammar, the same grammar in Lark (vLLM's rule: a grammar with no
-# `::=` is Lark) and a structural tag in xgrammar's format (here a `<line>` tag around a JSON
-# object of the schema; vLLM's older form, `{"structures": [{"begin", "schema", "end"}],
+# `::=` is Lark) and a structural tag in xgrammar's format (here a `<verdict>` tag around a
+# regex; its elements may also be JSON schemas, grammars or free text; vLLM's older form, `{"structures": [{"begin", "schema", "end"}],
 # "triggers": [...]}`, leaves free text until the model writes a trigger). The mask touches
 # only the constrained rows: the free request's tokens are those it gets alone.
 
 # %%
 tag = json.dumps({"type": "structural_tag", "format": {"type": "sequence", "elements": [
-    {"type": "const_string", "value": "<line>"},
-    {"type": "json_schema", "json_schema": schema},
-    {"type": "const_string", "value": "</line>"}]}})
+    {"type": "const_string", "value": "<verdict>"},
+    {"type": "regex", "pattern": "(Ay|Nay), my (lord|lady)"},
+    {"type": "const_string", "value": "</verdict>"}]}})
 kinds = {
     "regex": StructuredOutputsParams(regex=r"[0-9]{3}-[a-z]{2,4}"),
     "choice": StructuredOutputsParams(choice=["to be", "not to be"]),
