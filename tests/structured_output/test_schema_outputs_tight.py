@@ -21,7 +21,7 @@ from workbench import EngineArgs, LLMEngine, SamplingParams
 from workbench.sampling_params import StructuredOutputsParams as S
 
 PROMPT = "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?"  # 20 tokens: over the budget
-FREE = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+FREE = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 NAMES = ["a", "b", "speaker", "lines"]
 TALLY = collections.Counter()
 
@@ -60,9 +60,9 @@ regexes = st.lists(st.tuples(atoms, quantifiers).map("".join), min_size=1, max_s
 
 
 def tight(backend):
-    """24 blocks of 4 tokens and 16 tokens a step: prompts are chunked, and three requests
-    outgrow the pool (preemption)."""
-    return LLMEngine(EngineArgs(device="cpu", dtype="float32", block_size=4, num_kv_blocks=24,
+    """20 blocks of 4 tokens (one request's prompt and 60 outputs) and 16 tokens a step:
+    prompts are chunked, and three requests outgrow the pool (preemption)."""
+    return LLMEngine(EngineArgs(device="cpu", dtype="float32", block_size=4, num_kv_blocks=20,
                                 max_num_batched_tokens=16, max_num_seqs=4,
                                 structured_outputs_config={"backend": backend}))
 
@@ -110,7 +110,7 @@ SETTINGS = settings(max_examples=2, deadline=None, derandomize=True,
 @given(schema=schemas)
 def test_outputs_validate_against_drawn_schemas(engine, schema):
     TALLY["schemas"] += 1
-    outs = batch(engine, S(json=schema, disable_any_whitespace=True), max_tokens=80)
+    outs = batch(engine, S(json=schema, disable_any_whitespace=True), max_tokens=60)
     for out in outs.values():
         if out.finish_reason == "length":  # a number the model kept writing: cut, counted
             TALLY["schema outputs cut by max_tokens"] += 1
