@@ -12,7 +12,7 @@ from dataclasses import fields
 import pytest
 
 import workbench
-from workbench.config import EngineArgs, EngineConfig, teaching_config
+from workbench.config import EngineArgs, EngineConfig, StructuredOutputsConfig, teaching_config
 
 #: option -> (what a user types after its flag, the value it must parse to); booleans: both ways.
 NON_DEFAULT = {
@@ -43,6 +43,9 @@ NON_DEFAULT = {
     "max_loras": ("2", 2),
     "max_lora_rank": ("8", 8),
     "max_cpu_loras": ("4", 4),
+    "structured_outputs_config": ('{"backend": "guidance", "disable_any_whitespace": true}',
+                                  StructuredOutputsConfig(backend="guidance",
+                                                          disable_any_whitespace=True)),
 }
 #: Options valid only with another (here: with otlp_traces_endpoint), parsed all at once.
 DEPENDENT = {"collect_detailed_traces": ("all", "all")}
@@ -122,5 +125,23 @@ def test_invalid_values_are_refused_by_the_parser_or_the_class():
 def test_repr_names_the_engine_config():
     text = repr(EngineArgs(block_size=8))
     assert text.startswith("EngineConfig(model=None, tokenizer=None, dtype='auto',")
-    assert ", block_size=8," in text and ("log_stats_interval=5.0, otlp_traces_endpoint=None, collect_detailed_traces=None, enable_sleep_mode=False, torch_profiler_dir=None") in text and text.endswith(")")
+    assert ", block_size=8," in text and text.endswith(")")
+    assert ("log_stats_interval=5.0, otlp_traces_endpoint=None, collect_detailed_traces=None, "
+            "enable_sleep_mode=False, torch_profiler_dir=None") in text
+    assert ("structured_outputs_config=StructuredOutputsConfig(backend='auto', disable_fallback=False, "
+            "disable_any_whitespace=False, disable_additional_properties=False)") in text
     assert "EngineConfig" in EngineArgs()._repr_html_()
+
+
+@pytest.mark.parametrize("value, words", [
+    ('{"backend": "outlines"}', "backend must be one of"),
+    ('{"backend": "auto", "disable_any_whitespace": true}',
+     "disable_any_whitespace is only supported for xgrammar and guidance"),
+    ('{"backend": "xgrammar", "disable_additional_properties": true}',
+     "disable_additional_properties is only supported for the guidance"),
+    ('{"backend": "xgrammar", "whitespace": 1}', r"unknown keys \['whitespace'\]"),
+    ("{backend: xgrammar}", "must be JSON"),
+])
+def test_structured_outputs_config_follows_vllms_rules(value, words):
+    with pytest.raises(ValueError, match=words):
+        parse(["--structured-outputs-config", value])

@@ -12,6 +12,7 @@ on which serving effects show within seconds).
 from __future__ import annotations
 
 import argparse
+import json
 import typing
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields, replace
@@ -22,6 +23,58 @@ from workbench.utils.reprs import html_table
 
 #: vLLM's ``collect_detailed_traces`` choices.
 DETAILED_TRACE_MODULES = ("model", "worker", "all")
+
+
+#: The structured-output backends (vLLM's names; outlines and lm-format-enforcer are not here).
+STRUCTURED_OUTPUTS_BACKENDS = ("auto", "xgrammar", "guidance")
+
+
+@dataclass(frozen=True)
+class StructuredOutputsConfig:
+    """vLLM's engine-wide structured-outputs options. ``backend``: "xgrammar", "guidance"
+    (llguidance) or "auto" (xgrammar, falling back to guidance for a constraint xgrammar
+    refuses, as vLLM); ``disable_fallback``: never fall back; ``disable_any_whitespace``: JSON
+    without free whitespace (xgrammar and guidance only, vLLM's rule);
+    ``disable_additional_properties``: JSON objects keep to the schema's properties (guidance
+    only, vLLM's rule). :meth:`parse` reads the ``--structured-outputs-config`` JSON."""
+
+    backend: str = "auto"
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+
+    def __post_init__(self) -> None:
+        if self.backend not in STRUCTURED_OUTPUTS_BACKENDS:
+            raise ValueError(f"structured_outputs_config.backend must be one of "
+                             f"{list(STRUCTURED_OUTPUTS_BACKENDS)}, got {self.backend!r}.")
+        if self.disable_any_whitespace and self.backend not in ("xgrammar", "guidance"):
+            raise ValueError("disable_any_whitespace is only supported for xgrammar and "
+                             "guidance backends.")
+        if self.disable_additional_properties and self.backend != "guidance":
+            raise ValueError("disable_additional_properties is only supported for the "
+                             "guidance backend.")
+
+    @classmethod
+    def parse(cls, value: Any) -> StructuredOutputsConfig:
+        """A config from None (the defaults), a dict, its JSON text or a config."""
+        if isinstance(value, cls):
+            return value
+        if value is None:
+            return cls()
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"structured_outputs_config must be JSON, got {value!r}: "
+                                 f"{exc}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"structured_outputs_config must be a JSON object, got {value!r}.")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"structured_outputs_config: unknown keys {unknown}; known: "
+                             f"{sorted(known)}.")
+        return cls(**value)
 
 
 def option(default: Any, help: str, **cli: Any) -> Any:
@@ -126,7 +179,14 @@ class EngineArgs:
     max_cpu_loras: int | None = option(
         None, "with enable_lora: adapters kept loaded in host memory, LRU (default: max_loras)")
 
+    structured_outputs_config: StructuredOutputsConfig | None = option(
+        None, "structured outputs, as JSON: {\"backend\": \"auto\"|\"xgrammar\"|\"guidance\", "
+        "\"disable_fallback\": false, \"disable_any_whitespace\": false, "
+        "\"disable_additional_properties\": false} (default: backend auto)")
+
     def __post_init__(self) -> None:
+        self.structured_outputs_config = StructuredOutputsConfig.parse(
+            self.structured_outputs_config)
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}.")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

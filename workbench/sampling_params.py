@@ -22,11 +22,16 @@ LogitsProcessor = Callable[[list[int], "torch.Tensor"], "torch.Tensor"]
 @dataclass(frozen=True)
 class StructuredOutputsParams:
     """vLLM's constraint on a request's output: exactly one of ``json`` (a JSON schema, as a
-    dict or its text), ``regex``, ``choice`` (one of these strings), ``grammar`` (EBNF, as
-    xgrammar reads it) or ``json_object`` (any JSON object). ``disable_any_whitespace``: JSON
-    without free whitespace. ``disable_fallback`` and ``disable_additional_properties`` are
-    accepted for vLLM's API: there is one backend (xgrammar, strict JSON schemas, which allow
-    no extra properties unless the schema does). Raises ValueError in vLLM's words otherwise.
+    dict or its text), ``regex``, ``choice`` (one of these strings), ``grammar`` (EBNF, or Lark
+    when no line has ``::=``, vLLM's rule), ``json_object`` (any JSON object) or
+    ``structural_tag`` (xgrammar's structural tag as JSON text: ``{"type": "structural_tag",
+    "format": ...}``, or vLLM's older ``{"structures": [{"begin", "schema", "end"}],
+    "triggers": [...]}``). ``disable_any_whitespace``: JSON without free whitespace;
+    ``whitespace_pattern``: the regex of JSON's whitespace (the guidance backend only);
+    ``disable_additional_properties``: JSON objects without properties the schema does not
+    name (the guidance backend; xgrammar never adds them); ``disable_fallback``: no second
+    backend when the engine's backend is "auto" and xgrammar refuses the constraint.
+    Raises ValueError in vLLM's words otherwise.
     """
 
     json: str | dict | None = None
@@ -34,9 +39,11 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: str | None = None
     disable_fallback: bool = False
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
 
     def __post_init__(self) -> None:
         count = sum(getattr(self, name) is not None for name in _CONSTRAINTS)
@@ -52,21 +59,24 @@ class StructuredOutputsParams:
                 raise ValueError(f"structured_outputs.choice must be a non-empty list of "
                                  f"strings, got {self.choice!r}.")
             object.__setattr__(self, "choice", list(self.choice))
-        for name in ("regex", "grammar"):
+        for name in ("regex", "grammar", "structural_tag", "whitespace_pattern"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ValueError(f"structured_outputs.{name} must be a string, got "
                                  f"{getattr(self, name)!r}.")
+        if self.grammar is not None and not self.grammar.strip():
+            raise ValueError("structured_outputs.grammar cannot be an empty string")
         if self.json is not None and not isinstance(self.json, (str, dict)):
             raise ValueError(f"structured_outputs.json must be a JSON schema (a dict or its "
                              f"text), got {self.json!r}.")
 
     @property
     def kind(self) -> str:
-        """The constraint's name: "json", "regex", "choice", "grammar" or "json_object"."""
+        """The constraint's name: "json", "regex", "choice", "grammar", "json_object" or
+        "structural_tag"."""
         return next(name for name in _CONSTRAINTS if getattr(self, name) is not None)
 
 
-_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")
+_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 class RequestOutputKind(enum.Enum):

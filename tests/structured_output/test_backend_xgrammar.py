@@ -7,19 +7,25 @@ import pytest
 import xgrammar as xgr
 
 from workbench.sampling_params import StructuredOutputsParams as S
-from workbench.structured_output.backend_xgrammar import grammar_key, validate_grammar
+from workbench.structured_output.backend_xgrammar import validate
+from workbench.structured_output.backends import grammar_key
+from workbench.structured_output.request import GrammarKey, constraint_spec
 
 
 def test_keys_are_the_constraint_as_text():
-    assert grammar_key(S(json={"b": 1, "a": 2})) == grammar_key(S(json='{"a": 2, "b": 1}'))
-    assert grammar_key(S(json_object=True)) == ("json_object", '{"type": "object"}', True)
-    assert grammar_key(S(regex="a+", disable_any_whitespace=True)) == ("regex", "a+", False)
-    kind, spec, _ = grammar_key(S(choice=['say "hi"', "no"]))
-    assert (kind, spec) == ("choice", r'root ::= "say \"hi\"" | "no"')
+    assert grammar_key(S(json={"b": 1, "a": 2})) == grammar_key(S(json='{"b": 1, "a": 2}'))
+    # the keys' order is the properties' order in the output: another order, another grammar
+    assert grammar_key(S(json={"b": 1, "a": 2})) != grammar_key(S(json={"a": 2, "b": 1}))
+    assert grammar_key(S(json_object=True)) == GrammarKey(
+        "xgrammar", "json_object", '{"type": "object"}', True)
+    assert grammar_key(S(regex="a+", disable_any_whitespace=True)) == GrammarKey(
+        "xgrammar", "regex", "a+", False)
+    key = grammar_key(S(choice=['say "hi"', "no"]))
+    assert (key.kind, key.spec) == ("choice", r'root ::= "say \"hi\"" | "no"')
 
 
 def test_choice_grammar_accepts_exactly_the_choices():
-    _, spec, _ = grammar_key(S(choice=['say "hi"', "no"]))
+    spec = grammar_key(S(choice=['say "hi"', "no"])).spec
     grammar = xgr.Grammar.from_ebnf(spec)
     for text, ok in (('say "hi"', True), ("no", True), ("say hi", False), ("n", False)):
         assert xgr.testing._is_grammar_accept_string(grammar, text) is ok, text
@@ -32,7 +38,7 @@ def test_choice_grammar_accepts_exactly_the_choices():
 ])
 def test_parse_errors_carry_the_compilers_message_without_its_location(params, words):
     with pytest.raises(ValueError) as info:
-        validate_grammar(params)
+        validate(GrammarKey("xgrammar", *constraint_spec(params)))
     assert words in str(info.value)
     assert ".cc:" not in str(info.value)
 

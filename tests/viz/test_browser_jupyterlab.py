@@ -42,9 +42,17 @@ CELLS = [
     "player",
     "%llm compare workload --policies fcfs spf priority",
     "%llm add ROMEO: --max-tokens 12\n%llm add 'JULIET:\\nO Romeo, Romeo!' --max-tokens 12\n%llm dashboard",
+    "from workbench import LLMEngine, SamplingParams\n"
+    "from workbench.sampling_params import StructuredOutputsParams\n"
+    "constrained = LLMEngine(device='cpu', block_size=8, num_kv_blocks=32)\n"
+    "constrained.add_request('ay', 'ROMEO:', SamplingParams(temperature=0, max_tokens=8,\n"
+    "    structured_outputs=StructuredOutputsParams(choice=['ay', 'nay'])))\n"
+    "while constrained.has_unfinished_requests():\n    constrained.step()\n"
+    "StepPlayer(constrained)",
     f"print({DONE!r})",
 ]
-SHOTS = {2: "block_map.png", 3: "timeline.png", 4: "player.png", 5: "comparison.png", 6: "dashboard.png"}
+SHOTS = {2: "block_map.png", 3: "timeline.png", 4: "player.png", 5: "comparison.png", 6: "dashboard.png",
+         7: "grammar_player.png"}
 
 #: In the page: every visible figure's shown width over its drawn width (an <img> of PNG bytes).
 FIGURE_SCALES = """() => [...document.querySelectorAll('.jp-Notebook .jp-OutputArea-output img')]
@@ -201,6 +209,9 @@ def test_notebook_runs_and_widgets_answer_clicks(lab, tmp_path):
             for select in comparison.locator("select:visible").all():  # "CDF of" is not cut off
                 box = select.bounding_box()
                 assert box["x"] + box["width"] <= area["x"] + area["width"] + 1, (box, area)
+
+            grammar = cells.nth(7).locator(".jp-OutputArea-output")  # the last step: the end forced
+            assert re.search(r"grammar mask\s.*\bforced\b", _text(grammar), re.S), _text(grammar)
 
             errors = page.locator(
                 ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr'], "

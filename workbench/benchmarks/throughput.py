@@ -13,6 +13,10 @@ memory and threads do not interfere. Peers (``--compare hf``):
   ``generate_batch``), each request with its own ``max_new_tokens``, its paged cache sized
   to the workload; the manager's setup and warm-up are not timed.
 
+``--structured-outputs KIND`` instead compares the engine free and constrained on the same
+requests (time to first token, time per output token, compile and mask times): see
+:mod:`workbench.benchmarks.structured`.
+
 ``--batch-invariant`` adds the engine with ``batch_invariant=True`` on the same requests (row
 ``workbench-batch-invariant``; its "ours / it" is the mode's slowdown).
 
@@ -40,6 +44,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from workbench.benchmarks.datasets import BenchRequest, add_workload_args, sample_requests
+from workbench.benchmarks.structured import CONSTRAINTS
 
 
 @dataclass
@@ -265,6 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also run transformers generate and generate_batch on the same requests")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="also run the engine with batch_invariant=True (its cost: a second row)")
+    parser.add_argument("--structured-outputs", choices=list(CONSTRAINTS), default=None,
+                        help="compare free and constrained requests (json: one schema; "
+                        "json-unique: one per request; regex; choice)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="with --structured-outputs: alternated free/constrained runs")
     parser.add_argument("--hf-batch-sizes", default="16,32,64,96",
                         help="batch sizes tried for transformers generate (default 16,32,64,96)")
     parser.add_argument("--lora", nargs="+", default=None, metavar="NAME[=PATH]",
@@ -315,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     spec = {"model": args.model, "load_format": args.load_format, "dtype": args.dtype,
             "device": args.device or _default_device(), "threads": args.threads,
             "engine_kwargs": engine_kwargs, "hf_batch_sizes": batch_sizes}
+    lo_in, hi_in = args.input_len_range
+    lo_out, hi_out = args.output_len_range
+    if args.structured_outputs:
+        return _structured(args, spec, requests, config)
     results = [] if args.lora else [_in_own_process(_run_workbench, spec, requests)]
     if args.batch_invariant:
         invariant = {**spec, "engine_kwargs": {**engine_kwargs, "batch_invariant": True}}
@@ -329,8 +343,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare == "hf":
         results.append(_in_own_process(_run_hf_generate, spec, requests, model_path))
         results.append(_in_own_process(_run_hf_generate_batch, spec, requests, model_path))
-    lo_in, hi_in = args.input_len_range
-    lo_out, hi_out = args.output_len_range
     print(f"model: {config.architecture} ({config.path.name}, {args.load_format} weights, "
           f"dtype {args.dtype}), device: {spec['device']}, {len(requests)} requests, input "
           f"U[{lo_in},{hi_in}], output U[{lo_out},{hi_out}] exact, greedy, seed {args.seed}, "
@@ -351,6 +363,24 @@ def _adapter_rank(path: str) -> int:
     from pathlib import Path
 
     return int(json.loads((Path(path) / "adapter_config.json").read_text())["r"])
+
+
+def _structured(args, spec: dict, requests: list[BenchRequest], config) -> int:
+    """``--structured-outputs``: the free and the constrained run, each in its own process."""
+    from workbench.benchmarks import structured
+
+    results = _in_own_process(structured.run_compare, spec, requests, args.structured_outputs,
+                              args.repeats)
+    print(f"model: {config.architecture} ({config.path.name}), device: {spec['device']}, "
+          f"{len(requests)} requests at once, input U{list(args.input_len_range)}, output up to "
+          f"U{list(args.output_len_range)}, greedy, seed {args.seed}, {results[0]['threads']} "
+          f"threads; constraint: {args.structured_outputs}; median of {args.repeats} "
+          "alternated runs")
+    print(structured.format_table(results))
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump({"constraint": args.structured_outputs, "results": results}, f, indent=1)
+    return 0
 
 
 def _default_device() -> str:

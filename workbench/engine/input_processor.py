@@ -11,8 +11,9 @@ from workbench.core.sched.request_queue import FCFSPolicy, SchedulingPolicy
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.lora.request import LoRARequest
 from workbench.metrics.tracing import check_trace_headers
+from workbench.config import StructuredOutputsConfig
 from workbench.sampling_params import SamplingParams, check_logprobs
-from workbench.structured_output.backend_xgrammar import validate_grammar
+from workbench.structured_output.backends import grammar_key
 
 #: A prompt as vLLM accepts it: text, a list of token ids, or {"prompt_token_ids": [...]} / {"prompt": "..."}.
 PromptType = Union[str, Sequence[int], Mapping[str, Any]]
@@ -39,11 +40,14 @@ class InputProcessor:
 
     def __init__(self, tokenizer, max_model_len: int, vocab_size: int, max_logprobs: int = 20,
                  *, eos_token_ids: Sequence[int] = (), policy: SchedulingPolicy | None = None,
-                 logits_processors: Sequence[type] = (), enable_lora: bool = False) -> None:
+                 logits_processors: Sequence[type] = (), enable_lora: bool = False,
+                 structured_outputs_config: StructuredOutputsConfig | None = None) -> None:
         """``eos_token_ids``: the model's (generation_config.json); ``policy``: the engine's
         scheduling policy, which decides whether a non-zero priority is accepted;
         ``logits_processors``: the engine's custom processor classes, whose
-        ``validate_params`` each request's parameters must pass."""
+        ``validate_params`` each request's parameters must pass; ``structured_outputs_config``:
+        the engine's, whose backend must accept a constraint."""
+        self.structured_outputs_config = structured_outputs_config or StructuredOutputsConfig()
         self.tokenizer = tokenizer
         self.logits_processors = tuple(logits_processors)
         self.max_model_len = max_model_len
@@ -98,7 +102,7 @@ class InputProcessor:
         check_cache_salt(cache_salt)
         if params is not None and params.structured_outputs is not None:
             try:  # before the engine sees it: a bad schema never reaches the compiler thread
-                validate_grammar(params.structured_outputs)
+                grammar_key(params.structured_outputs, self.structured_outputs_config)
             except ValueError as exc:
                 raise ValueError(f"structured_outputs: {exc}") from None
         text, token_ids, params = self.process(prompt, params or SamplingParams(), **kwargs)

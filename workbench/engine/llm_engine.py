@@ -157,12 +157,13 @@ class LLMEngine:
             max_logprobs=config.max_logprobs, eos_token_ids=self.model_config.eos_token_ids,
             policy=self.scheduler.policy, logits_processors=self.logits_processor_classes,
             enable_lora=config.enable_lora,
+            structured_outputs_config=config.structured_outputs_config,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         #: Grammars of the constrained requests (structured outputs), compiled off this thread.
-        self.structured_output = StructuredOutputManager(self.tokenizer,
-                                                         self.model_config.vocab_size,
-                                                         reasoner=reasoner)
+        self.structured_output = StructuredOutputManager(
+            self.tokenizer, self.model_config.vocab_size,
+            config=config.structured_outputs_config, reasoner=reasoner)
         self.history = StepHistory(config.max_history, initial_kv_state=self.kv_cache.snapshot())
         self.request_tracker = RequestTracker()
         #: Callables ``fn(record)`` run after every step, in order; one that raises is logged
@@ -467,6 +468,8 @@ class LLMEngine:
         t3 = time.perf_counter()
         timings["output"] = t3 - t2
         record = self._record(so, timings, result)
+        iteration.grammar_compile_seconds = list(record.structured_output.compile_seconds)
+        iteration.num_grammar_cache_hits = len(record.structured_output.cache_hits)
         for stat_logger in self.stat_loggers.values():
             stat_logger.record(record.scheduler_stats, iteration)
         if self.config.log_stats and time.monotonic() - self._last_log_time >= self.config.log_stats_interval:

@@ -1,6 +1,7 @@
 """PrometheusStatLogger: the engine's statistics as vLLM's ``vllm:`` Prometheus series.
 
-Names, types and labels follow vLLM, so dashboards and alerts written for vLLM resolve:
+Names, types and labels follow vLLM, so dashboards and alerts written for vLLM resolve
+(vLLM has no grammar series: those are ``workbench:grammar_*``):
 every series carries ``model_name``; counters are exposed with the ``_total`` suffix;
 ``vllm:request_success`` adds ``finished_reason``. Each logger owns its own
 ``CollectorRegistry`` (``.registry``), so several engines in one process never clash;
@@ -109,6 +110,15 @@ class PrometheusStatLogger(StatLoggerBase):
             "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
         self.request_generation_tokens = histogram(
             "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens)
+        self.grammar_compiles = counter(
+            "workbench:grammar_compiles", "Structured-output grammars compiled (one per "
+            "distinct constraint; cache hits excluded).")
+        self.grammar_compile_seconds = histogram(
+            "workbench:grammar_compile_seconds", "Histogram of grammar compile time in seconds.",
+            one_two_five(0.0001, 100.0))
+        self.grammar_cache_hits = counter(
+            "workbench:grammar_cache_hits", "Constrained requests whose grammar was already "
+            "compiled or compiling.")
         self.iteration_tokens = histogram(
             "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
             [2.0**i for i in range(15)])
@@ -140,6 +150,10 @@ class PrometheusStatLogger(StatLoggerBase):
         for itl in it.inter_token_latencies_iter:
             self.inter_token_latency.observe(itl)
             self.time_per_output_token.observe(itl)
+        self.grammar_compiles.inc(len(it.grammar_compile_seconds))
+        for seconds in it.grammar_compile_seconds:
+            self.grammar_compile_seconds.observe(seconds)
+        self.grammar_cache_hits.inc(it.num_grammar_cache_hits)
         for f in it.finished_requests:
             self.request_success[f.finish_reason].inc()
             self.e2e_request_latency.observe(f.e2e_latency)

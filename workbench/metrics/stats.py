@@ -74,13 +74,16 @@ class FinishedRequestStats:
 
 @dataclass
 class IterationStats:
-    """What one step did: tokens, per-token latencies, finished requests."""
+    """What one step did: tokens, per-token latencies, finished requests, and grammars:
+    the seconds of each grammar compile that ended, the requests whose grammar was cached."""
 
     num_prompt_tokens: int = 0  # prompt (and recomputed) tokens computed this step
     num_generation_tokens: int = 0  # tokens sampled this step
     time_to_first_tokens_iter: list[float] = field(default_factory=list)  # arrival -> first token
     inter_token_latencies_iter: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+    grammar_compile_seconds: list[float] = field(default_factory=list)
+    num_grammar_cache_hits: int = 0
 
     def __repr__(self) -> str:  # latencies vary from run to run: counts only
         return (

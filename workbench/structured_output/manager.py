@@ -3,7 +3,8 @@ request's grammar on its own thread, and per step fills the token bitmask of the
 rows that sample and advances their grammars on the tokens they got.
 
 A constrained request enters WAITING_FOR_FSM unless its grammar is already compiled (the
-cache is keyed by :func:`~workbench.structured_output.backend_xgrammar.grammar_key`);
+cache is keyed by :func:`~workbench.structured_output.backends.grammar_key`, which names the
+backend: xgrammar or guidance, per the engine's StructuredOutputsConfig);
 ``update_waiting`` (before each schedule) sets it WAITING once its compile is done, or reports
 it failed. What it did in a step -- who waits, who still reasons (with a reasoning parser,
 a grammar starts once its request's reasoning ends), compile times, each row's allowed-token count
@@ -12,6 +13,7 @@ and forced token -- is :class:`StructuredOutputStep`, kept on the StepRecord.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
@@ -19,15 +21,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from workbench.config import StructuredOutputsConfig
 from workbench.core.sched.output import SchedulerOutput
 from workbench.reasoning import ReasoningParser
 from workbench.request import Request, RequestStatus
-from workbench.structured_output.backend_xgrammar import (
-    GrammarKey,
-    XgrammarBackend,
-    XgrammarGrammar,
-    grammar_key,
-)
+from workbench.structured_output.backends import grammar_key
+from workbench.structured_output.request import GrammarKey
 from workbench.worker.sampler import unpack_bitmask
 
 
@@ -42,12 +41,20 @@ class GrammarRow:
 
 @dataclass
 class StructuredOutputStep:
-    """A step's structured-output work: requests still WAITING_FOR_FSM after it, the
-    compile seconds of grammars that became ready (0.0: from the cache), and the rows."""
+    """A step's structured-output work: requests still WAITING_FOR_FSM after it; per request
+    whose grammar became ready, its compile's seconds (0.0: it was in the cache); the
+    requests that found their grammar cached or already compiling (``cache_hits``); the
+    seconds of each compile that ended (one per grammar, however many requests share it);
+    the backend of each ready grammar; the rows; and ``mask_seconds``, the engine thread's
+    time on grammars in the step (filling the bitmask, advancing the matchers)."""
 
     waiting_for_fsm: tuple[str, ...] = ()
     compiled: dict[str, float] = field(default_factory=dict)
+    cache_hits: list[str] = field(default_factory=list)
+    compile_seconds: list[float] = field(default_factory=list)
+    backends: dict[str, str] = field(default_factory=dict)
     rows: dict[str, GrammarRow] = field(default_factory=dict)
+    mask_seconds: float = 0.0
     #: Constrained requests still reasoning after the step (their grammar not started yet).
     reasoning: tuple[str, ...] = ()
 
@@ -55,42 +62,82 @@ class StructuredOutputStep:
         return bool(self.waiting_for_fsm or self.compiled or self.rows or self.reasoning)
 
 
+@dataclass
+class _Active:
+    """A request's grammar (compiled from ``key``); the grammar sees the request's output
+    tokens from index ``start`` on (after its reasoning) and has accepted ``num_accepted``."""
+
+    request: Request
+    grammar: object
+    key: GrammarKey
+    start: int = 0
+    num_accepted: int = 0
+
+
 class StructuredOutputManager:
     """Grammars of the engine's constrained requests (see the module docstring). ``executor``
-    runs the compiles (default: one worker thread, so the engine thread never compiles); the
-    backend (xgrammar's import, the tokenizer's vocabulary) is built by the first compile."""
+    runs the compiles (default: one worker thread, so the engine thread never compiles); a
+    backend (its library's import, the tokenizer's vocabulary) is built by its first compile.
+    ``num_compiles`` / ``num_cache_hits`` count since the start."""
 
     def __init__(self, tokenizer, vocab_size: int, executor: Executor | None = None,
+                 config: StructuredOutputsConfig | None = None,
                  reasoner: ReasoningParser | None = None) -> None:
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.config = config or StructuredOutputsConfig()
         self._executor = executor
         #: With a reasoning parser, a request's grammar starts once its reasoning has ended
         #: (vLLM's rule): no mask while it reasons, and the token that ends it is not fed.
         self.reasoner = reasoner
         self._reasoning: set[str] = set()  # ids of constrained requests still reasoning
-        self._backend: XgrammarBackend | None = None
+        self._backends: dict[str, object] = {}
         self._cache: dict[GrammarKey, Future] = {}
         # by request id, with the request itself: an id may come back once its request ended
-        self._pending: dict[str, tuple[Request, Future]] = {}
-        self._grammars: dict[str, tuple[Request, XgrammarGrammar]] = {}
+        self._pending: dict[str, tuple[Request, Future, GrammarKey]] = {}
+        self._grammars: dict[str, _Active] = {}
+        self._reported: set[GrammarKey] = set()  # compiles whose seconds a step has reported
+        self.num_compiles = self.num_cache_hits = 0
         self._step = StructuredOutputStep()
+
+    def _backend(self, name: str):
+        backend = self._backends.get(name)
+        if backend is None:
+            if name == "guidance":
+                from workbench.structured_output.backend_guidance import GuidanceBackend as cls
+            else:
+                from workbench.structured_output.backend_xgrammar import XgrammarBackend as cls
+            backend = self._backends[name] = cls(self.tokenizer, self.vocab_size)
+        return backend
 
     def _timed_compile(self, key: GrammarKey):
         """(compiled grammar, seconds), on the executor's thread (one at a time by default)."""
         start = time.perf_counter()
-        if self._backend is None:
-            self._backend = XgrammarBackend(self.tokenizer, self.vocab_size)
-        compiled = self._backend.compile(key)
+        compiled = self._backend(key.backend).compile(key)
         return compiled, time.perf_counter() - start
 
-    def _compile(self, key: GrammarKey) -> Future:
+    def _compile(self, key: GrammarKey) -> tuple[Future, bool]:
+        """The compile of ``key``, and whether it was cached (done or under way)."""
         future = self._cache.get(key)
-        if future is None:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="workbench-grammar")
-            future = self._executor.submit(self._timed_compile, key)
-            self._cache[key] = future
-        return future
+        if future is not None:
+            return future, True
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="workbench-grammar")
+        future = self._cache[key] = self._executor.submit(self._timed_compile, key)
+        return future, False
+
+    def _ready(self, request: Request, key: GrammarKey, future: Future, seconds: float) -> None:
+        grammar = self._backends[key.backend].make_grammar(future.result()[0])
+        self._grammars[request.request_id] = _Active(request, grammar, key)
+        self._step.compiled[request.request_id] = seconds
+        self._step.backends[request.request_id] = key.backend
+
+    def _count_compile(self, key: GrammarKey, future: Future) -> None:
+        """Count a finished compile once, and report its seconds to this step."""
+        if key not in self._reported:
+            self._reported.add(key)
+            self.num_compiles += 1
+            if future.exception() is None:
+                self._step.compile_seconds.append(future.result()[1])
 
     def add_request(self, request: Request) -> None:
         """Start the grammar of a constrained request (others are left alone): a cached one
@@ -101,30 +148,34 @@ class StructuredOutputManager:
         if self.reasoner is not None and not self.reasoner.is_reasoning_end(
                 request.prompt_token_ids):
             self._reasoning.add(request.request_id)
-        future = self._compile(grammar_key(params))
+        key = grammar_key(params, self.config)
+        future, cached = self._compile(key)
+        if cached:
+            self.num_cache_hits += 1
+            self._step.cache_hits.append(request.request_id)
         if future.done() and future.exception() is None:
-            self._grammars[request.request_id] = (request, XgrammarGrammar(future.result()[0]))
-            self._step.compiled[request.request_id] = 0.0
+            if not cached:  # compiled before we looked: still a compile
+                self._count_compile(key, future)
+            self._ready(request, key, future, 0.0 if cached else future.result()[1])
         else:
             request.status = RequestStatus.WAITING_FOR_FSM
-            self._pending[request.request_id] = (request, future)
+            self._pending[request.request_id] = (request, future, key)
 
     def update_waiting(self, requests: Mapping[str, Request]) -> dict[str, str]:
         """Set WAITING the requests whose grammar compiled; returns {id: the compiler's
         message} of those whose grammar failed (the caller finishes them with an error)."""
         failed = {}
-        for rid, (request, future) in list(self._pending.items()):
+        for rid, (request, future, key) in list(self._pending.items()):
             if not future.done():
                 continue
             del self._pending[rid]
+            self._count_compile(key, future)
             if requests.get(rid) is not request:
                 continue
             if future.exception() is not None:
                 failed[rid] = f"structured_outputs: {future.exception()}"
                 continue
-            compiled, seconds = future.result()
-            self._grammars[rid] = (request, XgrammarGrammar(compiled))
-            self._step.compiled[rid] = seconds
+            self._ready(request, key, future, future.result()[1])
             if request.status is RequestStatus.WAITING_FOR_FSM:
                 request.status = RequestStatus.WAITING
         return failed
@@ -138,7 +189,7 @@ class StructuredOutputManager:
         """Block until a pending compile ends or ``timeout`` seconds pass: for an engine with
         nothing else to run, instead of spinning empty steps (no-op with none pending)."""
         if self._pending:
-            wait([future for _, future in self._pending.values()], timeout,
+            wait([future for _, future, _ in self._pending.values()], timeout,
                  return_when=FIRST_COMPLETED)
 
     def grammar_bitmask(self, scheduler_output: SchedulerOutput) -> dict[str, torch.Tensor]:
@@ -151,46 +202,84 @@ class StructuredOutputManager:
                and c.request_id not in self._reasoning]
         if not ids:
             return {}
+        start = time.perf_counter()
         bitmask = torch.full((len(ids), -(-self.vocab_size // 32)), -1, dtype=torch.int32)
         for row, rid in enumerate(ids):
-            self._grammars[rid][1].fill_bitmask(bitmask, row)
+            self._grammars[rid].grammar.fill_bitmask(bitmask, row)
         allowed = unpack_bitmask(bitmask, self.vocab_size)
         counts = allowed.sum(dim=-1).tolist()
         for row, rid in enumerate(ids):
             forced = int(allowed[row].nonzero()[0]) if counts[row] == 1 else None
             self._step.rows[rid] = GrammarRow(counts[row], forced)
+        self._step.mask_seconds += time.perf_counter() - start
         return {rid: bitmask[row] for row, rid in enumerate(ids)}
 
     def accept_tokens(self, requests: Iterable[Request]) -> tuple[list[str], dict[str, str]]:
-        """Advance each constrained request's grammar on its new token. Returns the ids whose
-        grammar ended (the caller finishes them "stop") and {id: message} of those whose token
-        the grammar refused (the caller finishes them with an error)."""
+        """Advance each constrained request's grammar on its new tokens (those after the ones
+        it accepted: one per step, or a step's accepted drafts). Returns the ids whose grammar
+        ended (the caller finishes them "stop") and {id: message} of those with a token the
+        grammar refused (the caller finishes them with an error)."""
         ended, refused = [], {}
         if not self._grammars:
             return ended, refused
+        start = time.perf_counter()
         for request in requests:
-            request_and_grammar = self._grammars.get(request.request_id)
-            if request_and_grammar is None or request_and_grammar[0] is not request:
+            active = self._active(request.request_id, request)
+            if active is None:
                 continue
-            grammar = request_and_grammar[1]
-            token = request.output_token_ids[-1]
             if request.request_id in self._reasoning:
-                if self.reasoner.is_reasoning_end_streaming(request.all_token_ids, [token]):
+                # The grammar starts after the token that ends the reasoning (not fed to it).
+                new = request.output_token_ids[active.start:]
+                active.start = len(request.output_token_ids)
+                if self.reasoner.is_reasoning_end_streaming(request.all_token_ids, new):
                     self._reasoning.discard(request.request_id)
                 continue
-            if not grammar.accept_token(token):
-                refused[request.request_id] = (
-                    f"structured_outputs: the grammar does not accept token {token}.")
-            elif grammar.is_terminated():
-                ended.append(request.request_id)
+            for token in request.output_token_ids[active.start + active.num_accepted:]:
+                if not active.grammar.accept_token(token):
+                    refused[request.request_id] = (
+                        f"structured_outputs: the grammar does not accept token {token}.")
+                    break
+                active.num_accepted += 1
+                if active.grammar.is_terminated():
+                    ended.append(request.request_id)
+                    break
+        self._step.mask_seconds += time.perf_counter() - start
         return ended, refused
+
+    def _active(self, request_id: str, request: Request | None = None) -> _Active | None:
+        active = self._grammars.get(request_id)
+        if active is None or (request is not None and active.request is not request):
+            return None
+        return active
+
+    def validate_tokens(self, request_id: str, tokens: list[int]) -> int:
+        """How many leading draft ``tokens`` the request's grammar accepts in turn, its state
+        unchanged (speculative decoding: the verifier keeps at most that many); a request
+        without a grammar accepts them all."""
+        active = self._active(request_id)
+        return len(tokens) if active is None else active.grammar.validate_tokens(list(tokens))
+
+    def rollback(self, request_id: str, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` tokens the request's grammar accepted (drafts that the
+        target model then rejected, removed from the request's output too); no-op without a
+        grammar. ValueError when it accepted fewer."""
+        active = self._active(request_id)
+        if active is None or not num_tokens:
+            return
+        if not 0 < num_tokens <= active.num_accepted:
+            raise ValueError(f"rollback: {request_id!r} accepted {active.num_accepted} tokens, "
+                             f"cannot undo {num_tokens}.")
+        active.grammar.rollback(num_tokens)
+        active.num_accepted -= num_tokens
 
     def remove(self, request_ids: Iterable[str]) -> None:
         """Forget the grammars of these ids' finished requests (a new request that took a
         finished one's id keeps its own); the compiled grammars stay cached."""
         for rid in request_ids:
             for table in (self._grammars, self._pending):
-                if rid in table and table[rid][0].is_finished:
+                entry = table.get(rid)
+                if entry is not None and (entry.request if table is self._grammars
+                                          else entry[0]).is_finished:
                     del table[rid]
             if rid not in self._grammars and rid not in self._pending:
                 self._reasoning.discard(rid)
@@ -198,27 +287,39 @@ class StructuredOutputManager:
     def take_step(self, requests: Mapping[str, Request]) -> StructuredOutputStep:
         """This step's work, with the requests still WAITING_FOR_FSM; starts the next."""
         step, self._step = self._step, StructuredOutputStep()
-        step.waiting_for_fsm = tuple(rid for rid, (request, _) in self._pending.items()
+        step.waiting_for_fsm = tuple(rid for rid, (request, *_) in self._pending.items()
                                      if requests.get(rid) is request)
         step.reasoning = tuple(sorted(rid for rid in self._reasoning if rid in requests))
         return step
 
     def fork(self, fork_requests: Mapping[int, Request]) -> StructuredOutputManager:
         """This manager for a forked engine, whose request copies ``fork_requests`` gives by
-        ``id()`` of the original: the compile executor, backend and cache are shared (a compiled
-        grammar is immutable), pending compiles go on for the copies, and each active grammar
-        is a new matcher that accepted its copy's output tokens (a request the fork does not
-        hold, finished already, is left out)."""
-        new = StructuredOutputManager(self.tokenizer, self.vocab_size, self._executor)
-        new._backend, new._cache = self._backend, self._cache
-        new._pending = {rid: (fork_requests[id(r)], f) for rid, (r, f) in self._pending.items()
+        ``id()`` of the original: the compile executor, backends and cache are shared (a
+        compiled grammar is immutable), pending compiles go on for the copies, and each active
+        grammar is a new matcher over the same compiled grammar that accepted its copy's tokens
+        (a request the fork does not hold, finished already, is left out)."""
+        new = StructuredOutputManager(self.tokenizer, self.vocab_size, self._executor,
+                                      config=self.config, reasoner=self.reasoner)
+        new._backends, new._cache, new._reported = self._backends, self._cache, set(self._reported)
+        new.num_compiles, new.num_cache_hits = self.num_compiles, self.num_cache_hits
+        new._reasoning = set(self._reasoning)
+        new._pending = {rid: (fork_requests[id(r)], f, key) for rid, (r, f, key) in self._pending.items()
                         if id(r) in fork_requests}
-        new._grammars = {rid: (fork_requests[id(r)], g.replayed(r.output_token_ids))
-                         for rid, (r, g) in self._grammars.items() if id(r) in fork_requests}
-        new._step = StructuredOutputStep(self._step.waiting_for_fsm, dict(self._step.compiled),
-                                         dict(self._step.rows))
+        for rid, active in self._grammars.items():
+            copy = fork_requests.get(id(active.request))
+            if copy is None:
+                continue
+            grammar = self._backends[active.key.backend].make_grammar(self._cache[active.key].result()[0])
+            for token in copy.output_token_ids[active.start:active.start + active.num_accepted]:
+                grammar.accept_token(token)
+            new._grammars[rid] = _Active(copy, grammar, active.key, active.start, active.num_accepted)
+        new._step = dataclasses.replace(self._step, compiled=dict(self._step.compiled),
+                                        cache_hits=list(self._step.cache_hits),
+                                        compile_seconds=list(self._step.compile_seconds),
+                                        backends=dict(self._step.backends), rows=dict(self._step.rows))
         return new
 
     def __repr__(self) -> str:
-        return (f"StructuredOutputManager(backend=xgrammar, cached={len(self._cache)}, "
+        return (f"StructuredOutputManager(backend={self.config.backend}, "
+                f"cached={len(self._cache)}, "
                 f"compiling={len(self._pending)}, active={len(self._grammars)})")

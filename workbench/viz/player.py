@@ -2,8 +2,10 @@
 after it and the KV pool as it was (a :class:`BlockMap` of ``history.kv_state(k)``).
 
 With a live engine, Step / Run buttons extend the history and the player follows the newest
-step (unless scrubbed back). All it shows lives in ``batch_rows`` (the chunks of step k),
-``queues`` (running / waiting ids after step k) and ``notes`` (what happened and why).
+step (unless scrubbed back). All it shows lives in ``batch_rows`` (the chunks of step k; a
+constrained row's ``grammar``: how many tokens its mask allowed and the token it forced, if
+it allowed one), ``queues`` (running / waiting ids after step k) and ``notes`` (what happened
+and why, grammars that became ready or are still compiling included).
 
 One source of truth: the slider's value is the step shown. ``show(k)``, dragging, the
 keyboard, the play button (linked to the slider in the kernel) and live following all move
@@ -95,6 +97,34 @@ def waiting_note(record, waiting: list[str], max_num_seqs: int | None, chunked_p
     else:
         why = f"the next one's chunk did not fit the {so.num_free_blocks} free KV blocks"
     return f"{', '.join(waiting)} kept waiting: {why}."
+
+
+def _grammar(record):
+    """The record's structured-output step (None for records without one)."""
+    return getattr(record, "structured_output", None)
+
+
+def grammar_cell(grammar: dict | None) -> str:
+    """A constrained row's mask: "forced 'x'" when it allowed one token, else "N allowed"."""
+    if grammar is None:
+        return ""
+    if grammar["forced"] is not None:
+        return f"<b>forced</b> <code>{html.escape(repr(grammar['forced']))}</code>"
+    return f"{grammar['num_allowed']} allowed"
+
+
+def grammar_notes(record) -> list[str]:
+    """Grammars that became ready in the step, and requests still waiting for theirs."""
+    grammar = _grammar(record)
+    if not grammar:
+        return []
+    notes = [f"{rid}'s grammar is ready ({grammar.backends.get(rid, 'grammar')}, "
+             + ("from the cache" if seconds == 0.0 else "compiled") + "); it may be scheduled."
+             for rid, seconds in grammar.compiled.items()]
+    if grammar.waiting_for_fsm:
+        notes.append(f"{', '.join(grammar.waiting_for_fsm)} still wait for their grammar to "
+                     "compile (WAITING_FOR_FSM): the scheduler passes over them.")
+    return notes
 
 
 def _set_range(widget, low: int, high: int) -> None:
@@ -209,14 +239,20 @@ class StepPlayer(widgets.VBox):
         kinds = chunk_kinds(records)
         so = record.scheduler_output
         rows = []
+        grammar_rows = _grammar(record).rows if _grammar(record) else {}
         for chunk in so.scheduled:
             sampled = record.sampled_token_ids.get(chunk.request_id)
+            grammar = grammar_rows.get(chunk.request_id)
             rows.append({
                 "request_id": chunk.request_id, "kind": kinds[step, chunk.request_id],
                 "tokens": [chunk.num_computed_tokens, chunk.seq_len], "num_new_tokens": chunk.num_new_tokens,
                 "num_cached_tokens": chunk.num_cached_tokens, "block_ids": list(chunk.block_ids),
                 "sampled": None if sampled is None else self.source.decode([sampled]),
                 "lora": chunk.lora_name,
+                "grammar": None if grammar is None else {
+                    "num_allowed": grammar.num_allowed,
+                    "forced": None if grammar.forced_token is None
+                    else self.source.decode([grammar.forced_token])},
             })
         self.batch_rows = rows
         last = self.source.last_step
@@ -256,7 +292,7 @@ class StepPlayer(widgets.VBox):
             elif event.kind == "finished":
                 notes.append(f"{event.request_id} finished ({event.reason}) with "
                              f"{event.num_output_tokens} output tokens; its blocks were freed.")
-        notes += preemption_notes(record, self.source.policy_name)
+        notes += preemption_notes(record, self.source.policy_name) + grammar_notes(record)
         if so.lora_skipped_request_ids:
             adapters = request_adapters(self.source.records())
             skipped = ", ".join(f"{r} ({adapters.get(r) or 'its adapter'})" for r in so.lora_skipped_request_ids)
@@ -272,15 +308,17 @@ class StepPlayer(widgets.VBox):
         bar = (f'<div style="display:inline-block;width:200px;height:10px;background:#eee;border:1px solid #999">'
                f'<div style="width:{min(100, 100 * used / max(budget, 1)):.0f}%;height:100%;background:#4a7"></div></div>')
         lora = any(r["lora"] for r in self.batch_rows)
+        constrained = any(r["grammar"] for r in self.batch_rows)
         head = "".join(f"<th>{h}</th>" for h in
                        ("request", *(("adapter",) if lora else ()), "kind", "tokens [from, to)", "new",
-                        "prefix hit", "block table", "sampled"))
+                        "prefix hit", "block table", "sampled", *(("grammar mask",) if constrained else ())))
         body = "".join(
             "<tr>" + f"<td>{request_chip(r['request_id'])}</td>"
             + (f"<td>{html.escape(r['lora'] or '')}</td>" if lora else "") + f"<td>{r['kind']}</td>"
             f"<td>[{r['tokens'][0]}, {r['tokens'][1]})</td><td>{r['num_new_tokens']}</td>"
             f"<td>{r['num_cached_tokens'] or ''}</td><td>{' '.join(map(str, r['block_ids']))}</td>"
-            f"<td><code>{html.escape(repr(r['sampled'])) if r['sampled'] is not None else ''}</code></td></tr>"
+            f"<td><code>{html.escape(repr(r['sampled'])) if r['sampled'] is not None else ''}</code></td>"
+            + (f"<td>{grammar_cell(r['grammar'])}</td>" if constrained else "") + "</tr>"
             for r in self.batch_rows
         )
         if not so.scheduled:

@@ -1,6 +1,8 @@
 """RequestTimeline: one row per request, what it did at every step.
 
-Span kinds (``[start, end)`` in steps): ``waiting`` (arrived, not yet scheduled), ``prefill``
+Span kinds (``[start, end)`` in steps): ``waiting`` (arrived, not yet scheduled),
+``waiting_for_fsm`` (waiting for its grammar to compile, vLLM's WAITING_FOR_FSM; the span's
+``compile_s`` is the compile's seconds, None while it still compiles), ``prefill``
 (a prompt chunk), ``recompute`` (a chunk re-computing tokens a preemption dropped),
 ``decode`` (consecutive one-token steps, merged), ``preempted`` (from preemption to
 resumption). ``finish`` marks the step a request finished, with its reason. Spans are derived
@@ -26,6 +28,7 @@ from workbench.viz.figures import figure_png, new_figure, png_img
 from workbench.viz.source import ViewSource
 
 FINISH_MARKERS = {"stop": "o", "length": "D", "abort": "X"}
+FSM_HATCH = "////"  # waiting for the grammar (WAITING_FOR_FSM)
 
 
 def request_spans(history) -> tuple[list[str], list[dict]]:
@@ -46,7 +49,21 @@ def request_spans(history) -> tuple[list[str], list[dict]]:
                 spans.append({"request_id": rid, "kind": kind, "start": since, "end": step,
                               "tokens": 0, "reason": ""})
 
+    fsm_since: dict[str, int] = {}  # request -> step it began waiting for its grammar
+
+    def close_fsm(rid: str, step: int, seconds: float | None) -> None:
+        since = fsm_since.pop(rid)
+        if step > since:
+            spans.append({"request_id": rid, "kind": "waiting_for_fsm", "start": since,
+                          "end": step, "tokens": 0, "reason": "", "compile_s": seconds})
+        if rid in open_since:
+            open_since[rid] = (open_since[rid][0], step)
+
     for record in history:
+        grammar = getattr(record, "structured_output", None)
+        for rid, seconds in (grammar.compiled.items() if grammar else ()):
+            if rid in fsm_since:  # ready at the start of this step
+                close_fsm(rid, record.step, seconds)
         for event in record.request_events:
             rid, step = event.request_id, event.step
             if rid not in last_span and rid not in rows:
@@ -68,8 +85,15 @@ def request_spans(history) -> tuple[list[str], list[dict]]:
                 open_since[rid] = ("preempted", step)
             elif event.kind == "finished":
                 close(rid, step + 1)
+                if rid in fsm_since:  # its grammar failed to compile
+                    close_fsm(rid, step + 1, None)
                 spans.append({"request_id": rid, "kind": "finish", "start": step, "end": step + 1,
                               "tokens": event.num_output_tokens, "reason": event.reason})
+        for rid in (grammar.waiting_for_fsm if grammar else ()):
+            if rid not in fsm_since and rid in open_since:
+                fsm_since[rid] = open_since[rid][1]
+    for rid in list(fsm_since):
+        close_fsm(rid, last_step + 1, None)
     for rid in list(open_since):
         close(rid, last_step + 1)
     order = {rid: i for i, rid in enumerate(rows)}
@@ -99,6 +123,9 @@ def draw_timeline(ax, rows: list[str], spans: list[dict], *, steps: tuple[int, i
         kind = span["kind"]
         if kind == "waiting":
             ax.barh(row, width, left=left, height=0.35, color=STATE_COLORS["waiting"])
+        elif kind == "waiting_for_fsm":
+            ax.barh(row, width, left=left, height=0.35, color=STATE_COLORS["waiting"],
+                    hatch=FSM_HATCH, edgecolor="black", linewidth=0)
         elif kind == "preempted":
             ax.barh(row, width, left=left, height=0.35, color="none",
                     edgecolor=STATE_COLORS["preempted"], hatch="xxx", linewidth=0)
@@ -126,6 +153,8 @@ def draw_timeline(ax, rows: list[str], spans: list[dict], *, steps: tuple[int, i
 def timeline_legend(figure) -> None:
     handles = [
         Patch(color=STATE_COLORS["waiting"], label="waiting"),
+        Patch(facecolor=STATE_COLORS["waiting"], edgecolor="black", hatch=FSM_HATCH,
+              linewidth=0, label="waiting for its grammar (FSM)"),
         *chunk_handles(),
         Patch(facecolor="none", edgecolor=STATE_COLORS["preempted"], hatch="xxx", label="preempted"),
         Patch(color=STATE_COLORS["empty batch"], alpha=0.25, label="empty batch (nothing ran)"),
@@ -228,6 +257,7 @@ class RequestTimeline(widgets.VBox):
         own = [s for s in self.spans if s["request_id"] == rid]
         chunks = ", ".join(f"{s['kind']} {s['start']}" + (f"–{s['end'] - 1}" if s["end"] - s["start"] > 1 else "")
                            + (f" ({s['tokens']} tok)" if s["tokens"] and s["kind"] != "finish" else "")
+                           + _compile_note(s)
                            for s in own if s["kind"] != "finish")
         finish = next((s for s in own if s["kind"] == "finish"), None)
         metrics = self.source.request_row(rid)
@@ -246,6 +276,14 @@ class RequestTimeline(widgets.VBox):
 
     def _repr_html_(self) -> str:
         return png_img(self.image.value) + self.details.value
+
+
+def _compile_note(span: dict) -> str:
+    if span["kind"] != "waiting_for_fsm":
+        return ""
+    seconds = span.get("compile_s")
+    return (" (grammar still compiling)" if seconds is None
+            else f" (grammar compiled in {seconds * 1000:.1f} ms)")
 
 
 def _fmt(value) -> str:

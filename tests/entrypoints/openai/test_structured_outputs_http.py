@@ -115,3 +115,35 @@ def test_a_bad_schema_is_a_400_naming_the_field_and_the_next_request_is_served(a
     assert error["param"] == "response_format"
     assert error["message"].startswith("response_format: ")
     assert ok.choices[0].finish_reason in ("length", "stop")
+
+
+def test_structural_tags_lark_and_whitespace_patterns(app):
+    tag = {"type": "structural_tag", "format": {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "<verdict>"},
+        {"type": "regex", "pattern": "(Ay|Nay), my lord"},
+        {"type": "const_string", "value": "</verdict>"}]}}
+    legacy = {"structures": [{"begin": "<f=x>", "schema": {"type": "boolean"}, "end": "</f>"}],
+              "triggers": ["<f="]}
+    schema = {"type": "object", "properties": {"ay": {"type": "boolean"}}, "required": ["ay"],
+              "additionalProperties": False}
+
+    async def go(api):
+        return await asyncio.gather(
+            api.chat.completions.create(model=MODEL, messages=USER, max_completion_tokens=20,
+                                        temperature=0, response_format=tag),
+            api.completions.create(model=MODEL, prompt="ROMEO:", max_tokens=20, temperature=0,
+                                   extra_body={"structural_tag": json.dumps(legacy)}),
+            api.completions.create(model=MODEL, prompt="ROMEO:", max_tokens=20, temperature=0,
+                                   extra_body={"structured_outputs": {
+                                       "grammar": 'start: "O " name "!"\nname: "Romeo" | "Juliet"'}}),
+            api.completions.create(model=MODEL, prompt="ROMEO:", max_tokens=30, temperature=1.0,
+                                   seed=1, extra_body={"structured_outputs": {
+                                       "json": schema, "whitespace_pattern": "[ ]?"}}))
+
+    tagged, triggered, lark, spaced = call(app, go)
+    assert re.fullmatch(r"<verdict>(Ay|Nay), my lord</verdict>", tagged.choices[0].message.content)
+    for body in re.findall(r"<f=x>(.*?)</f>", triggered.choices[0].text):
+        assert json.loads(body) in (True, False)
+    assert lark.choices[0].text in ("O Romeo!", "O Juliet!")
+    assert spaced.choices[0].finish_reason == "stop"
+    assert re.fullmatch(r'\{ ?"ay" ?: ?(true|false) ?\}', spaced.choices[0].text)

@@ -27,7 +27,8 @@ from workbench.sampling_params import (
     StructuredOutputsParams,
     check_logprobs,
 )
-from workbench.structured_output.backend_xgrammar import validate_grammar
+from workbench.config import StructuredOutputsConfig
+from workbench.structured_output.backends import grammar_key
 
 logger = logging.getLogger("workbench.entrypoints.openai")
 
@@ -83,20 +84,37 @@ class JsonSchemaResponseFormat(OpenAIModel):
 
 
 class ResponseFormat(OpenAIModel):
+    """OpenAI's response_format, with vLLM's ``structural_tag`` type: xgrammar's form
+    (``format``) or vLLM's older one (``structures`` of begin / schema / end, ``triggers``)."""
+
     type: str
     json_schema: Optional[JsonSchemaResponseFormat] = None
+    format: Optional[Any] = None
+    structures: Optional[list[dict[str, Any]]] = None
+    triggers: Optional[list[str]] = None
 
     @model_validator(mode="after")
     def _type_rules(self):
-        if self.type == "structural_tag":
-            raise unsupported("response_format", "response_format of type 'structural_tag'")
-        if self.type not in ("text", "json_object", "json_schema"):
+        if self.type not in ("text", "json_object", "json_schema", "structural_tag"):
             raise FieldError("response_format", "response_format.type must be 'text', "
-                             f"'json_object' or 'json_schema', got {self.type!r}.")
+                             "'json_object', 'json_schema' or 'structural_tag', got "
+                             f"{self.type!r}.")
         if self.type == "json_schema" and self.json_schema is None:
             raise FieldError("response_format", "When response_format type is 'json_schema', "
                              "the 'json_schema' field must be provided.")
+        if self.type == "structural_tag" and self.format is None and (
+                self.structures is None or self.triggers is None):
+            raise FieldError("response_format", "When response_format type is "
+                             "'structural_tag', 'format' (or 'structures' and 'triggers') "
+                             "must be provided.")
         return self
+
+    def structural_tag(self) -> str:
+        """The structural tag as vLLM passes it on: this object dumped as JSON."""
+        body = {"type": self.type, **({"format": self.format} if self.format is not None else
+                                      {"structures": self.structures,
+                                       "triggers": self.triggers})}
+        return json.dumps({**body, **(self.model_extra or {})})
 
 
 class StructuredOutputsRequest(OpenAIModel):
@@ -117,13 +135,10 @@ class StructuredOutputsRequest(OpenAIModel):
 
     def constraint_fields(self) -> dict[str, Any]:
         """The set fields, by StructuredOutputsParams' names."""
-        if self.structural_tag is not None:
-            raise unsupported("structured_outputs", "structured_outputs.structural_tag")
-        if self.whitespace_pattern is not None:
-            raise unsupported("structured_outputs", "structured_outputs.whitespace_pattern "
-                              "(the xgrammar backend has none; use disable_any_whitespace)")
         values = {"json": self.json_, "regex": self.regex, "choice": self.choice,
-                  "grammar": self.grammar, "json_object": self.json_object}
+                  "grammar": self.grammar, "json_object": self.json_object,
+                  "structural_tag": self.structural_tag,
+                  "whitespace_pattern": self.whitespace_pattern}
         flags = {name: getattr(self, name) for name in (
             "disable_fallback", "disable_any_whitespace", "disable_additional_properties")}
         return {**{k: v for k, v in values.items() if v is not None}, **flags}
@@ -131,7 +146,9 @@ class StructuredOutputsRequest(OpenAIModel):
 
 #: The older request fields vLLM still maps onto structured_outputs (deprecated there).
 GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
-                 "guided_grammar": "grammar"}
+                 "guided_grammar": "grammar", "structural_tag": "structural_tag",
+                 "guided_whitespace_pattern": "whitespace_pattern"}
+CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 class _CommonFields(OpenAIModel):
@@ -179,9 +196,9 @@ class _CommonFields(OpenAIModel):
     guided_choice: Optional[list[str]] = None
     guided_grammar: Optional[str] = None
     guided_decoding_backend: Optional[str] = None
-    # vLLM fields this server rejects when set (see check_supported)
     guided_whitespace_pattern: Optional[str] = None
     structural_tag: Optional[str] = None
+    # vLLM fields this server rejects when set (see check_supported)
     logits_processors: Any = None
     kv_transfer_params: Optional[dict[str, Any]] = None
     vllm_xargs: Optional[dict[str, Any]] = None  # SamplingParams.extra_args (vLLM)
@@ -213,15 +230,6 @@ class _CommonFields(OpenAIModel):
         if self.use_beam_search and self.prompt_logprobs is not None:
             raise FieldError("prompt_logprobs", "prompt_logprobs are not supported with beam "
                                                 "search by this server.")
-        if self.guided_whitespace_pattern is not None:
-            raise unsupported("guided_whitespace_pattern", "guided_whitespace_pattern (the "
-                              "xgrammar backend has none; use disable_any_whitespace)")
-        if self.structural_tag is not None:
-            raise unsupported("structural_tag")
-        if self.guided_decoding_backend not in (None, "auto", "xgrammar"):
-            raise FieldError("guided_decoding_backend", "Request-level structured output "
-                             "backend selection is not supported: this server's backend is "
-                             f"xgrammar, got {self.guided_decoding_backend!r}.")
         if self.logits_processors is not None:
             raise unsupported("logits_processors", "Per-request logits_processors (as in "
                               "vLLM V1; the server's --logits-processors with vllm_xargs, or "
@@ -229,11 +237,19 @@ class _CommonFields(OpenAIModel):
         if self.kv_transfer_params:
             raise unsupported("kv_transfer_params", "kv_transfer_params (no KV transfer)")
 
-    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+    def structured_outputs_params(self, config: StructuredOutputsConfig | None = None
+                                  ) -> StructuredOutputsParams | None:
         """The request's constraint, as vLLM builds it: ``structured_outputs`` (else the
         deprecated ``guided_*`` fields), overridden by a ``response_format`` of type
-        json_object / json_schema; parsed by the grammar compiler here, so a bad one is a
-        FieldError naming the field that set it, with the compiler's message."""
+        json_object / json_schema / structural_tag; parsed by the grammar compiler of the
+        backend ``config`` chooses, so a bad one is a FieldError naming the field that set it,
+        with the compiler's message."""
+        config = config or StructuredOutputsConfig()
+        backend = self.guided_decoding_backend
+        if backend not in (None, "auto", config.backend):
+            raise FieldError("guided_decoding_backend", "Request-level structured output "
+                             "backend selection is not supported: this server's backend is "
+                             f"{config.backend}, got {backend!r}.")
         fields, field = {}, "structured_outputs"
         if self.structured_outputs is not None:
             fields = self.structured_outputs.constraint_fields()
@@ -249,22 +265,26 @@ class _CommonFields(OpenAIModel):
             field = "response_format"
             if rf.type == "json_object":
                 fields = {**fields, "json_object": True}
-            else:
+            elif rf.type == "json_schema":
                 fields = {**fields, "json": rf.json_schema.json_schema}
-        if not any(k in fields for k in ("json", "regex", "choice", "grammar", "json_object")):
+            else:
+                fields = {**fields, "structural_tag": rf.structural_tag()}
+        if not any(k in fields for k in CONSTRAINT_KINDS):
             if fields and any(fields.values()):
                 raise FieldError(field, "You must use one kind of structured outputs "
                                         f"constraint but none are specified: {fields}")
             return None
         try:
             params = StructuredOutputsParams(**fields)
-            validate_grammar(params)
+            grammar_key(params, config)
         except ValueError as exc:
             raise FieldError(field, f"{field}: {exc}") from None
         return params
 
     def sampling_params(self, *, max_tokens: int | None, logprobs: int | None,
-                        defaults: dict[str, Any]) -> SamplingParams:
+                        defaults: dict[str, Any],
+                        structured_outputs_config: StructuredOutputsConfig | None = None
+                        ) -> SamplingParams:
         """SamplingParams of this request: fields it left None take ``defaults`` (the model's
         generation config), then SamplingParams' own (raises its ValueError on bad values).
         The output kind follows ``stream``, as vLLM's: DELTA streaming, else FINAL_ONLY."""
@@ -291,7 +311,7 @@ class _CommonFields(OpenAIModel):
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
-            structured_outputs=self.structured_outputs_params(),
+            structured_outputs=self.structured_outputs_params(structured_outputs_config),
             extra_args=self.vllm_xargs,
             **{k: v for k, v in optional.items() if v is not None},
         )

@@ -218,8 +218,9 @@ class OpenAIServing:
                         ) -> SamplingParams:
         """The request's SamplingParams with the model's generation defaults (400 if bad)."""
         try:
-            params = req.sampling_params(max_tokens=max_tokens, logprobs=logprobs,
-                                         defaults=self.defaults)
+            params = req.sampling_params(
+                max_tokens=max_tokens, logprobs=logprobs, defaults=self.defaults,
+                structured_outputs_config=self.llm.config.structured_outputs_config)
         except ValueError as exc:
             raise APIError.bad_request(exc, set(type(req).model_fields)) from exc
         if prompt_logprobs is not None and params.prompt_logprobs is None:
