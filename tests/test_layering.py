@@ -25,6 +25,7 @@ LAYERS = (
     ("metrics",),
     ("model",),
     ("worker",),
+    ("spec_decode",),  # proposers: n-gram, and a draft model run by the worker's runner
     ("structured_output",),  # the grammars: the engine owns the manager, the sampler masks
     ("engine",),
     ("lab",),

@@ -75,6 +75,10 @@ class Request:
     #: vLLM's ``cache_salt``: mixed into the first block's hash, so only requests with the
     #: same salt share prefix-cache blocks.
     cache_salt: str | None = None
+    #: vLLM's ``spec_token_ids``: the draft tokens proposed after the latest step, which the
+    #: next step schedules after the last known token for the target to verify. Never part of
+    #: ``num_tokens``, never hashed; cleared when scheduled, preempted or finished.
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:

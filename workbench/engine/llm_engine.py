@@ -37,6 +37,7 @@ from workbench.worker.sleep_mode import TAGS as SLEEP_TAGS
 from workbench.worker.sleep_mode import SleepMode
 from workbench.worker.runner_protocol import Runner, RunnerFactory
 from workbench.sampling_params import SamplingParams
+from workbench.spec_decode.proposer import make_proposer
 from workbench.structured_output.manager import StructuredOutputManager
 from workbench.metrics.stats import IterationStats, LoggingStatLogger, SchedulerStats, StatLoggerBase
 
@@ -127,6 +128,12 @@ class LLMEngine:
             record_events=True,
             clock=self.clock,
         )
+        #: Speculative decoding's proposer (``speculative_config``), else None.
+        self.proposer = make_proposer(config.speculative_config, self.model_config, self.tokenizer,
+                                      device=self.device, block_size=config.block_size,
+                                      attention_backend=self.attention_backend,
+                                      num_blocks=num_blocks, load_format=config.load_format,
+                                      seed=config.seed)
         self.input_processor = InputProcessor(
             self.tokenizer, max_model_len, self.model_config.vocab_size,
             max_logprobs=config.max_logprobs, eos_token_ids=self.model_config.eos_token_ids,
@@ -376,7 +383,8 @@ class LLMEngine:
         timings.update(result.timings)
         t2 = time.perf_counter()
         now = self.clock()
-        updated = self.scheduler.update_from_output(so, result.sampled_token_ids, result.failed, now=now)
+        updated = self.scheduler.update_from_output(so, result.sampled_token_ids, result.failed,
+                                                    spec_decode=result.spec_decode, now=now)
         ended, refused = so_manager.accept_tokens(updated)  # a grammar that ended ends its request
         self.scheduler.finish_requests(ended, RequestStatus.FINISHED_STOPPED, now=now)
         self.scheduler.finish_requests(refused, RequestStatus.FINISHED_ERROR, now=now)
@@ -393,6 +401,13 @@ class LLMEngine:
         outputs, self._pending_outputs = self._pending_outputs + processed.outputs, []
         t3 = time.perf_counter()
         timings["output"] = t3 - t2
+        if self.proposer is not None:  # drafts for the next step, from this step's tokens
+            self.proposer.remove(so.finished_request_ids)
+            self.scheduler.update_draft_token_ids(self.proposer.propose(
+                [r for r in updated if r.status is RequestStatus.RUNNING
+                 and r.sampling_params.structured_outputs is None]))
+        timings["propose"] = time.perf_counter() - t3
+        t3 += timings["propose"]
         record = self._record(so, timings, result)
         for stat_logger in self.stat_loggers.values():
             stat_logger.record(record.scheduler_stats, iteration)
@@ -438,6 +453,7 @@ class LLMEngine:
             kv_events=kv.take_events(),
             request_events=scheduler.take_events(),
             structured_output=self.structured_output.take_step(scheduler.requests),
+            spec_decode=result.spec_decode if result is not None else {},
         )
         self.history.append(record)
         self.request_tracker.consume(record.request_events)
