@@ -39,7 +39,8 @@ from workbench.worker.runner_protocol import Runner, RunnerFactory
 from workbench.sampling_params import SamplingParams
 from workbench.spec_decode.proposer import make_proposer
 from workbench.structured_output.manager import StructuredOutputManager
-from workbench.metrics.stats import IterationStats, LoggingStatLogger, SchedulerStats, StatLoggerBase
+from workbench.metrics.stats import (IterationStats, LoggingStatLogger, SchedulerStats,
+                                     SpecDecodingStats, StatLoggerBase)
 
 if TYPE_CHECKING:
     from workbench.config import EngineArgs
@@ -441,6 +442,7 @@ class LLMEngine:
             num_blocks_allocated=kv_stats.num_blocks_allocated,
             num_blocks_freed=kv_stats.num_blocks_freed,
             num_blocks_evicted=kv_stats.num_blocks_evicted,
+            spec_decoding_stats=SpecDecodingStats.of(result.spec_decode.values()) if result is not None else None,
         )
         record = StepRecord(
             step=so.step,

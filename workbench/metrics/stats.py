@@ -37,9 +37,35 @@ class SchedulerStats:
     num_blocks_allocated: int = 0  # this step
     num_blocks_freed: int = 0  # this step: blocks whose ref_count fell to 0
     num_blocks_evicted: int = 0  # this step: cached blocks whose hash was dropped to serve it
+    spec_decoding_stats: SpecDecodingStats | None = None  # this step; None without drafts
 
     def _repr_html_(self) -> str:
         return html_table("SchedulerStats", asdict(self))
+
+
+@dataclass(frozen=True)
+class SpecDecodingStats:
+    """Speculative decoding in one step (vLLM's): ``num_drafts`` requests verified drafts,
+    ``num_draft_tokens`` of them in all, ``num_accepted_tokens`` accepted;
+    ``num_accepted_tokens_per_pos[j]``: drafts accepted at position ``j`` (0-based)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, results) -> SpecDecodingStats | None:
+        """From a step's ``SpecDecodeResult`` values (None when there are none)."""
+        results = list(results)
+        if not results:
+            return None
+        per_pos = [0] * max(r.num_draft_tokens for r in results)
+        for r in results:
+            for j in range(r.num_accepted):
+                per_pos[j] += 1
+        return cls(len(results), sum(r.num_draft_tokens for r in results),
+                   sum(r.num_accepted for r in results), tuple(per_pos))
 
 
 @dataclass(frozen=True)
