@@ -6,6 +6,7 @@ inside accepted runs) and transformers' greedy ``generate`` of each prompt alone
 """
 
 import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,10 +34,14 @@ def tight_engine(num_kv_blocks=40, **kw):
                      max_num_seqs=6, max_num_batched_tokens=24, **kw)
 
 
+DRAFT = {"method": "draft_model", "model": str(Path(__file__).resolve().parents[2] / "data" / "tiny-shakespeare-draft")}
+
+
 @functools.cache
-def engine(k: int | None) -> LLMEngine:
-    """A tighter pool (24 blocks of 4): workloads of a few requests preempt."""
-    return tight_engine(24, speculative_config=None if k is None else {**NGRAM, "num_speculative_tokens": k})
+def engine(method: str | None, k: int = 0) -> LLMEngine:
+    """A tighter pool (18 blocks of 4: the longest request fits alone): a few requests preempt."""
+    spec = None if method is None else {**(NGRAM if method == "ngram" else DRAFT), "num_speculative_tokens": k}
+    return tight_engine(18, speculative_config=spec)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +73,7 @@ def test_ngram_speculation_matches_transformers_greedy(tiny):
 
 request_st = st.tuples(
     st.integers(0, len(PROMPTS) - 1),
-    st.integers(0, 6),  # arrival step
+    st.integers(0, 3),  # arrival step
     st.integers(1, 20),  # max_tokens
     st.sampled_from([(), ("the",), ("\n\n",), ("o", "Romeo")]),  # stop strings
     st.booleans(),  # ignore_eos
@@ -100,10 +105,12 @@ def run(eng, reqs, aborts: bool):
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(k=st.integers(1, 6), reqs=st.lists(request_st, min_size=2, max_size=5))
-def test_greedy_outputs_with_ngram_speculation_equal_those_without(k, reqs):
+@given(method=st.sampled_from(["ngram", "draft_model"]), k=st.integers(1, 6),
+       reqs=st.lists(request_st, min_size=2, max_size=5))
+def test_greedy_outputs_with_speculation_equal_those_without(method, k, reqs):
     want, _ = run(engine(None), reqs, aborts=False)
-    got, records = run(engine(k), reqs, aborts=True)
+    got, records = run(engine(method, k), reqs, aborts=True)
+    event(method)
     for i, r in enumerate(reqs):
         rid = f"q{i}"
         ref, out = want[rid].outputs[0], got[rid].outputs[0]
