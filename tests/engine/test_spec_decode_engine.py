@@ -88,6 +88,22 @@ def test_records_and_metrics_count_every_draft(plain):
             for j in range(3)] == per_pos
     stats = [rec.scheduler_stats.spec_decoding_stats for rec in engine.history]
     assert sum(s.num_accepted_tokens for s in stats if s) == summary["spec_num_accepted_tokens"]
+    line = logging_line(stats)
+    mean = 1 + summary["spec_num_accepted_tokens"] / summary["spec_num_drafts"]
+    assert f"Mean acceptance length: {mean:.2f}," in line
+    assert f"Accepted: {summary['spec_num_accepted_tokens']} tokens, Drafted: {summary['spec_num_draft_tokens']} tokens" in line
+    assert "Per-position acceptance rate: " + ", ".join(
+        f"{n / summary['spec_num_drafts']:.3f}" for n in per_pos) in line
+
+
+def logging_line(stats) -> str:
+    from workbench.metrics.stats import IterationStats, LoggingStatLogger, SchedulerStats
+
+    log = LoggingStatLogger()
+    for s in stats:
+        log.record(SchedulerStats(spec_decoding_stats=s), IterationStats())
+    log.log()
+    return log.last_spec_line
 
 
 def test_logprobs_and_stop_strings_inside_accepted_runs(plain):
