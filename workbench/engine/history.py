@@ -16,15 +16,16 @@ from dataclasses import dataclass, field
 from workbench.core.kv_events import BlockFreed, KVEvent
 from workbench.core.kv_state import KVReplay, KVState
 from workbench.core.request_events import RequestEvent
-from workbench.core.sched.output import SchedulerOutput
+from workbench.core.sched.output import SchedulerOutput, SpecDecodeResult
 from workbench.metrics.perfetto import write_trace
 from workbench.metrics.stats import SchedulerStats
 from workbench.structured_output.manager import StructuredOutputStep
 
 #: The stages of a step whose wall time a StepRecord keeps (seconds); together they are the
-#: whole of ``LLMEngine.step()``. ``record``: keeping this record, the stats, the stat loggers
-#: and the ``on_step`` hooks (set after the hooks ran, so they see the stages before it).
-TIMING_STAGES = ("schedule", "prepare", "forward", "sample", "output", "record")
+#: whole of ``LLMEngine.step()``. ``propose``: the speculative proposer's drafts for the next
+#: step (0 without speculative decoding). ``record``: keeping this record, the stats, the stat
+#: loggers and the ``on_step`` hooks (set after the hooks ran, so they see the stages before it).
+TIMING_STAGES = ("schedule", "prepare", "forward", "sample", "output", "propose", "record")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class StepRecord:
     kv_events: tuple[KVEvent, ...] = ()
     request_events: tuple[RequestEvent, ...] = ()
     structured_output: StructuredOutputStep = field(default_factory=StructuredOutputStep)
+    #: Speculative decoding: per speculating request, the drafts it verified this step and
+    #: how many the target accepted (``SpecDecodeResult``); empty without speculation.
+    spec_decode: dict[str, SpecDecodeResult] = field(default_factory=dict)
 
     @property
     def num_running(self) -> int:
@@ -124,6 +128,9 @@ class StepRecord:
         ):
             if ids:
                 extra.append(f"{name}={list(ids)}")
+        if self.spec_decode:  # accepted / drafted tokens per speculating request
+            extra.append("spec={" + ", ".join(f"{rid}: {r.num_accepted}/{r.num_draft_tokens}"
+                                              for rid, r in self.spec_decode.items()) + "}")
         grammar = self.structured_output
         if grammar.waiting_for_fsm:
             extra.append(f"waiting_for_fsm={list(grammar.waiting_for_fsm)}")

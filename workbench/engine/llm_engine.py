@@ -41,8 +41,10 @@ from workbench.worker.runner_protocol import Runner, RunnerFactory
 from workbench.sampling_params import SamplingParams
 from workbench.reasoning import ReasoningParserManager
 from workbench.worker.logits_processor import LogitsProcessors, load_logits_processors
+from workbench.spec_decode.proposer import make_proposer
 from workbench.structured_output.manager import StructuredOutputManager
-from workbench.metrics.stats import IterationStats, LoggingStatLogger, SchedulerStats, StatLoggerBase
+from workbench.metrics.stats import (IterationStats, LoggingStatLogger, SchedulerStats,
+                                     SpecDecodingStats, StatLoggerBase)
 
 if TYPE_CHECKING:
     from workbench.config import EngineArgs
@@ -107,6 +109,10 @@ class LLMEngine:
         self.clock = clock or time.monotonic
         #: The custom logits processors' classes (``config.logits_processors``, loaded here).
         self.logits_processor_classes = load_logits_processors(config.logits_processors or ())
+        if self.logits_processor_classes and config.speculative_config is not None:
+            raise ValueError("logits_processors: custom logits processors are not supported with "
+                             "speculative_config (their batch state follows one row per request; "
+                             "verification samples several).")
         self.runner: Runner = (make_runner or ModelRunner)(
             self.model_config,
             device=self.device,
@@ -152,6 +158,12 @@ class LLMEngine:
             clock=self.clock,
             max_loras=config.max_loras if config.enable_lora else None,
         )
+        #: Speculative decoding's proposer (``speculative_config``), else None.
+        self.proposer = make_proposer(config.speculative_config, self.model_config, self.tokenizer,
+                                      device=self.device, block_size=config.block_size,
+                                      attention_backend=self.attention_backend,
+                                      num_blocks=num_blocks, load_format=config.load_format,
+                                      seed=config.seed)
         self.input_processor = InputProcessor(
             self.tokenizer, max_model_len, self.model_config.vocab_size,
             max_logprobs=config.max_logprobs, eos_token_ids=self.model_config.eos_token_ids,
@@ -328,6 +340,8 @@ class LLMEngine:
         now = self.clock()
         child_ids, outputs = self.output_processor.abort(ids, now)
         self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED, now=now)
+        if self.proposer is not None:
+            self.proposer.remove(child_ids)
         if report:
             self._pending_outputs.extend(outputs)
 
@@ -450,7 +464,8 @@ class LLMEngine:
         timings.update(result.timings)
         t2 = time.perf_counter()
         now = self.clock()
-        updated = self.scheduler.update_from_output(so, result.sampled_token_ids, result.failed, now=now)
+        updated = self.scheduler.update_from_output(so, result.sampled_token_ids, result.failed,
+                                                    spec_decode=result.spec_decode, now=now)
         ended, refused = so_manager.accept_tokens(updated)  # a grammar that ended ends its request
         self.scheduler.finish_requests(ended, RequestStatus.FINISHED_STOPPED, now=now)
         self.scheduler.finish_requests(refused, RequestStatus.FINISHED_ERROR, now=now)
@@ -467,6 +482,13 @@ class LLMEngine:
         outputs, self._pending_outputs = self._pending_outputs + processed.outputs, []
         t3 = time.perf_counter()
         timings["output"] = t3 - t2
+        if self.proposer is not None:  # drafts for the next step, from this step's tokens
+            self.proposer.remove(self.scheduler.finished_request_ids)  # finished in this step
+            self.scheduler.update_draft_token_ids(self.proposer.propose(
+                [r for r in updated if r.status is RequestStatus.RUNNING
+                 and r.sampling_params.structured_outputs is None]))
+        timings["propose"] = time.perf_counter() - t3
+        t3 += timings["propose"]
         record = self._record(so, timings, result)
         iteration.grammar_compile_seconds = list(record.structured_output.compile_seconds)
         iteration.num_grammar_cache_hits = len(record.structured_output.cache_hits)
@@ -503,6 +525,7 @@ class LLMEngine:
             num_blocks_freed=kv_stats.num_blocks_freed,
             num_blocks_evicted=kv_stats.num_blocks_evicted,
             **(self._lora_stats() if self.config.enable_lora else {}),
+            spec_decoding_stats=SpecDecodingStats.of(result.spec_decode.values()) if result is not None else None,
         )
         record = StepRecord(
             step=so.step,
@@ -515,6 +538,7 @@ class LLMEngine:
             kv_events=kv.take_events(),
             request_events=scheduler.take_events(),
             structured_output=self.structured_output.take_step(scheduler.requests),
+            spec_decode=result.spec_decode if result is not None else {},
         )
         self.history.append(record)
         self.request_tracker.consume(record.request_events)

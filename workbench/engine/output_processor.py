@@ -45,6 +45,7 @@ class _NoText:
     """The detokenizer of a request with ``detokenize=False``: no text, no stop strings."""
 
     text = ""
+    num_output_tokens = 0  # no stop string can match, so nothing is ever cut
 
     def update(self, new_token_ids) -> None:
         return None
@@ -250,12 +251,28 @@ class OutputProcessor:
         self,
         state: SequenceState,
         request: Request,
-        logprobs: Mapping[str, TokenLogprobs],
+        logprobs: Mapping[str, TokenLogprobs | list[TokenLogprobs]],
         stats: IterationStats,
         now: float,
     ) -> bool:
-        """Feed the request's new tokens; True when a stop string ended its text."""
+        """Feed the request's new tokens; True when a stop string ended its text.
+
+        A step may bring several tokens (speculative decoding); a stop string completed by
+        one of them drops the tokens after it from the request (nothing past a stop is
+        emitted), as one token at a time would have."""
         new_ids = request.output_token_ids[state.num_seen :]
+        detok = state.detokenizer
+        params = request.sampling_params
+        # A stop token (eos or stop_token_ids) ended the request: as vLLM, its text is
+        # left out unless include_stop_str_in_output.
+        stopped_by_token = request.status is RequestStatus.FINISHED_STOPPED
+        hide_last = stopped_by_token and new_ids and not params.include_stop_str_in_output
+        fed = detok.num_output_tokens
+        stop = detok.update(new_ids[:-1] if hide_last else new_ids)
+        if stop is not None and len(new_ids) > 1:  # cut the tokens after the one that stopped it
+            kept = detok.num_output_tokens - fed
+            del request.output_token_ids[state.num_seen + kept :]
+            new_ids = new_ids[:kept]
         state.num_seen = len(request.output_token_ids)
         if new_ids:
             if state.last_token_ts is None:
@@ -266,13 +283,6 @@ class OutputProcessor:
                 stats.inter_token_latencies_iter.append(now - state.last_token_ts)
             state.last_token_ts = now
             stats.num_generation_tokens += len(new_ids)
-        detok = state.detokenizer
-        params = request.sampling_params
-        # A stop token (eos or stop_token_ids) ended the request: as vLLM, its text is
-        # left out unless include_stop_str_in_output.
-        stopped_by_token = request.status is RequestStatus.FINISHED_STOPPED
-        hide_last = stopped_by_token and new_ids and not params.include_stop_str_in_output
-        stop = detok.update(new_ids[:-1] if hide_last else new_ids)
         if stop is None and request.is_finished:
             stop = detok.flush()
         if state.logprobs is not None and new_ids:
@@ -282,8 +292,9 @@ class OutputProcessor:
                     f"request {request.request_id!r} asked for logprobs={params.logprobs} "
                     "but the step brought none for it."
                 )
-            state.logprobs.append(self._convert_logprobs(lp))
-            state.cumulative_logprob += lp.logprob
+            for entry in (lp if isinstance(lp, list) else [lp])[: len(new_ids)]:
+                state.logprobs.append(self._convert_logprobs(entry))
+                state.cumulative_logprob += entry.logprob
         if stop is not None:
             state.finish("stop", stop, now)
         elif request.is_finished:

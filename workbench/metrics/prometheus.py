@@ -119,6 +119,16 @@ class PrometheusStatLogger(StatLoggerBase):
         self.grammar_cache_hits = counter(
             "workbench:grammar_cache_hits", "Constrained requests whose grammar was already "
             "compiled or compiling.")
+        self.spec_decode_num_drafts = counter(
+            "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+        self.spec_decode_num_draft_tokens = counter(
+            "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+        self.spec_decode_num_accepted_tokens = counter(
+            "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+        per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.", labels + ["position"], registry=reg)
+        self._accepted_per_pos = lambda pos: per_pos.labels(model_name, str(pos))
         self.iteration_tokens = histogram(
             "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
             [2.0**i for i in range(15)])
@@ -141,6 +151,13 @@ class PrometheusStatLogger(StatLoggerBase):
             self.lora_requests_info.labels(
                 str(self.max_lora), ",".join(s.waiting_lora_adapters),
                 ",".join(s.running_lora_adapters)).set_to_current_time()
+        if s.spec_decoding_stats is not None:
+            spec = s.spec_decoding_stats
+            self.spec_decode_num_drafts.inc(spec.num_drafts)
+            self.spec_decode_num_draft_tokens.inc(spec.num_draft_tokens)
+            self.spec_decode_num_accepted_tokens.inc(spec.num_accepted_tokens)
+            for pos, n in enumerate(spec.num_accepted_tokens_per_pos):
+                self._accepted_per_pos(pos).inc(n)
         self.prompt_tokens.inc(it.num_prompt_tokens)
         self.generation_tokens.inc(it.num_generation_tokens)
         if it.num_prompt_tokens or it.num_generation_tokens:

@@ -17,6 +17,9 @@ from workbench.model.model_config import ModelConfig
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_DIR = "tiny-shakespeare"
+#: Models shipped in ``workbench.data``, loadable by their name: the default and its draft
+#: model for speculative decoding (same tokenizer).
+EMBEDDED_MODELS = (DEFAULT_MODEL_DIR, "tiny-shakespeare-draft")
 HUB_ALLOW_PATTERNS = ["*.json", "model*.safetensors", "*.txt", "*.model", "*.jinja"]
 HUB_TIMEOUT_S = 10.0
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -69,7 +72,8 @@ def _looks_local(model: str) -> bool:
 def resolve_model_path(model: str | os.PathLike | None) -> pathlib.Path:
     """A local directory holding the model's files.
 
-    None -> :func:`default_model_path`; an existing directory -> itself; anything else is a
+    None -> :func:`default_model_path`; an existing directory -> itself; a name of
+    :data:`EMBEDDED_MODELS` -> its directory in ``workbench.data``; anything else is a
     Hugging Face hub id, taken from the local cache when complete there, else downloaded
     (config, tokenizer and ``model*.safetensors`` files only). Offline (``HF_HUB_OFFLINE=1``) or
     with the hub unreachable this raises :class:`ModelLoadError` within about ``HUB_TIMEOUT_S``.
@@ -77,6 +81,8 @@ def resolve_model_path(model: str | os.PathLike | None) -> pathlib.Path:
     if model is None:
         return default_model_path()
     model = os.fspath(model)
+    if model in EMBEDDED_MODELS and not pathlib.Path(model).is_dir():
+        return pathlib.Path(str(importlib.resources.files("workbench.data") / model))
     local = pathlib.Path(model).expanduser()
     if local.is_dir():
         return local.absolute()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 import torch
 
-from workbench.core.sched.output import SchedulerOutput
+from workbench.core.sched.output import SchedulerOutput, SpecDecodeResult
 from workbench.kernels import batch_invariant
 from workbench.model.attention import AttentionMetadata
 from workbench.model.llama import allocate_kv_caches
@@ -23,6 +23,7 @@ from workbench.model.loader import load_model
 from workbench.model.model_config import ModelConfig
 from workbench.request import Request
 from workbench.utils.errors import describe
+from workbench.worker.rejection_sampler import RejectionSampler
 from workbench.worker.sampler import Sampler, TokenLogprobs, gather_logprobs
 
 logger = logging.getLogger("workbench")
@@ -35,7 +36,8 @@ class BatchInputs:
     ``input_ids``/``positions``/``slot_mapping`` have one entry per scheduled token;
     ``block_tables``/``seq_lens`` one row per scheduled request (``query_start_loc`` one more);
     ``logits_indices`` selects the last token of each request that samples this step, in the
-    order of ``sample_request_ids``.
+    order of ``sample_request_ids`` -- for a speculating request its last ``k + 1`` tokens
+    (the last known token and its ``k`` drafts: the rows the rejection sampler verifies).
     """
 
     request_ids: tuple[str, ...]
@@ -124,7 +126,8 @@ def build_batch_inputs(
         tables[i, :len(blocks)] = blocks
         query_start_loc.append(query_start_loc[-1] + s.num_new_tokens)
         if s.samples:
-            logits_indices.append(query_start_loc[-1] - 1)
+            end = query_start_loc[-1]
+            logits_indices.extend(range(end - 1 - len(s.spec_token_ids), end))
 
     def tensor(values, dtype):
         return torch.tensor(values, dtype=dtype)
@@ -162,14 +165,19 @@ class RunnerOutput:
     logprobs ``(first prompt index, entries)`` of prefill chunks that asked, and the rows
     whose own work raised (``failed``: the ``describe``d error; such a row has no token,
     logprobs or prompt logprobs, and the scheduler finishes it with an error); plus the
-    batch (None when nothing was scheduled) and timings (s)."""
+    batch (None when nothing was scheduled) and timings (s).
+
+    A speculating request's ``sampled_token_ids`` entry is the target's own token, emitted
+    after its accepted drafts; ``spec_decode`` holds its drafts and how many were accepted,
+    and its ``logprobs`` entry is a list, one per emitted token (accepted drafts, then that)."""
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs | list[TokenLogprobs]] = field(default_factory=dict)
     prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     batch: BatchInputs | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    spec_decode: dict[str, SpecDecodeResult] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -198,6 +206,7 @@ class ModelRunner:
         self.model = load_model(model_config, device=device, load_format=load_format, seed=seed)
         self.model.eval()
         self.sampler = Sampler(seed=seed)
+        self.rejection_sampler = RejectionSampler(self.sampler)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
         #: Compiled (Triton) kernels get block tables of one fixed width, the model length in
@@ -414,26 +423,48 @@ class ModelRunner:
         sync()
         t2 = time.perf_counter()
         sampled: dict[str, int] = {}
-        logprobs: dict[str, TokenLogprobs] = {}
+        logprobs: dict[str, TokenLogprobs | list[TokenLogprobs]] = {}
         failed: dict[str, str] = {}
+        spec_decode: dict[str, SpecDecodeResult] = {}
+        drafts = scheduler_output.scheduled_spec_decode_tokens
         if batch.sample_request_ids:
-            rows = [requests[rid] for rid in batch.sample_request_ids]
-            out = self.sampler(logits, rows, _stack_masks(batch.sample_request_ids,
-                                                          grammar_bitmask))
-            failed = dict(out.failed)
-            for rid, token, lp in zip(batch.sample_request_ids, out.token_ids, out.logprobs):
-                if rid in failed:
-                    continue
-                sampled[rid] = token
-                if lp is not None:
-                    logprobs[rid] = lp
+            plain_ids = [rid for rid in batch.sample_request_ids if rid not in drafts]
+            plain_rows, spec_rows, row = [], [], 0
+            for rid in batch.sample_request_ids:
+                n = 1 + len(drafts.get(rid, ()))
+                (spec_rows if rid in drafts else plain_rows).extend(range(row, row + n))
+                row += n
+            if plain_ids:
+                plain_logits = logits if not drafts else logits[plain_rows]
+                out = self.sampler(plain_logits, [requests[rid] for rid in plain_ids],
+                                   _stack_masks(tuple(plain_ids), grammar_bitmask))
+                failed.update(out.failed)
+                for rid, token, lp in zip(plain_ids, out.token_ids, out.logprobs):
+                    if rid in failed:
+                        continue
+                    sampled[rid] = token
+                    if lp is not None:
+                        logprobs[rid] = lp
+            if drafts:
+                spec_ids = [rid for rid in batch.sample_request_ids if rid in drafts]
+                rej = self.rejection_sampler(logits[spec_rows], [requests[rid] for rid in spec_ids],
+                                             [drafts[rid] for rid in spec_ids])
+                failed.update(rej.failed)
+                for rid, tokens, lps, n in zip(spec_ids, rej.token_ids, rej.logprobs, rej.num_accepted):
+                    if rid in failed:
+                        continue
+                    sampled[rid] = tokens[-1]
+                    spec_decode[rid] = SpecDecodeResult(drafts[rid], n)
+                    if lps is not None:
+                        logprobs[rid] = lps
         prompt_logprobs = self._prompt_logprobs(scheduler_output, requests, hidden, failed)
         for rid in failed:  # a request failed anywhere gets nothing else from this step
             sampled.pop(rid, None)
             logprobs.pop(rid, None)
+            spec_decode.pop(rid, None)
         t3 = time.perf_counter()
         timings = {"forward": t2 - t1, "sample": t3 - t2}
-        return RunnerOutput(sampled, logprobs, prompt_logprobs, failed, batch, timings)
+        return RunnerOutput(sampled, logprobs, prompt_logprobs, failed, batch, timings, spec_decode)
 
     def _prompt_logprobs(
         self,

@@ -392,19 +392,7 @@ class Sampler:
                 _is_plain_greedy(r) for r in requests):  # the common batch: one argmax
             return SamplerOutput(token_ids=logits.argmax(dim=-1).tolist(), logprobs=[None] * num_rows)
         device = logits.device
-        x = logits.to(torch.float32, copy=True)
-        failed: dict[str, str] = {}
-        for i, r in enumerate(requests):
-            if _has_request_logits_work(r.sampling_params):
-                try:
-                    x[i] = _request_logits(x[i], r)
-                except Exception as exc:  # one request's fault: that row only
-                    failed[r.request_id] = describe(exc)
-                    x[i] = 0.0  # keep the batch finite; the row's token is dropped below
-        if custom:
-            x = custom.apply(x)
-        apply_penalties(x, requests)
-        apply_min_tokens(x, requests)
+        x, failed = self.process_logits(logits, requests, custom)
 
         tokens = torch.empty(num_rows, dtype=torch.long, device=device)
         greedy_rows = [i for i, r in enumerate(requests) if r.sampling_params.greedy]
@@ -431,10 +419,30 @@ class Sampler:
                 logprobs[i] = entry
         return SamplerOutput(token_ids=tokens.tolist(), logprobs=logprobs, failed=failed)
 
-    def _sample(
-        self, x: Tensor, requests: list[Request], rows: list[int], failed: dict[str, str]
-    ) -> Tensor:
-        """Temperature, top-k, top-p, min-p and the exponential race for the ``rows`` of x."""
+    def process_logits(self, logits: Tensor, requests: Sequence[Request],
+                       custom: LogitsProcessors | None = None) -> tuple[Tensor, dict[str, str]]:
+        """Steps 2-4 of the module docstring on an fp32 copy of ``logits`` (per-request logits
+        work, the engine's ``custom`` processors when given, penalties, min_tokens): the logits
+        greedy rows take the argmax of. Returns them and the rows that failed (request id ->
+        message; such a row is left all zeros)."""
+        x = logits.to(torch.float32, copy=True)
+        failed: dict[str, str] = {}
+        for i, r in enumerate(requests):
+            if _has_request_logits_work(r.sampling_params):
+                try:
+                    x[i] = _request_logits(x[i], r)
+                except Exception as exc:  # one request's fault: that row only
+                    failed[r.request_id] = describe(exc)
+                    x[i] = 0.0  # keep the batch finite; the row's token is dropped
+        if custom:
+            x = custom.apply(x)
+        apply_penalties(x, requests)
+        apply_min_tokens(x, requests)
+        return x, failed
+
+    def target_probs(self, x: Tensor, requests: Sequence[Request]) -> Tensor:
+        """Step 6 on processed logits ``x`` of non-greedy rows: the distribution each row
+        samples from (temperature, top-k, top-p, min-p, softmax)."""
         device = x.device
         vocab_size = x.shape[1]
         params = [r.sampling_params for r in requests]
@@ -442,8 +450,7 @@ class Sampler:
         def column(values: list[float]) -> Tensor:
             return torch.tensor(values, dtype=torch.float32, device=device)
 
-        temperature = column([p.temperature for p in params]).unsqueeze(1)
-        y = x[torch.tensor(rows, device=device)] / temperature
+        y = x / column([p.temperature for p in params]).unsqueeze(1)
         if any(0 < p.top_k < vocab_size or p.top_p < 1.0 for p in params):
             top_k = torch.tensor(
                 [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params], device=device
@@ -451,5 +458,18 @@ class Sampler:
             y = apply_top_k_top_p(y, top_k, column([p.top_p for p in params]))
         if any(p.min_p > 0.0 for p in params):
             y = apply_min_p(y, column([p.min_p for p in params]))
-        probs = y.softmax(dim=-1)
-        return (probs / self._exponentials(requests, vocab_size, device, failed)).argmax(dim=-1)
+        return y.softmax(dim=-1)
+
+    def generator(self, request: Request, device: torch.device) -> torch.Generator:
+        """The generator ``request``'s random draws come from: its own when seeded, else
+        the sampler's shared one (may raise for a bad seed)."""
+        if request.sampling_params.seed is not None:
+            return self._request_generator(request, device)
+        return self._shared_generator(device)
+
+    def _sample(
+        self, x: Tensor, requests: list[Request], rows: list[int], failed: dict[str, str]
+    ) -> Tensor:
+        """Temperature, top-k, top-p, min-p and the exponential race for the ``rows`` of x."""
+        probs = self.target_probs(x[torch.tensor(rows, device=x.device)], requests)
+        return (probs / self._exponentials(requests, x.shape[1], x.device, failed)).argmax(dim=-1)

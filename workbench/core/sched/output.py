@@ -29,11 +29,43 @@ class ScheduledRequest:
     samples: bool
     num_cached_tokens: int = 0  # prefix-cache hit tokens found when this request was (re)scheduled
     lora_name: str | None = None  # the request's LoRA adapter (None: the base model)
+    #: Draft tokens to verify: the last ``len(spec_token_ids)`` of ``token_ids`` (a speculating
+    #: decode: the last known token, then the drafts; it samples 1 + accepted tokens).
+    spec_token_ids: tuple[int, ...] = ()
 
     @property
     def seq_len(self) -> int:
         """Tokens in the KV cache after this step, the new ones included."""
         return self.num_computed_tokens + self.num_new_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class SpecDecodeResult:
+    """One speculating request's verification in one step: the drafts it scheduled and how
+    many the target accepted (a prefix of them). The request emits ``draft_token_ids[:
+    num_accepted]`` and then the target's own token: the *bonus* token when every draft was
+    accepted, else the token the rejection sampler drew in place of the first rejected draft
+    (a stop condition inside the run -- eos, a stop string, max_tokens -- cuts it short there)."""
+
+    draft_token_ids: tuple[int, ...]
+    num_accepted: int
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return len(self.draft_token_ids)
+
+    @property
+    def num_rejected(self) -> int:
+        return len(self.draft_token_ids) - self.num_accepted
+
+    @property
+    def accepted_token_ids(self) -> tuple[int, ...]:
+        return self.draft_token_ids[: self.num_accepted]
+
+    @property
+    def bonus(self) -> bool:
+        """Whether every draft was accepted (the target's token is a bonus)."""
+        return self.num_accepted == len(self.draft_token_ids)
 
 
 @dataclass(frozen=True)
@@ -77,6 +109,16 @@ class SchedulerOutput:
         return self.kv_cache_stats.prefix_cache_hits
 
     @property
+    def scheduled_spec_decode_tokens(self) -> dict[str, tuple[int, ...]]:
+        """vLLM's name: request id -> the draft tokens scheduled for verification this step."""
+        return {s.request_id: s.spec_token_ids for s in self.scheduled if s.spec_token_ids}
+
+    @property
+    def num_spec_tokens(self) -> int:
+        """Draft tokens among the scheduled tokens (they count in the token budget)."""
+        return sum(len(s.spec_token_ids) for s in self.scheduled)
+
+    @property
     def total_num_scheduled_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled)
 
@@ -96,6 +138,8 @@ class SchedulerOutput:
         hit = f" cached={s.num_cached_tokens}" if s.num_cached_tokens else ""
         hit += f" lora={s.lora_name}" if s.lora_name else ""
         sample = " -> sample" if s.samples else ""
+        if s.spec_token_ids:
+            sample += f" spec={list(s.spec_token_ids)}"
         return (
             f"{s.request_id}: {kind} [{s.num_computed_tokens}, {s.seq_len}){hit} "
             f"blocks={list(s.block_ids)}{sample}"

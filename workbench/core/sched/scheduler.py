@@ -27,10 +27,18 @@ tokens, caches newly full blocks, applies the stop conditions that need no text 
 finished requests; ``finish_requests`` ends the rest (aborts, and the stop strings and errors
 the output processor reports). The scheduler is the only writer of a request's finish status.
 
+Speculative decoding: a running request's ``spec_token_ids`` (drafts from the proposer,
+``update_draft_token_ids``) are scheduled after its last known token when its chunk reaches
+it, as far as the budget, ``max_tokens`` and ``max_model_len`` allow; they take budget and KV
+slots like any token (dropped first when the cache is short, before anyone is preempted).
+``update_from_output`` advances the request by the accepted drafts plus one and frees the
+blocks that held only rejected ones.
+
 Invariants (``check_invariants``, between steps): running and waiting are disjoint and
 hold exactly the unfinished requests; a running request has ``1 <= num_computed_tokens <
 num_tokens`` and a block table of ``ceil(num_computed_tokens / block_size)`` blocks; a
-waiting one has no blocks and ``num_computed_tokens == 0``; plus the KV cache's own.
+waiting one has no blocks, no drafts and ``num_computed_tokens == 0``; a chunk's drafts
+follow its request's last known token; plus the KV cache's own.
 Per-step work is O(scheduled requests + their block tables), never O(all blocks).
 
 With ``record_events`` the scheduler logs each request's life (arrival, chunks, prefix
@@ -45,7 +53,7 @@ import html
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from workbench.core.kv_cache_manager import KVCacheManager
 from workbench.core.sched.request_queue import SchedulingPolicy, get_policy
@@ -59,7 +67,7 @@ from workbench.core.request_events import (
     RequestResumed,
     RequestScheduled,
 )
-from workbench.core.sched.output import ScheduledRequest, SchedulerOutput
+from workbench.core.sched.output import ScheduledRequest, SchedulerOutput, SpecDecodeResult
 from workbench.request import Request, RequestStatus
 
 
@@ -291,14 +299,19 @@ class Scheduler:
         now = self.clock()
         budget = self.max_num_batched_tokens
         running = self.running
-        running_chunks: dict[Request, int] = {}  # request -> new tokens, running order
+        running_chunks: dict[Request, int] = {}  # request -> new tokens (drafts too), running order
+        spec_of: dict[Request, tuple[int, ...]] = {}  # request -> its scheduled draft tokens
         preempted: list[str] = []
 
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            while request.status is RequestStatus.RUNNING and kv.allocate_slots(request, num_new) is None:
+            spec = self._schedulable_spec_tokens(request, num_new, budget)
+            while request.status is RequestStatus.RUNNING and kv.allocate_slots(request, num_new + len(spec)) is None:
+                if spec:  # drafts are optional work: drop them before preempting anyone
+                    spec = ()
+                    continue
                 victim = self.policy.pick_victim(running)
                 del running[running.index(victim)]
                 if victim in running_chunks:
@@ -308,8 +321,10 @@ class Scheduler:
                 preempted.append(victim.request_id)
             if request.status is not RequestStatus.RUNNING:  # it was its own victim
                 break
-            running_chunks[request] = num_new
-            budget -= num_new
+            running_chunks[request] = num_new + len(spec)
+            if spec:
+                spec_of[request] = spec
+            budget -= num_new + len(spec)
             i += 1
 
         admitted: list[tuple[Request, int, int]] = []  # (request, new tokens, prefix-hit tokens)
@@ -359,7 +374,9 @@ class Scheduler:
             budget -= num_new
         self.waiting.restore_skipped()
 
-        scheduled = [self._chunk(r, n, 0) for r, n in running_chunks.items()]
+        scheduled = [self._chunk(r, n, 0, spec_of.get(r, ())) for r, n in running_chunks.items()]
+        for request in running_chunks:
+            request.spec_token_ids = []  # scheduled (or dropped): the next proposal replaces them
         scheduled += [self._chunk(r, n, hit) for r, n, hit in admitted]
         output = SchedulerOutput(
             step=self.step_count,
@@ -388,9 +405,10 @@ class Scheduler:
     def update_from_output(
         self,
         scheduler_output: SchedulerOutput,
-        sampled_token_ids: dict[str, int],
+        sampled_token_ids: Mapping[str, int],
         failed_request_ids: Iterable[str] = (),
         *,
+        spec_decode: Mapping[str, SpecDecodeResult] | None = None,
         now: float | None = None,
     ) -> list[Request]:
         """Apply a computed step. First the runner's failed rows (they got no token) finish
@@ -400,6 +418,13 @@ class Scheduler:
         ``max_tokens`` or ``max_model_len``. Finished requests leave ``running`` and free their
         blocks. Requests finished or aborted since ``schedule()`` are skipped. ``now`` (default:
         the clock now) is the time of every first token and finish this writes.
+
+        A speculating chunk (``spec_token_ids``) appends its accepted drafts
+        (``spec_decode[id].num_accepted``; none when absent) and then its sampled token, one
+        at a time, stopping at the first stop condition (nothing after it is appended); it
+        advances by the accepted drafts plus the last known token, and the blocks that held
+        only rejected drafts go back to the pool (the tail block's rejected slots are
+        overwritten by the next step). Only full blocks of accepted tokens are cached.
 
         Returns the requests that got a token, in batch order.
         """
@@ -414,9 +439,10 @@ class Scheduler:
             start = chunk.num_computed_tokens
             if request is None or request.status is not RequestStatus.RUNNING or request.num_computed_tokens != start:
                 continue
-            request.num_computed_tokens = num_computed = start + chunk.num_new_tokens
-            kv.cache_blocks(request, num_computed)
+            drafts = chunk.spec_token_ids
             if not chunk.samples:
+                request.num_computed_tokens = num_computed = start + chunk.num_new_tokens
+                kv.cache_blocks(request, num_computed)
                 continue
             try:
                 token = sampled_token_ids[chunk.request_id]
@@ -425,13 +451,30 @@ class Scheduler:
                     f"sampled_token_ids has no token for request {chunk.request_id!r}, which "
                     f"sampled at step {scheduler_output.step}."
                 ) from None
-            request.output_token_ids.append(token)
+            num_accepted = 0
+            if drafts:
+                result = (spec_decode or {}).get(chunk.request_id)
+                num_accepted = 0 if result is None else result.num_accepted
+                if not 0 <= num_accepted <= len(drafts):
+                    raise ValueError(f"request {chunk.request_id!r}: {num_accepted} drafts accepted of "
+                                     f"{len(drafts)} scheduled at step {scheduler_output.step}.")
+            request.num_computed_tokens = num_computed = (
+                start + chunk.num_new_tokens - len(drafts) + num_accepted)
+            status = None
+            for new_token in (*drafts[:num_accepted], token):
+                request.output_token_ids.append(new_token)
+                status = self._check_stop(request, new_token)
+                if status is not None:
+                    break
+            # K/V exist up to num_computed; a stop inside the accepted run ends the tokens earlier.
+            kv.cache_blocks(request, min(num_computed, request.num_tokens))
+            if drafts and status is None:
+                kv.free_unneeded_blocks(request)
             if request.first_token_time is None:
                 request.first_token_time = now
                 if self._events is not None:
                     self._events.append(RequestFirstToken(request.request_id, scheduler_output.step, now))
             kv.update_block_hashes(request)
-            status = self._check_stop(request, token)
             if status is not None:
                 self._finish(request, status, scheduler_output.step, now)
                 any_finished = True
@@ -440,21 +483,44 @@ class Scheduler:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return got_token
 
+    def update_draft_token_ids(self, draft_token_ids: Mapping[str, Sequence[int]]) -> None:
+        """vLLM's name: set the drafts the proposer made for running requests (the next
+        ``schedule()`` verifies what fits of them); other ids are ignored."""
+        for rid, drafts in draft_token_ids.items():
+            request = self.requests.get(rid)
+            if request is not None and request.status is RequestStatus.RUNNING:
+                request.spec_token_ids = list(drafts)
+
     # -------------------------------------------------------------- helpers
-    def _chunk(self, request: Request, num_new: int, num_hit: int) -> ScheduledRequest:
+    def _schedulable_spec_tokens(self, request: Request, num_new: int, budget: int) -> tuple[int, ...]:
+        """The request's drafts this step can verify: only when its chunk reaches the last
+        known token, within the budget left, and no more than could be emitted (all accepted
+        plus the bonus token stay within ``max_tokens`` and ``max_model_len``)."""
+        drafts = request.spec_token_ids
+        if not drafts or request.num_computed_tokens + num_new != request.num_tokens:
+            return ()
+        room = min(budget - num_new, self.max_model_len - request.num_tokens - 1)
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is not None:
+            room = min(room, max_tokens - request.num_output_tokens - 1)
+        return tuple(drafts[: max(0, room)])
+
+    def _chunk(self, request: Request, num_new: int, num_hit: int,
+               spec: tuple[int, ...] = ()) -> ScheduledRequest:
         start = request.num_computed_tokens
-        end = start + num_new
+        end = start + num_new - len(spec)  # known tokens; the drafts follow
         num_prompt = len(request.prompt_token_ids)
         return ScheduledRequest(
             request_id=request.request_id,
             num_computed_tokens=start,
             num_new_tokens=num_new,
-            token_ids=tuple(request.token_ids_slice(start, end)),
+            token_ids=tuple(request.token_ids_slice(start, end)) + spec,
             block_ids=self.kv_cache.block_ids(request.request_id),
-            is_prefill=num_new > 1 or start < num_prompt,
+            is_prefill=end - start > 1 or start < num_prompt,
             samples=end == num_prompt + len(request.output_token_ids),
             num_cached_tokens=num_hit,
             lora_name=request.lora_name,
+            spec_token_ids=spec,
         )
 
     def _log_admission(self, request: Request, resumed: bool, num_hit: int, hit_blocks, now: float) -> None:
@@ -475,6 +541,7 @@ class Scheduler:
                 )
             )
         self.kv_cache.free(request)
+        request.spec_token_ids = []
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -507,6 +574,7 @@ class Scheduler:
             )
         del self.requests[request.request_id]
         self.kv_cache.free(request)
+        request.spec_token_ids = []
         self._finished_ids.append(request.request_id)
 
     # ------------------------------------------------------------ invariants
@@ -538,7 +606,17 @@ class Scheduler:
                 f"running {r.request_id!r}: num_computed_tokens={r.num_computed_tokens} not in "
                 f"[{lo}, num_tokens={r.num_tokens})"
             )
+        for c in scheduler_output.scheduled if scheduler_output else ():
+            k = len(c.spec_token_ids)
+            if k:
+                r = self.requests.get(c.request_id)
+                assert c.samples and c.token_ids[-k:] == c.spec_token_ids, (
+                    f"{c.request_id!r}: drafts {list(c.spec_token_ids)} are not the sampling tail of its chunk")
+                assert r is None or (c.seq_len - k == r.num_tokens and r.num_tokens + k < self.max_model_len), (
+                    f"{c.request_id!r}: {k} drafts do not follow its {r.num_tokens} known tokens "
+                    f"within max_model_len={self.max_model_len}")
         for r in self.waiting:
+            assert not r.spec_token_ids, f"waiting {r.request_id!r} holds drafts {r.spec_token_ids}"
             assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED,
                                 RequestStatus.WAITING_FOR_FSM), (
                 f"{r.request_id!r} in waiting with status {r.status.name}"

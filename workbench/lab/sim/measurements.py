@@ -25,7 +25,7 @@ from workbench.engine.history import TIMING_STAGES, StepRecord
 from workbench.lab.sim.features import step_features
 
 #: The stages of a step that come after its tokens: they count towards the next step.
-AFTER_TOKENS = ("output", "record")
+AFTER_TOKENS = ("output", "propose", "record")
 
 
 def records_of(source) -> list[StepRecord]:
