@@ -30,7 +30,9 @@ workload
 # 4 requests per step, small enough for the queue to matter.
 
 # %%
-print(teaching_config())
+config = teaching_config()
+print({name: getattr(config, name) for name in
+       ("block_size", "num_kv_blocks", "max_num_batched_tokens", "max_num_seqs", "policy")})
 for request in workload:
     print(f"{request.request_id}: arrives at step {request.arrival_step:2}, priority {request.priority}, "
           f"{request.params.max_tokens:2} output tokens")

@@ -16,6 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from workbench.config import StructuredOutputsConfig
 from workbench.engine.input_processor import check_cache_salt
 from workbench.entrypoints.openai.tool_parsers.tool_choice_parsers import (
     NO_PARAMETERS,
@@ -27,7 +28,6 @@ from workbench.sampling_params import (
     StructuredOutputsParams,
     check_logprobs,
 )
-from workbench.config import StructuredOutputsConfig
 from workbench.structured_output.backends import grammar_key
 
 logger = logging.getLogger("workbench.entrypoints.openai")
@@ -583,19 +583,20 @@ class ChatCompletionRequest(_CommonFields):
             return schema
         return None
 
-    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+    def structured_outputs_params(self, config: StructuredOutputsConfig | None = None
+                                  ) -> StructuredOutputsParams | None:
         """As the common fields', except that a schema from ``tool_choice`` wins (vLLM);
         ``structured_outputs``' flags (``disable_any_whitespace``...) still apply to it."""
         schema = self.tool_schema()
         if schema is None:
-            return super().structured_outputs_params()
+            return super().structured_outputs_params(config)
         flags = {}
         if self.structured_outputs is not None:
             flags = {k: v for k, v in self.structured_outputs.constraint_fields().items()
                      if k.startswith("disable_")}
         try:
             params = StructuredOutputsParams(json=schema, **flags)
-            validate_grammar(params)
+            grammar_key(params, config or StructuredOutputsConfig())
         except ValueError as exc:
             raise FieldError("tools", f"tools: {exc}") from None
         return params
