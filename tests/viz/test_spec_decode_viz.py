@@ -70,7 +70,7 @@ def test_player_marks_every_draft_and_splits_the_budget(run):
             k, a = result.num_draft_tokens, result.num_accepted
             assert fates == ["accepted"] * a + ["rejected"] * (k - a) + ["bonus" if a == k else "recovered"]
             assert [d["text"] for d in row["drafts"][:-1]] == [tok.decode([t]) for t in result.draft_token_ids]
-            marks = "✓" * a + "✗" * (k - a) + ("+" if a == k else "↳")
+            marks = "✓" * a + "✕" * (k - a) + ("+" if a == k else "↳")
             tr = next(t for t in player.batch.value.split("<tr>") if f">{row['request_id']}</span>" in t)
             assert "".join(re.findall(r'class="wb-draft wb-draft-\w+"[^>]*>(.)', tr)) == marks
             assert f"{k} draft tokens: {a} accepted" in " ".join(player.notes)
@@ -112,7 +112,7 @@ def test_block_map_draws_the_draft_slots_with_marks(run):
     player.show(step)
     grid = player.block_map.grid.value
     assert player.block_map.slots and 'class="wb-slots"' in grid
-    assert "✓" in grid and "✗" in grid and "slot strip" in player.block_map.legend.value
+    assert "✓" in grid and "✕" in grid and "slot strip" in player.block_map.legend.value
 
 
 def hand_record(step, results):
@@ -157,3 +157,20 @@ def test_plots_draw_acceptance_and_tokens_per_step(run):
     for record in records:
         emitted = len(record.sampled_token_ids) + sum(r.num_accepted for r in record.spec_decode.values())
         assert heights[record.step] == emitted
+
+
+def test_compare_runs_puts_speculation_beside_none():
+    from workbench import Workload, compare_runs, teaching_config
+
+    workload = Workload.poisson(num_requests=3, rate=1.0, input_len=(8, 20), output_len=(6, 10), seed=1)
+    comparison = compare_runs(workload, {"off": {}, "ngram": {"speculative_config": NGRAM}}, base=teaching_config())
+    on, off = comparison.results["ngram"], comparison.results["off"]
+    assert on.config.speculative_config.num_speculative_tokens == 4 and off.config.speculative_config is None
+    # greedy: speculation changes the steps, never the tokens
+    assert {r: o.outputs[0].token_ids for r, o in on.outputs.items()} == \
+        {r: o.outputs[0].token_ids for r, o in off.outputs.items()}
+    summary = spec_summary(on.history)
+    assert on.summary()["acceptance_rate"] == summary["acceptance_rate"]
+    assert on.summary()["mean_accepted_length"] == summary["mean_accepted_length"]
+    assert "acceptance_rate" not in off.summary()
+    assert list(comparison.table.index) == ["off", "ngram"] and "acceptance_rate" in comparison.table.columns

@@ -36,6 +36,7 @@ from typing import Protocol
 
 from workbench.config import EngineConfig
 from workbench.engine.history import TIMING_STAGES, StepHistory
+from workbench.engine.spec_stats import spec_summary
 from workbench.metrics.perfetto import write_trace
 from workbench.metrics.request_tracker import RequestTracker
 from workbench.sampling_params import SamplingParams
@@ -101,7 +102,8 @@ class RunResult:
         """Run-level numbers: p50/p90/p99 of each latency metric (``ttft_s_p50``, ...; NaN
         when no request has the metric), output tokens, throughput per second and per step,
         preemptions, recomputed tokens and the prefix-cache hit rate (hit / looked-up tokens
-        at every admission, vLLM's)."""
+        at every admission, vLLM's); with ``speculative_config``, also ``acceptance_rate``
+        and ``mean_accepted_length`` over the kept steps (:mod:`workbench.engine.spec_stats`)."""
         frame = self.requests
         out: dict[str, float] = {
             "num_requests": len(frame),
@@ -119,6 +121,10 @@ class RunResult:
         out["num_preemptions"] = int(frame["num_preemptions"].sum()) if len(frame) else 0
         out["num_recomputed_tokens"] = int(frame["num_recomputed_tokens"].sum()) if len(frame) else 0
         out["prefix_hit_rate"] = self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+        if getattr(self.config, "speculative_config", None) is not None:
+            spec = spec_summary(self.history)
+            out["acceptance_rate"] = spec["acceptance_rate"]
+            out["mean_accepted_length"] = spec["mean_accepted_length"]
         return out
 
     def to_perfetto(self, path, *others: RunResult):

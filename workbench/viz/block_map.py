@@ -58,11 +58,11 @@ def cell_name(request_id: str, width: int = CELL_NAME_CHARS) -> str:
 
 def slot_strip(slots: dict[int, tuple[str, str]], block_size: int) -> str:
     """A block's slots as one character each: ``·`` for a slot no draft wrote this step,
-    else the draft's fate mark (``✓`` accepted, ``✗`` rejected: reused by the next step),
+    else the draft's fate mark (``✓`` accepted, ``✕`` rejected: reused by the next step),
     coloured by fate."""
     return "".join(
         f'<span style="color:{SPEC_COLORS[slots[i][1]]};font-weight:bold">{SPEC_MARKS[slots[i][1]]}</span>'
-        if i in slots else "·" for i in range(block_size))
+        if i in slots else '<span style="color:#000">·</span>' for i in range(block_size))
 
 
 def _cell_html(cell: dict, table_pos: int | None, selected: bool, mark: str | None,
@@ -244,7 +244,7 @@ class BlockMap(widgets.VBox):
             "(shared, double border), #n = n-th in the eviction order (free/cached), id [i] = position "
             "in the selected request's block table; red outline: blocks a preemption released "
             "in this step (red marks preemption in every view)"
-            + ("; slot strip: this step's drafts, one character per slot (✓ accepted, ✗ rejected: "
+            + ("; slot strip: this step's drafts, one character per slot (✓ accepted, ✕ rejected: "
                "the slot is written again by the next step, a block of only rejected drafts is freed; "
                "· no draft)" if self.slots else "") + "</small></div>"
         )

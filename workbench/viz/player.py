@@ -112,13 +112,14 @@ def spec_notes(record) -> list[str]:
 
 
 def drafts_html(drafts: list[dict]) -> str:
-    """Each draft as its text behind its fate's mark, on its fate's colour (rejected ones
-    struck through), then the target's token."""
+    """Each draft as its text behind its fate's mark, on its fate's colour (a rejected one's
+    text struck through), then the target's token."""
+    strike = {"rejected": ' style="text-decoration:line-through"'}
     return " ".join(
         f'<span class="wb-draft wb-draft-{d["fate"]}" title="{d["fate"]}: token {d["token_id"]}" '
         f'style="background:{SPEC_COLORS[d["fate"]]};color:#fff;padding:0 3px;font:11px monospace;'
-        f'{"text-decoration:line-through;" if d["fate"] == "rejected" else ""}white-space:pre">'
-        f'{SPEC_MARKS[d["fate"]]}{html.escape(repr(d["text"])[1:-1])}</span>'
+        f'white-space:pre">{SPEC_MARKS[d["fate"]]}<span{strike.get(d["fate"], "")}>'
+        f'{html.escape(repr(d["text"])[1:-1])}</span></span>'
         for d in drafts)
 
 
@@ -300,7 +301,7 @@ class StepPlayer(widgets.VBox):
                + "</div>")
         speculating = any(r["drafts"] for r in self.batch_rows)
         columns = ["request", "kind", "tokens [from, to)", "new", "prefix hit", "block table", "sampled"]
-        head = "".join(f"<th>{h}</th>" for h in columns + (["drafts (✓ accepted, ✗ rejected, + bonus, ↳ recovered)"]
+        head = "".join(f"<th>{h}</th>" for h in columns + (["drafts (✓ accepted, ✕ rejected, + bonus, ↳ recovered)"]
                                                             if speculating else []))
         body = "".join(
             "<tr>" + f"<td>{request_chip(r['request_id'])}</td><td>{r['kind']}</td>"
