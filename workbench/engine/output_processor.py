@@ -45,6 +45,7 @@ class _NoText:
     """The detokenizer of a request with ``detokenize=False``: no text, no stop strings."""
 
     text = ""
+    num_output_tokens = 0  # read beside update(); no stop string ever fires here
 
     def update(self, new_token_ids) -> None:
         return None

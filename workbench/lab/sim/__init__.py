@@ -3,7 +3,8 @@
 ``simulate(workload, config, cost_model)`` -> RunResult (as ``run_workload``); ``CostModel``
 (fit / predict / save / load); ``SimulatedRunner`` and ``SimClock`` (what an engine is built
 with for a simulation); ``calibrate`` (designed batches on a real engine -> CostModel);
-``accuracy`` (simulated vs real latencies on fresh workloads).
+``accuracy`` (simulated vs real latencies on fresh workloads); ``SpecDecodeProfile``
+(speculative decoding's acceptance, measured on a real run, drawn in a simulation).
 """
 
 from workbench.lab.sim.accuracy import AccuracyReport, accuracy
@@ -13,6 +14,7 @@ from workbench.lab.sim.cost_model import CostModel
 from workbench.lab.sim.features import FEATURES, step_features
 from workbench.lab.sim.simulate import simulate
 from workbench.lab.sim.simulated_runner import SimulatedRunner
+from workbench.lab.sim.spec_decode import SpecDecodeProfile
 
 __all__ = ["FEATURES", "AccuracyReport", "CalibrationGrid", "CostModel", "SimClock", "SimulatedRunner",
-           "accuracy", "calibrate", "simulate", "step_features"]
+           "SpecDecodeProfile", "accuracy", "calibrate", "simulate", "step_features"]

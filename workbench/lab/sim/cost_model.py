@@ -40,7 +40,8 @@ DEFAULT_CALIBRATION = "calibration/tiny-shakespeare-cpu.json"
 OUTLIER_MADS = 6.0
 UNITS = {"step": "s per step", "prefill_step": "s per step with a prefill", "prefill_tokens": "s per token",
          "prefill_chunks": "s per chunk", "decode_seqs": "s per sequence", "decode_seqs_sqrt": "s per sqrt(sequences)",
-         "decode_context": "s per KV token", "prefill_attention": "s per q x k pair"}
+         "decode_context": "s per KV token", "prefill_attention": "s per q x k pair",
+         "spec_tokens": "s per draft token", "spec_seqs": "s per speculating sequence"}
 
 
 @dataclass(frozen=True)

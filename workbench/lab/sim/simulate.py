@@ -25,6 +25,7 @@ from workbench.lab.run import resolve_config
 from workbench.lab.sim.clock import SimClock
 from workbench.lab.sim.cost_model import CostModel, as_cost_model
 from workbench.lab.sim.simulated_runner import SimulatedRunner
+from workbench.lab.sim.spec_decode import SimulatedProposer, SpecDecodeProfile
 from workbench.lab.workload import LengthSpec, Workload, WorkloadRequest, draw_lengths
 from workbench.sampling_params import RequestOutputKind
 from workbench.utils.heap import rare_collections
@@ -39,6 +40,7 @@ def simulate(
     progress: bool = False,
     output_len: LengthSpec | None = None,
     seed: int = 0,
+    spec_profile: SpecDecodeProfile | RunResult | None = None,
 ) -> RunResult:
     """Simulate ``workload`` on an engine built from ``config`` (as ``run_workload``), on the
     workload's clock (``clock``, when given, must be it; a plain list of requests is on ``clock``).
@@ -48,7 +50,10 @@ def simulate(
     ``max_tokens``; the others need ``output_len`` (an int, a ``(low, high)`` range, one
     length per request or ``fn(rng, n)``), drawn per request in workload order from
     ``seed``, and end with eos at that length (or at ``max_tokens`` if shorter).
-    A top-level function of picklable arguments: process pools can run it.
+    With ``config.speculative_config``, ``spec_profile`` (a SpecDecodeProfile, or a real
+    RunResult with speculation to measure one from) says how often drafts come and how
+    many are accepted; each step's draws come from ``seed``. Without speculation it is
+    not read. A top-level function of picklable arguments: process pools can run it.
     """
     if not isinstance(workload, Workload):
         workload = Workload(workload, clock=clock)
@@ -62,6 +67,16 @@ def simulate(
         clock=sim_clock,
     )
     engine.runner.tokenizer = engine.tokenizer
+    speculative = config.speculative_config
+    if speculative is not None:
+        if spec_profile is None:
+            raise ValueError("simulate(): speculative_config needs spec_profile=, the acceptance measured on a "
+                             "real run with speculation (a SpecDecodeProfile, or that RunResult).")
+        if not isinstance(spec_profile, SpecDecodeProfile):
+            spec_profile = SpecDecodeProfile.from_run(spec_profile)
+        rng = np.random.default_rng([seed, 1])
+        engine.runner.spec_profile, engine.runner.spec_rng = spec_profile, rng
+        engine.proposer = SimulatedProposer(engine.runner, spec_profile, speculative.num_speculative_tokens, rng)
     with rare_collections():
         result = drive(engine, Workload([_lean(r) for r in workload], workload.info, clock=workload.clock),
                        clock=clock, progress=progress, exclusive=True)
