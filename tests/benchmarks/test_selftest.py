@@ -24,7 +24,7 @@ def test_selftest_cpu_small(tmp_path):
     names = [r["name"] for r in report["checks"]]
     assert "engine and kernels import without fastapi, uvicorn, ipywidgets" in names
     for backend in ("triton", "cpu"):
-        for kind in ("decode", "mixed", "prefill"):
+        for kind in ("decode", "mixed", "prefill", "spec_decode"):
             assert f"paged_attention {kind} window=48 [qwen3-like float32 {backend}]" in names
     assert sum("greedy parity" in n for n in names) == 2
     tput = {r["name"].split(": ")[1]: r for r in report["checks"] if r["step"] == "throughput"}

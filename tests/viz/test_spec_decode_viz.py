@@ -14,9 +14,10 @@ from workbench import LLMEngine, SamplingParams  # noqa: E402
 from workbench.core.sched.output import ScheduledRequest, SchedulerOutput, SpecDecodeResult  # noqa: E402
 from workbench.engine.history import StepRecord  # noqa: E402
 from workbench.viz import RequestTimeline, StepPlayer  # noqa: E402
+from workbench.engine.replay import spec_decode_summary  # noqa: E402
+from workbench.engine.spec_stats import acceptance_by_position  # noqa: E402
 from workbench.viz.spec_decode import (  # noqa: E402
-    acceptance_by_position, budget_split, draft_fates, draft_slots, plot_acceptance, plot_tokens_per_step,
-    spec_summary,
+    budget_split, draft_fates, draft_slots, plot_acceptance, plot_tokens_per_step,
 )
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -132,8 +133,9 @@ def test_acceptance_by_position_and_summary_by_hand():
     # step 0: a drafts (1, 2, 3), 2 accepted; b drafts (4, 5), none accepted. step 1: a (6,), accepted.
     records = [hand_record(0, [("a", (1, 2, 3), 2), ("b", (4, 5), 0)]), hand_record(1, [("a", (6,), 1)])]
     assert [(r["drafted"], r["accepted"]) for r in acceptance_by_position(records)] == [(3, 2), (2, 1), (1, 0)]
-    assert spec_summary(records) == {"num_drafts": 3, "num_draft_tokens": 6, "num_accepted_tokens": 3,
-                                     "acceptance_rate": 0.5, "mean_accepted_length": 2.0}
+    assert spec_decode_summary(records) == {
+        "spec_num_drafts": 3, "spec_num_draft_tokens": 6, "spec_num_accepted_tokens": 3,
+        "spec_acceptance_rate": 0.5, "spec_mean_acceptance_length": 2.0}
     assert draft_fates(records[1], "a") == [(6, "accepted"), (99, "bonus")]
     assert draft_fates(records[0], "b") == [(4, "rejected"), (5, "rejected"), (99, "recovered")]
     # drafts sit at positions 11.. (after the last known token, 10): block 1 (of block size 8)
@@ -169,8 +171,8 @@ def test_compare_runs_puts_speculation_beside_none():
     # greedy: speculation changes the steps, never the tokens
     assert {r: o.outputs[0].token_ids for r, o in on.outputs.items()} == \
         {r: o.outputs[0].token_ids for r, o in off.outputs.items()}
-    summary = spec_summary(on.history)
-    assert on.summary()["acceptance_rate"] == summary["acceptance_rate"]
-    assert on.summary()["mean_accepted_length"] == summary["mean_accepted_length"]
-    assert "acceptance_rate" not in off.summary()
-    assert list(comparison.table.index) == ["off", "ngram"] and "acceptance_rate" in comparison.table.columns
+    summary = spec_decode_summary(on.history)
+    assert on.summary()["spec_acceptance_rate"] == summary["spec_acceptance_rate"]
+    assert on.summary()["spec_mean_acceptance_length"] == summary["spec_mean_acceptance_length"]
+    assert "spec_acceptance_rate" not in off.summary()
+    assert list(comparison.table.index) == ["off", "ngram"] and "spec_acceptance_rate" in comparison.table.columns

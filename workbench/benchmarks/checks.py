@@ -43,11 +43,14 @@ def _compare(got: torch.Tensor, expected: torch.Tensor, **tol) -> float:
 def attention_batches(context: int, prefill: int) -> dict[str, tuple[list[int], list[int]]]:
     """Named ``(query lengths, cached lengths)`` batches: all-decode with ``context`` and
     twice it beside short and block-edge sequences, a mixed step (decode, prefill, chunked
-    prefill), and a ``prefill``-token prompt beside a short one."""
+    prefill), a ``prefill``-token prompt beside a short one, and speculative decoding's
+    verification step (decodes of 1 + k tokens, causal among themselves, beside a plain
+    decode and a chunked prefill)."""
     return {
         "decode": ([1] * 8, [context, 5, 17, 100, 1, 63, 64, 2 * context]),
         "mixed": ([1, 37, 1, 12], [context, 0, 9, 30]),
         "prefill": ([prefill, 20], [0, 0]),
+        "spec_decode": ([4, 1, 7, 2, 12], [context, 9, 2 * context - 3, 15, 30]),
     }
 
 

@@ -77,7 +77,7 @@ def _run_workbench(spec: dict, requests: list[BenchRequest]) -> ThroughputResult
 
     from workbench import LLM, SamplingParams
 
-    from workbench.engine.spec_stats import spec_summary
+    from workbench.engine.replay import spec_decode_summary
 
     llm = LLM(model=spec["model"], load_format=spec["load_format"], dtype=spec["dtype"],
               device=spec["device"], **spec["engine_kwargs"])
@@ -85,9 +85,9 @@ def _run_workbench(spec: dict, requests: list[BenchRequest]) -> ThroughputResult
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
     llm.generate(prompts, params, use_tqdm=False)  # warm-up: the whole workload, untimed
     llm.engine.history.clear()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     outs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     records = llm.engine.history[:]
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     expected = sum(r.output_len for r in requests)
@@ -100,12 +100,12 @@ def _run_workbench(spec: dict, requests: list[BenchRequest]) -> ThroughputResult
         "max_num_seqs": engine.scheduler.max_num_seqs,
         "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
         "num_kv_blocks": engine.kv_cache.num_blocks, "threads": torch.get_num_threads(),
-        "num_steps": len(records)}
+        "num_steps": len(records), "cpu_s": round(cpu, 3)}
     speculative = spec["engine_kwargs"].get("speculative_config")
     if speculative is not None:
         name = "workbench-spec"
         details["speculative_config"] = speculative
-        details.update(spec_summary(records))
+        details.update(spec_decode_summary(records))
     return ThroughputResult(name, tokens, elapsed, len(requests), details=details)
 
 
@@ -219,17 +219,19 @@ def format_table(results: list[ThroughputResult]) -> str:
 
 def format_spec_table(pairs: list[tuple[int, ThroughputResult, ThroughputResult]]) -> str:
     """Speculation off beside on per batch size (``max_num_seqs``), with the speed-up (on / off
-    output tokens/s), the acceptance rate and the mean accepted length; then the first batch
-    size where the speed-up falls below 1 (or that none did)."""
-    lines = [f"{'batch':>5}{'off tok/s':>11}{'on tok/s':>10}{'speed-up':>10}{'acceptance':>12}"
+    output tokens/s), the same by the process's CPU seconds (``cpu``: steadier than wall time
+    on a machine other work keeps busy), the acceptance rate and the mean accepted length;
+    then the first batch size where the wall-time speed-up falls below 1 (or that none did)."""
+    lines = [f"{'batch':>5}{'off tok/s':>11}{'on tok/s':>10}{'speed-up':>10}{'cpu':>8}{'acceptance':>12}"
              f"{'mean acc len':>14}{'steps off':>11}{'steps on':>10}"]
     stops = None
     for batch, off, on in pairs:
         gain = on.output_tokens_per_s / off.output_tokens_per_s
         if gain < 1 and stops is None:
             stops = batch
+        cpu = off.details["cpu_s"] / on.details["cpu_s"] if on.details.get("cpu_s") else float("nan")
         lines.append(f"{batch:>5}{off.output_tokens_per_s:>11.1f}{on.output_tokens_per_s:>10.1f}{gain:>9.2f}x"
-                     f"{on.details['acceptance_rate']:>12.1%}{on.details['mean_accepted_length']:>14.2f}"
+                     f"{cpu:>7.2f}x{on.details['spec_acceptance_rate']:>12.1%}{on.details['spec_mean_acceptance_length']:>14.2f}"
                      f"{off.details['num_steps']:>11}{on.details['num_steps']:>10}")
     lines.append(f"speculation stops paying at batch {stops}" if stops is not None else
                  f"speculation paid at every batch size measured (up to {pairs[-1][0]})")
@@ -339,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(results))
     if speculative is not None:
         d = results[0].details
-        print(f"speculative_config: {json.dumps(speculative)}: acceptance {d['acceptance_rate']:.1%}, "
-              f"mean accepted length {d['mean_accepted_length']:.2f}")
+        print(f"speculative_config: {json.dumps(speculative)}: acceptance {d['spec_acceptance_rate']:.1%}, "
+              f"mean accepted length {d['spec_mean_acceptance_length']:.2f}")
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump({"workload": {"num_prompts": len(requests), "input_len_range": [lo_in, hi_in],

@@ -127,6 +127,9 @@ class StepRecord:
         ):
             if ids:
                 extra.append(f"{name}={list(ids)}")
+        if self.spec_decode:  # accepted / drafted tokens per speculating request
+            extra.append("spec={" + ", ".join(f"{rid}: {r.num_accepted}/{r.num_draft_tokens}"
+                                              for rid, r in self.spec_decode.items()) + "}")
         grammar = self.structured_output
         if grammar.waiting_for_fsm:
             extra.append(f"waiting_for_fsm={list(grammar.waiting_for_fsm)}")

@@ -39,7 +39,8 @@ from workbench.worker.runner_protocol import Runner, RunnerFactory
 from workbench.sampling_params import SamplingParams
 from workbench.spec_decode.proposer import make_proposer
 from workbench.structured_output.manager import StructuredOutputManager
-from workbench.metrics.stats import IterationStats, LoggingStatLogger, SchedulerStats, StatLoggerBase
+from workbench.metrics.stats import (IterationStats, LoggingStatLogger, SchedulerStats,
+                                     SpecDecodingStats, StatLoggerBase)
 
 if TYPE_CHECKING:
     from workbench.config import EngineArgs
@@ -261,6 +262,8 @@ class LLMEngine:
         now = self.clock()
         child_ids, outputs = self.output_processor.abort(ids, now)
         self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED, now=now)
+        if self.proposer is not None:
+            self.proposer.remove(child_ids)
         if report:
             self._pending_outputs.extend(outputs)
 
@@ -402,7 +405,7 @@ class LLMEngine:
         t3 = time.perf_counter()
         timings["output"] = t3 - t2
         if self.proposer is not None:  # drafts for the next step, from this step's tokens
-            self.proposer.remove(so.finished_request_ids)
+            self.proposer.remove(self.scheduler.finished_request_ids)  # finished in this step
             self.scheduler.update_draft_token_ids(self.proposer.propose(
                 [r for r in updated if r.status is RequestStatus.RUNNING
                  and r.sampling_params.structured_outputs is None]))
@@ -441,6 +444,7 @@ class LLMEngine:
             num_blocks_allocated=kv_stats.num_blocks_allocated,
             num_blocks_freed=kv_stats.num_blocks_freed,
             num_blocks_evicted=kv_stats.num_blocks_evicted,
+            spec_decoding_stats=SpecDecodingStats.of(result.spec_decode.values()) if result is not None else None,
         )
         record = StepRecord(
             step=so.step,

@@ -45,7 +45,7 @@ class _NoText:
     """The detokenizer of a request with ``detokenize=False``: no text, no stop strings."""
 
     text = ""
-    num_output_tokens = 0  # read beside update(); no stop string ever fires here
+    num_output_tokens = 0  # no stop string can match, so nothing is ever cut
 
     def update(self, new_token_ids) -> None:
         return None

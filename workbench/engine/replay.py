@@ -36,7 +36,6 @@ from typing import Protocol
 
 from workbench.config import EngineConfig
 from workbench.engine.history import TIMING_STAGES, StepHistory
-from workbench.engine.spec_stats import spec_summary
 from workbench.metrics.perfetto import write_trace
 from workbench.metrics.request_tracker import RequestTracker
 from workbench.sampling_params import SamplingParams
@@ -61,6 +60,23 @@ class ArrivingRequest(Protocol):
     arrival_step: int | None
     arrival_time: float | None
     priority: int
+
+
+def spec_decode_summary(records) -> dict[str, float]:
+    """Speculative decoding over ``records`` (StepRecords): ``spec_num_drafts`` (verifications),
+    ``spec_num_draft_tokens``, ``spec_num_accepted_tokens``, ``spec_acceptance_rate``
+    (accepted / drafted tokens) and ``spec_mean_acceptance_length`` (vLLM's: tokens a
+    verification emits on average, 1 + accepted / drafts); NaN rates without drafts."""
+    results = [r for rec in records for r in rec.spec_decode.values()]
+    drafted = sum(r.num_draft_tokens for r in results)
+    accepted = sum(r.num_accepted for r in results)
+    return {
+        "spec_num_drafts": len(results),
+        "spec_num_draft_tokens": drafted,
+        "spec_num_accepted_tokens": accepted,
+        "spec_acceptance_rate": accepted / drafted if drafted else math.nan,
+        "spec_mean_acceptance_length": 1 + accepted / len(results) if results else math.nan,
+    }
 
 
 @dataclass
@@ -102,8 +118,8 @@ class RunResult:
         """Run-level numbers: p50/p90/p99 of each latency metric (``ttft_s_p50``, ...; NaN
         when no request has the metric), output tokens, throughput per second and per step,
         preemptions, recomputed tokens and the prefix-cache hit rate (hit / looked-up tokens
-        at every admission, vLLM's); with ``speculative_config``, also ``acceptance_rate``
-        and ``mean_accepted_length`` over the kept steps (:mod:`workbench.engine.spec_stats`)."""
+        at every admission, vLLM's); with speculative decoding also
+        :func:`spec_decode_summary`'s acceptance rate and mean acceptance length."""
         frame = self.requests
         out: dict[str, float] = {
             "num_requests": len(frame),
@@ -121,10 +137,8 @@ class RunResult:
         out["num_preemptions"] = int(frame["num_preemptions"].sum()) if len(frame) else 0
         out["num_recomputed_tokens"] = int(frame["num_recomputed_tokens"].sum()) if len(frame) else 0
         out["prefix_hit_rate"] = self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
-        if getattr(self.config, "speculative_config", None) is not None:
-            spec = spec_summary(self.history)
-            out["acceptance_rate"] = spec["acceptance_rate"]
-            out["mean_accepted_length"] = spec["mean_accepted_length"]
+        if self.config.speculative_config is not None:
+            out.update(spec_decode_summary(self.history))
         return out
 
     def to_perfetto(self, path, *others: RunResult):

@@ -1,6 +1,7 @@
-"""Speculative decoding's counts over recorded steps: acceptance by draft position and the
-run's acceptance rate and mean accepted length (vLLM's ``spec_decode_num_*`` counters, here
-read back from each StepRecord's ``spec_decode``), so a replayed history gives the same.
+"""Speculative decoding's acceptance by draft position over recorded steps (vLLM's
+``spec_decode_num_accepted_tokens_per_pos``, read back from each StepRecord's ``spec_decode``,
+so a replayed history gives the same); the run's totals are
+:func:`workbench.engine.replay.spec_decode_summary`.
 """
 
 from __future__ import annotations
@@ -22,15 +23,3 @@ def acceptance_by_position(history) -> list[dict]:
                 accepted[j] += j < result.num_accepted
     return [{"position": j, "drafted": d, "accepted": a, "rate": a / d}
             for j, (d, a) in enumerate(zip(drafted, accepted))]
-
-
-def spec_summary(history) -> dict:
-    """``num_drafts`` (request-steps that verified drafts), ``num_draft_tokens``,
-    ``num_accepted_tokens``, ``acceptance_rate`` (accepted / drafted tokens) and
-    ``mean_accepted_length`` (1 + accepted per draft: tokens a speculating step emits)."""
-    drafts = [res for record in history for res in record.spec_decode.values()]
-    tokens = sum(r.num_draft_tokens for r in drafts)
-    accepted = sum(r.num_accepted for r in drafts)
-    return {"num_drafts": len(drafts), "num_draft_tokens": tokens, "num_accepted_tokens": accepted,
-            "acceptance_rate": accepted / tokens if tokens else 0.0,
-            "mean_accepted_length": 1 + accepted / len(drafts) if drafts else 0.0}

@@ -105,6 +105,16 @@ class PrometheusStatLogger(StatLoggerBase):
             "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
         self.request_generation_tokens = histogram(
             "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens)
+        self.spec_decode_num_drafts = counter(
+            "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+        self.spec_decode_num_draft_tokens = counter(
+            "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+        self.spec_decode_num_accepted_tokens = counter(
+            "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+        per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.", labels + ["position"], registry=reg)
+        self._accepted_per_pos = lambda pos: per_pos.labels(model_name, str(pos))
         self.iteration_tokens = histogram(
             "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
             [2.0**i for i in range(15)])
@@ -117,6 +127,13 @@ class PrometheusStatLogger(StatLoggerBase):
         self.prefix_cache_queries.inc(s.prefix_cache_queries)
         self.prefix_cache_hits.inc(s.prefix_cache_hits)
         self.num_preemptions.inc(s.num_preemptions)
+        if s.spec_decoding_stats is not None:
+            spec = s.spec_decoding_stats
+            self.spec_decode_num_drafts.inc(spec.num_drafts)
+            self.spec_decode_num_draft_tokens.inc(spec.num_draft_tokens)
+            self.spec_decode_num_accepted_tokens.inc(spec.num_accepted_tokens)
+            for pos, n in enumerate(spec.num_accepted_tokens_per_pos):
+                self._accepted_per_pos(pos).inc(n)
         self.prompt_tokens.inc(it.num_prompt_tokens)
         self.generation_tokens.inc(it.num_generation_tokens)
         if it.num_prompt_tokens or it.num_generation_tokens:

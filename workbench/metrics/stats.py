@@ -37,9 +37,35 @@ class SchedulerStats:
     num_blocks_allocated: int = 0  # this step
     num_blocks_freed: int = 0  # this step: blocks whose ref_count fell to 0
     num_blocks_evicted: int = 0  # this step: cached blocks whose hash was dropped to serve it
+    spec_decoding_stats: SpecDecodingStats | None = None  # this step; None without drafts
 
     def _repr_html_(self) -> str:
         return html_table("SchedulerStats", asdict(self))
+
+
+@dataclass(frozen=True)
+class SpecDecodingStats:
+    """Speculative decoding in one step (vLLM's): ``num_drafts`` requests verified drafts,
+    ``num_draft_tokens`` of them in all, ``num_accepted_tokens`` accepted;
+    ``num_accepted_tokens_per_pos[j]``: drafts accepted at position ``j`` (0-based)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, results) -> SpecDecodingStats | None:
+        """From a step's ``SpecDecodeResult`` values (None when there are none)."""
+        results = list(results)
+        if not results:
+            return None
+        per_pos = [0] * max(r.num_draft_tokens for r in results)
+        for r in results:
+            for j in range(r.num_accepted):
+                per_pos[j] += 1
+        return cls(len(results), sum(r.num_draft_tokens for r in results),
+                   sum(r.num_accepted for r in results), tuple(per_pos))
 
 
 @dataclass(frozen=True)
@@ -124,10 +150,14 @@ class LoggingStatLogger(StatLoggerBase):
     """vLLM's periodic line: throughputs since the last line, queues, KV usage, prefix hit rate.
 
     ``last_line`` keeps the most recent line (also sent to the "workbench" logger at INFO).
+    With speculative decoding a second line follows, vLLM's "SpecDecoding metrics" since the
+    last one (mean acceptance length, accepted and drafted tokens, per-position acceptance),
+    kept in ``last_spec_line``.
     """
 
     def __init__(self) -> None:
         self.last_line: str | None = None
+        self.last_spec_line: str | None = None
         self._scheduler_stats = SchedulerStats()
         self._reset(time.monotonic())
 
@@ -135,6 +165,8 @@ class LoggingStatLogger(StatLoggerBase):
         self._since = now
         self._prompt_tokens = self._generation_tokens = 0
         self._queries = self._hits = 0
+        self._drafts = self._draft_tokens = self._accepted = 0
+        self._accepted_per_pos: list[int] = []
 
     def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
         self._scheduler_stats = scheduler_stats
@@ -142,6 +174,15 @@ class LoggingStatLogger(StatLoggerBase):
         self._generation_tokens += iteration_stats.num_generation_tokens
         self._queries += scheduler_stats.prefix_cache_queries
         self._hits += scheduler_stats.prefix_cache_hits
+        spec = scheduler_stats.spec_decoding_stats
+        if spec is not None:
+            self._drafts += spec.num_drafts
+            self._draft_tokens += spec.num_draft_tokens
+            self._accepted += spec.num_accepted_tokens
+            per_pos = self._accepted_per_pos
+            per_pos.extend([0] * (len(spec.num_accepted_tokens_per_pos) - len(per_pos)))
+            for j, n in enumerate(spec.num_accepted_tokens_per_pos):
+                per_pos[j] += n
 
     def log(self) -> None:
         now = time.monotonic()
@@ -155,6 +196,17 @@ class LoggingStatLogger(StatLoggerBase):
             f"KV cache usage: {s.kv_cache_usage:.1%}, Prefix cache hit rate: {hit_rate:.1%}"
         )
         logger.info(self.last_line)
+        if self._drafts:
+            rates = ", ".join(f"{n / self._drafts:.3f}" for n in self._accepted_per_pos)
+            self.last_spec_line = (
+                f"SpecDecoding metrics: Mean acceptance length: {1 + self._accepted / self._drafts:.2f}, "
+                f"Accepted throughput: {self._accepted / elapsed:.2f} tokens/s, "
+                f"Drafted throughput: {self._draft_tokens / elapsed:.2f} tokens/s, "
+                f"Accepted: {self._accepted} tokens, Drafted: {self._draft_tokens} tokens, "
+                f"Per-position acceptance rate: {rates}, "
+                f"Avg Draft acceptance rate: {self._accepted / self._draft_tokens:.1%}"
+            )
+            logger.info(self.last_spec_line)
         self._reset(now)
 
     def _repr_html_(self) -> str:

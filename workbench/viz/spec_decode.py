@@ -16,7 +16,8 @@ from __future__ import annotations
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from workbench.engine.spec_stats import acceptance_by_position, spec_summary
+from workbench.engine.replay import spec_decode_summary
+from workbench.engine.spec_stats import acceptance_by_position
 from workbench.viz.colors import SPEC_COLORS
 from workbench.viz.plots import _axes, _records
 
@@ -97,9 +98,9 @@ def plot_acceptance(history, ax=None, label: str | None = None):
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    summary = spec_summary(history[:])
-    ax.set_title(f"acceptance {summary['acceptance_rate']:.0%}, mean accepted length "
-                 f"{summary['mean_accepted_length']:.2f}", fontsize=10)
+    summary = spec_decode_summary(history[:])
+    ax.set_title(f"acceptance {summary['spec_acceptance_rate']:.0%}, mean accepted length "
+                 f"{summary['spec_mean_acceptance_length']:.2f}", fontsize=10)
     return ax
 
 

@@ -60,10 +60,49 @@ def with_drafts(request: Request, drafts: Sequence[int]) -> Request:
     return dataclasses.replace(request, output_token_ids=[*request.output_token_ids, *drafts])
 
 
-def _race(probs: Tensor, generator: torch.Generator) -> int:
-    """One token drawn from ``probs`` [vocab] by the exponential race."""
-    q = torch.empty_like(probs).exponential_(generator=generator).clamp_min_(_TINY)
-    return int((probs / q).argmax())
+def rejection_sample(
+    target_probs: Tensor,
+    draft_token_ids: Tensor,
+    num_draft_tokens: Tensor,
+    draft_probs: Tensor | None,
+    generator: torch.Generator,
+) -> tuple[Tensor, Tensor]:
+    """The rule of the module docstring for a batch of sampled rows, vectorised.
+
+    ``target_probs`` [B, K + 1, V]: row ``b``'s target distributions (positions past its
+    ``num_draft_tokens[b]`` drafts + 1 are ignored); ``draft_token_ids`` [B, K] (padded);
+    ``draft_probs`` [B, K, V] or None (one-hot drafts). Returns ``(num_accepted [B], token
+    [B])``: the accepted prefix length and the token drawn after it (from the residual at the
+    first rejection, else the bonus token from the last row). Draws: one uniform per draft
+    position and one exponential race per row, from ``generator``.
+    """
+    batch, k_max = draft_token_ids.shape
+    device = target_probs.device
+    rows = torch.arange(batch, device=device)
+    drafts = draft_token_ids.clamp_min(0)
+    if k_max:
+        p_d = target_probs[:, :k_max].gather(2, drafts.unsqueeze(2)).squeeze(2)
+        q_d = (draft_probs.gather(2, drafts.unsqueeze(2)).squeeze(2).clamp_min(_TINY)
+               if draft_probs is not None else torch.ones_like(p_d))
+        u = torch.rand(batch, k_max, generator=generator, device=device)
+        valid = torch.arange(k_max, device=device).unsqueeze(0) < num_draft_tokens.unsqueeze(1)
+        accepted = (u < p_d / q_d) & valid
+        num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)
+    else:
+        num_accepted = torch.zeros(batch, dtype=torch.long, device=device)
+    p = target_probs[rows, num_accepted]  # the target at the first rejected (or bonus) position
+    rejected = num_accepted < num_draft_tokens
+    if rejected.any():
+        at = num_accepted.clamp_max(max(k_max - 1, 0))
+        if draft_probs is not None:
+            q = draft_probs[rows, at]
+        else:
+            q = torch.zeros_like(p).scatter_(1, drafts[rows, at].unsqueeze(1), 1.0)
+        residual = torch.where(rejected.unsqueeze(1), (p - q).clamp_min(0.0), p)
+        total = residual.sum(dim=1, keepdim=True)
+        p = torch.where(total > 0, residual / total.clamp_min(_TINY), p)
+    race = torch.empty_like(p).exponential_(generator=generator).clamp_min_(_TINY)
+    return num_accepted, (p / race).argmax(dim=1)
 
 
 class RejectionSampler:
@@ -105,20 +144,44 @@ class RejectionSampler:
                 rows = torch.tensor(sampled_rows, device=device)
                 probs[rows] = self.sampler.target_probs(x[rows], [views[i] for i in sampled_rows])
         argmax = x.argmax(dim=-1).tolist()
+        tokens_of: dict[int, list[int]] = {}
+        sampled = [i for i, r in enumerate(requests)
+                   if not r.sampling_params.greedy and r.request_id not in failed]
+        groups: dict[str | None, list[int]] = {}  # unseeded rows share one batch
+        for i in sampled:
+            groups.setdefault(requests[i].request_id if requests[i].sampling_params.seed is not None
+                              else None, []).append(i)
+        for members in groups.values():
+            try:
+                generator = self.sampler.generator(requests[members[0]], device)
+            except Exception as exc:  # a bad seed: that request only
+                failed[requests[members[0]].request_id] = describe(exc)
+                continue
+            k_max = max(len(draft_token_ids[i]) for i in members)
+            p = torch.zeros(len(members), k_max + 1, logits.shape[1], device=device)
+            q = None if all(draft_probs[i] is None for i in members) else torch.zeros(
+                len(members), k_max, logits.shape[1], device=device)
+            d = torch.zeros(len(members), k_max, dtype=torch.long, device=device)
+            for row, i in enumerate(members):
+                k = len(draft_token_ids[i])
+                p[row, : k + 1] = probs[starts[i] : starts[i] + k + 1]
+                d[row, :k] = torch.tensor(list(draft_token_ids[i]), dtype=torch.long)
+                if q is not None:
+                    q[row, :k] = (draft_probs[i] if draft_probs[i] is not None else
+                                  torch.zeros(k, logits.shape[1], device=device).scatter_(
+                                      1, d[row, :k].unsqueeze(1), 1.0))
+            counts_t = torch.tensor([len(draft_token_ids[i]) for i in members], device=device)
+            num_accepted, token = rejection_sample(p, d, counts_t, q, generator)
+            for row, i in enumerate(members):
+                a = int(num_accepted[row])
+                tokens_of[i] = [*draft_token_ids[i][:a], int(token[row])]
         out = RejectionOutput([], [], [], failed)
         for i, (r, drafts) in enumerate(zip(requests, draft_token_ids)):
             lo, k = starts[i], len(drafts)
             tokens: list[int] = []
             if r.request_id not in failed:
-                try:
-                    if r.sampling_params.greedy:
-                        tokens = self._verify_greedy(drafts, argmax[lo : lo + k + 1])
-                    else:
-                        tokens = self._verify_sampled(drafts, probs[lo : lo + k + 1], draft_probs[i],
-                                                      self.sampler.generator(r, device))
-                except Exception as exc:  # one request's fault (its generator): that request only
-                    failed[r.request_id] = describe(exc)
-                    tokens = []
+                tokens = (self._verify_greedy(drafts, argmax[lo : lo + k + 1])
+                          if r.sampling_params.greedy else tokens_of[i])
             out.token_ids.append(tokens)
             out.num_accepted.append(max(0, len(tokens) - 1))
             n_lp = r.sampling_params.logprobs
@@ -138,32 +201,4 @@ class RejectionSampler:
                 break
             tokens.append(d)
         tokens.append(argmax[len(tokens)])
-        return tokens
-
-    @staticmethod
-    def _verify_sampled(drafts: Sequence[int], p: Tensor, q: Tensor | None,
-                        generator: torch.Generator) -> list[int]:
-        """``p`` [k + 1, vocab] target distributions, ``q`` [k, vocab] or None (one-hot)."""
-        k = len(drafts)
-        if k:
-            idx = torch.tensor(list(drafts), device=p.device)
-            pos = torch.arange(k, device=p.device)
-            p_d = p[pos, idx]
-            q_d = q[pos, idx].clamp_min(_TINY) if q is not None else torch.ones_like(p_d)
-            u = torch.rand(k, generator=generator, device=p.device)
-            accepted = (u < p_d / q_d).tolist()
-            a = accepted.index(False) if False in accepted else k
-        else:
-            a = 0
-        tokens = list(drafts[:a])
-        if a == k:  # every draft accepted: the bonus token, from the last row
-            tokens.append(_race(p[k], generator))
-            return tokens
-        if q is not None:
-            residual = (p[a] - q[a]).clamp_min(0.0)
-        else:
-            residual = p[a].clone()
-            residual[drafts[a]] = 0.0
-        total = residual.sum()
-        tokens.append(_race(residual / total if total > 0 else p[a], generator))
         return tokens

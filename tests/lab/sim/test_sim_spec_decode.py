@@ -7,7 +7,7 @@ import pytest
 
 from workbench.core.sched.output import ScheduledRequest, SchedulerOutput, SpecDecodeResult
 from workbench.engine.history import StepRecord
-from workbench.engine.spec_stats import spec_summary
+from workbench.engine.replay import spec_decode_summary
 from workbench.lab.compare import run_workload
 from workbench.lab.sim import CalibrationGrid, CostModel, SpecDecodeProfile, simulate
 from workbench.lab.sim.accuracy import accuracy
@@ -79,10 +79,10 @@ def test_drawn_acceptance_matches_the_profile_and_lengths_stay_exact():
     cols = ["request_id", "num_output_tokens", "finish_reason"]
     assert sim.requests[cols].equals(plain.requests[cols])  # the drawn lengths, exactly, speculating or not
     assert sim.num_steps < plain.num_steps
-    summary = spec_summary(sim.history)
-    assert summary["num_drafts"] > 500
+    summary = spec_decode_summary(sim.history)
+    assert summary["spec_num_drafts"] > 500
     # full drafts: 1 + E[accepted of 3]; the length cap's shorter drafts pull it a little lower
-    assert summary["mean_accepted_length"] == pytest.approx(profile.expected_accepted_length(3), abs=0.15)
+    assert summary["spec_mean_acceptance_length"] == pytest.approx(profile.expected_accepted_length(3), abs=0.15)
 
 
 def test_calibration_speculates_and_the_accuracy_report_runs_with_speculation():
