@@ -35,6 +35,8 @@ from workbench.lab.sim.measurements import measured_steps, records_of
 FORMAT = "workbench-cost-model/1"
 #: The shipped calibration: the embedded model on CPU (``workbench calibrate`` made it).
 DEFAULT_CALIBRATION = "calibration/tiny-shakespeare-cpu.json"
+#: The same machine calibrated with n-gram speculation on (k=4: ``spec_tokens``, ``spec_seqs``).
+NGRAM_CALIBRATION = "calibration/tiny-shakespeare-cpu-ngram.json"
 #: A fitted step further than this many MADs of the residuals from the first fit is noise
 #: (another process took the CPU): it is left out of the second fit (and counted).
 OUTLIER_MADS = 6.0
@@ -209,9 +211,10 @@ class CostModel:
             raise ValueError(f"{source}: {e}") from None
 
     @classmethod
-    def default(cls) -> CostModel:
-        """The shipped calibration of the embedded model on CPU."""
-        resource = importlib.resources.files("workbench.data").joinpath(DEFAULT_CALIBRATION)
+    def default(cls, calibration: str = DEFAULT_CALIBRATION) -> CostModel:
+        """A shipped calibration of the embedded model on CPU (``NGRAM_CALIBRATION``: with
+        speculation on)."""
+        resource = importlib.resources.files("workbench.data").joinpath(calibration)
         with importlib.resources.as_file(resource) as path:
             return cls.load(path)
 
