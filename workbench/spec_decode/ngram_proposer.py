@@ -4,7 +4,8 @@ For each request, over its prompt and output tokens ``t``: take the longest suff
 tokens, ``prompt_lookup_min <= n <= prompt_lookup_max``, that also occurs earlier in ``t``
 (its earliest occurrence), and propose the up to ``k`` tokens that followed that occurrence.
 No match, no drafts. Deterministic and model-free: the drafts have no distribution ``q``
-(the rejection sampler treats them as one-hot proposals). Costs O(len(t) * max) per request.
+(the rejection sampler treats them as one-hot proposals). Costs O(len(t)) to find the earlier
+positions of the last token, then O(candidates * n) per suffix length.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from workbench.config import SpeculativeConfig
 from workbench.request import Request
@@ -23,12 +23,16 @@ def propose_ngram(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list
     ``tokens`` of ``min_n..max_n`` tokens ([] when none occurs)."""
     t = np.asarray(tokens, dtype=np.int64)
     length = len(t)
+    # Candidate ends: earlier positions holding the last token, each followed by a token.
+    ends = np.flatnonzero(t[: length - 1] == t[length - 1])
     for n in range(min(max_n, length - 1), min_n - 1, -1):
-        # Windows starting at 0 .. length - n - 1: each is followed by at least one token.
-        windows = sliding_window_view(t[: length - 1], n)
-        hits = np.flatnonzero((windows == t[length - n :]).all(axis=1))
+        cand = ends[ends >= n - 1]
+        if not cand.size:
+            continue
+        window = cand[:, None] + np.arange(1 - n, 1)[None, :]
+        hits = cand[(t[window] == t[length - n :]).all(axis=1)]
         if hits.size:
-            start = int(hits[0]) + n
+            start = int(hits[0]) + 1
             return t[start : start + k].tolist()
     return []
 
