@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import pytest
 
-from workbench.benchmarks.throughput import ThroughputResult, format_table, main
+from workbench.benchmarks.throughput import ThroughputResult, format_spec_table, format_table, main
 from workbench.benchmarks.datasets import parse_range, sample_requests
 
 
@@ -52,3 +52,33 @@ def test_lora_rows_name_their_adapters():
     assert _adapter_rank(specs[0][1]) == 8  # data/loras/errors/adapter_config.json
     with pytest.raises(ValueError, match="No embedded LoRA adapter 'nope'"):
         lora_specs(["nope"])
+
+
+def test_quote_prompts_repeat_the_start_of_their_passage():
+    from workbench.benchmarks.datasets import QUOTE_TOKENS
+
+    a = sample_requests(6, (40, 80), (8, 8), vocab_size=2048, seed=3, dataset="quote")
+    assert a == sample_requests(6, (40, 80), (8, 8), vocab_size=2048, seed=3, dataset="quote")
+    for r in a:
+        ids = r.prompt_token_ids
+        assert 40 <= len(ids) <= 80 and r.output_len == 8
+        q = min(QUOTE_TOKENS, (len(ids) - 1) // 4)  # fewer in a short prompt
+        assert ids[0] == 0 and ids[1:1 + q] == ids[-q:]  # after bos: the passage starts as the prompt ends
+    with pytest.raises(ValueError, match="dataset must be one of"):
+        sample_requests(1, (40, 80), (8, 8), vocab_size=2048, dataset="nope")
+
+
+def test_spec_table_by_hand_names_where_speculation_stops_paying():
+    def pair(batch, off_s, on_s):
+        off = ThroughputResult("workbench", 100, off_s, 2, {"num_steps": 100, "cpu_s": off_s})
+        on = ThroughputResult("workbench-spec", 100, on_s, 2, {"num_steps": 60, "cpu_s": on_s,
+                                                               "spec_acceptance_rate": 0.4,
+                                                               "spec_mean_acceptance_length": 2.2})
+        return batch, off, on
+
+    lines = format_spec_table([pair(1, 2.0, 1.0), pair(4, 1.0, 0.8), pair(16, 0.5, 0.625)]).splitlines()
+    assert lines[1].split() == ["1", "50.0", "100.0", "2.00x", "2.00x", "40.0%", "2.20", "100", "60"]
+    assert lines[3].split()[3] == "0.80x"
+    assert lines[-1] == "speculation stops paying at batch 16"
+    assert format_spec_table([pair(1, 2.0, 1.0)]).splitlines()[-1] == \
+        "speculation paid at every batch size measured (up to 1)"

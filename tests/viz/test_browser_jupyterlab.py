@@ -2,7 +2,8 @@
 
 Widget callbacks then arrive over the real comm (on a second kernel thread with JupyterLab's
 default "Kernel Comms over subshells"), which kernel-level tests never exercise. The test runs
-the notebook, adds a request and clicks Step in the dashboard, moves the player's slider
+the notebook, adds a request and clicks Step in the dashboard, checks a speculating
+player's draft marks (accepted, rejected, recovered; the block map's slot strip), moves the player's slider
 with the keyboard and by a drag, checks that the views changed and that no cell or widget
 shows an error, and checks what a reader would trust: the slider's readout is the step
 shown (after ``show(k)`` and after a drag), distinct ids have distinct colours, no label is
@@ -49,17 +50,28 @@ CELLS = [
     "    structured_outputs=StructuredOutputsParams(choice=['ay', 'nay'])))\n"
     "while constrained.has_unfinished_requests():\n    constrained.step()\n"
     "StepPlayer(constrained)",
+    "spec = LLMEngine(block_size=8, num_kv_blocks=64, max_num_batched_tokens=32, speculative_config={'method': 'ngram', "
+    "'num_speculative_tokens': 4, 'prompt_lookup_max': 4, 'prompt_lookup_min': 2})\n"
+    "quote = 'ROMEO: But soft, what light through yonder window breaks? It is the east, and Juliet is the sun. '\n"
+    "spec.add_request('quote', quote + 'ROMEO: But soft,', SamplingParams(temperature=0, max_tokens=40))\n"
+    "spec.add_request('plain', 'JULIET:', SamplingParams(temperature=0, max_tokens=30))\n"
+    "while spec.has_unfinished_requests():\n    spec.step()\n"
+    "spec_player = StepPlayer(spec, controls=False)\n"
+    "spec_player.show(next(r.step for r in spec.history for x in r.spec_decode.values()\n"
+    "                      if 0 < x.num_accepted < x.num_draft_tokens))\n"
+    "spec_player",
     f"print({DONE!r})",
 ]
 SHOTS = {2: "block_map.png", 3: "timeline.png", 4: "player.png", 5: "comparison.png", 6: "dashboard.png",
-         7: "grammar_player.png"}
+         7: "grammar_player.png", 8: "spec_decode_player.png"}
 
 #: In the page: every visible figure's shown width over its drawn width (an <img> of PNG bytes).
 FIGURE_SCALES = """() => [...document.querySelectorAll('.jp-Notebook .jp-OutputArea-output img')]
     .filter(img => img.offsetParent !== null && img.naturalWidth > 0)
     .map(img => [img.clientWidth / img.naturalWidth, img.naturalWidth, img.closest('.jp-Cell').innerText.slice(0, 40)])"""
-#: In the page: (text, background) of every request chip (a monospace span on a colour).
-CHIPS = """root => [...root.querySelectorAll('span[style*="background"][style*="monospace"]')]
+#: In the page: (text, background) of every request chip (a monospace span on a colour; a
+#: speculative draft's span is coloured by its fate, not a request).
+CHIPS = """root => [...root.querySelectorAll('span[style*="background"][style*="monospace"]:not(.wb-draft)')]
     .map(chip => [chip.innerText, getComputedStyle(chip).backgroundColor])"""
 #: In the page: (owner, label, background) of every used block cell.
 CELLS_JS = """root => [...root.querySelectorAll('.wb-block')]
@@ -201,6 +213,12 @@ def test_notebook_runs_and_widgets_answer_clicks(lab, tmp_path):
             assert _readout_is_the_step(player) == shown
             check_colours_and_labels(cells.nth(2).element_handle())
             check_colours_and_labels(player.element_handle())
+            spec = cells.nth(8).locator(".jp-OutputArea-output")  # drafts marked in text and colour
+            _readout_is_the_step(spec)
+            for fate, mark in (("accepted", "✓"), ("rejected", "✕"), ("recovered", "↳")):
+                assert _text(spec.locator(f".wb-draft-{fate}").first).startswith(mark), fate
+            assert "✓" in _text(spec.locator(".wb-slots").first)
+            check_colours_and_labels(spec.element_handle())
 
             small = [scale for scale in page.evaluate(FIGURE_SCALES) if scale[0] < 0.5]
             assert not small, small  # e.g. the three-config CDF squeezed beside its table

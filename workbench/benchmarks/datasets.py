@@ -1,9 +1,15 @@
-"""The synthetic workload both benchmarks share: random token-id prompts with exact lengths.
+"""The synthetic workloads the benchmarks share: prompts with exact lengths.
 
 ``--num-prompts N --input-len-range A:B --output-len-range A:B --seed S`` draw N requests whose
 prompt lengths are uniform in [A, B] (inclusive) and whose output lengths are uniform in their
 range; every request must generate exactly its output length (``ignore_eos``), so every system
-does the same work. Prompt ids are uniform over the vocabulary minus the special tokens.
+does the same work. Datasets (``DATASETS``):
+
+* ``random``: prompt ids uniform over the vocabulary minus the special tokens.
+* ``quote``: a passage of the embedded Shakespeare corpus (cut at a line start) followed by
+  its first ``QUOTE_TOKENS`` tokens again, as a prompt that quotes a passage and starts
+  asking for it again: prompt lookup (n-gram speculation) finds the passage, and the play's
+  own recurring text (speaker names, stage directions) in the output.
 """
 
 from __future__ import annotations
@@ -11,6 +17,12 @@ from __future__ import annotations
 import argparse
 import random
 from dataclasses import dataclass
+
+import numpy as np
+
+DATASETS = ("random", "quote")
+#: Tokens of a ``quote`` prompt's passage repeated at its end (fewer in a short prompt).
+QUOTE_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -54,10 +66,18 @@ def sample_requests(
     vocab_size: int,
     special_ids: set[int] = frozenset(),
     seed: int = 0,
+    *,
+    dataset: str = "random",
+    tokenizer=None,
 ) -> list[BenchRequest]:
-    """``num_prompts`` requests drawn from one seeded generator (same arguments, same list)."""
+    """``num_prompts`` requests drawn from one seeded generator (same arguments, same list);
+    ``tokenizer`` (a path; None: the embedded model's) cuts the ``quote`` passages."""
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts}.")
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset must be one of {list(DATASETS)}, got {dataset!r}.")
+    if dataset == "quote":
+        return _quote_requests(num_prompts, input_len_range, output_len_range, seed, tokenizer)
     rng = random.Random(seed)
     pool = [t for t in range(vocab_size) if t not in special_ids]
     requests = []
@@ -65,4 +85,22 @@ def sample_requests(
         prompt_len = rng.randint(*input_len_range)
         output_len = rng.randint(*output_len_range)
         requests.append(BenchRequest(tuple(rng.choices(pool, k=prompt_len)), output_len))
+    return requests
+
+
+def _quote_requests(num_prompts, input_len_range, output_len_range, seed, tokenizer) -> list[BenchRequest]:
+    from workbench.lab.corpus_prompts import PromptCutter
+
+    if input_len_range[0] < 8:
+        raise ValueError(f"quote prompts need input lengths >= 8, got {input_len_range[0]}.")
+    rng = random.Random(seed)
+    cutter = PromptCutter(tokenizer, np.random.default_rng(seed), text=False)
+    head = len(cutter.bos)  # the tokens the tokenizer puts in front (bos)
+    requests = []
+    for _ in range(num_prompts):
+        prompt_len = rng.randint(*input_len_range)
+        output_len = rng.randint(*output_len_range)
+        quote = min(QUOTE_TOKENS, (prompt_len - head) // 4)
+        passage = cutter.prompt(prompt_len - quote)
+        requests.append(BenchRequest(passage + passage[head:head + quote], output_len))
     return requests

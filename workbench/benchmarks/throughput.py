@@ -28,6 +28,13 @@ in one process, round after round (``--lora-rounds``, the best round counts):
 B, ``max_loras=2``: both adapters in every batch); "ours / it" is each one's slowdown against
 the base engine.
 
+``--speculative-config JSON`` runs the engine with speculative decoding (vLLM's JSON).
+``--compare spec`` runs the engine with and without it on the same requests at every batch
+size of ``--spec-batch-sizes`` (``max_num_seqs``; default 1,2,4,8,16) and prints them side
+by side with the acceptance rate and mean accepted length, and the first batch size where
+speculation stops paying (its speed-up falls below 1). ``--dataset quote`` gives prompt
+lookup something to find (see :mod:`workbench.benchmarks.datasets`).
+
 Output tokens/s = requested output tokens / wall time of the timed run. Every system first runs
 the whole workload once untimed (first-touch allocations, caches), so no one's figure carries
 one-time costs.
@@ -43,7 +50,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from workbench.benchmarks.datasets import BenchRequest, add_workload_args, sample_requests
+from workbench.benchmarks.datasets import DATASETS, BenchRequest, add_workload_args, sample_requests
 from workbench.benchmarks.structured import CONSTRAINTS
 
 
@@ -83,32 +90,36 @@ def _run_workbench(spec: dict, requests: list[BenchRequest]) -> ThroughputResult
 
     from workbench import LLM, SamplingParams
 
+    from workbench.engine.replay import spec_decode_summary
+
     llm = LLM(model=spec["model"], load_format=spec["load_format"], dtype=spec["dtype"],
               device=spec["device"], **spec["engine_kwargs"])
     prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
     llm.generate(prompts, params, use_tqdm=False)  # warm-up: the whole workload, untimed
-    first_step = llm.engine.scheduler.step_count
-    t0 = time.perf_counter()
+    llm.engine.history.clear()
+    t0, c0 = time.perf_counter(), time.process_time()
     outs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    records = llm.engine.history[:]
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     expected = sum(r.output_len for r in requests)
     if tokens != expected:
         raise RuntimeError(f"workbench generated {tokens} tokens, the workload asks for {expected}.")
     engine = llm.engine
     name = "workbench-batch-invariant" if engine.runner.batch_invariant else "workbench"
-    spec_details = {}
-    if engine.proposer is not None:
-        from workbench.engine.replay import spec_decode_summary
-
-        timed = [r for r in engine.history if r.step >= first_step]  # the timed run's steps
-        spec_details = {k: round(v, 3) for k, v in spec_decode_summary(timed).items()}
-    return ThroughputResult(name, tokens, elapsed, len(requests), details={**spec_details,
+    details = {
         "attention_backend": engine.attention_backend, "device": str(engine.device),
         "max_num_seqs": engine.scheduler.max_num_seqs,
         "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
-        "num_kv_blocks": engine.kv_cache.num_blocks, "threads": torch.get_num_threads()})
+        "num_kv_blocks": engine.kv_cache.num_blocks, "threads": torch.get_num_threads(),
+        "num_steps": len(records), "cpu_s": round(cpu, 3)}
+    speculative = spec["engine_kwargs"].get("speculative_config")
+    if speculative is not None:
+        name = "workbench-spec"
+        details["speculative_config"] = speculative
+        details.update(spec_decode_summary(records))
+    return ThroughputResult(name, tokens, elapsed, len(requests), details=details)
 
 
 def _run_lora_rounds(spec: dict, requests: list[BenchRequest]) -> list[ThroughputResult]:
@@ -251,7 +262,7 @@ def _in_own_process(fn, *args):
 
 def format_table(results: list[ThroughputResult]) -> str:
     """The printed table; the ratio column is the workbench's throughput over each system's."""
-    ours = next((r for r in results if r.engine == "workbench"), None)
+    ours = results[0] if results and results[0].engine.startswith("workbench") else None
     lines = [f"{'engine':<26}{'output tok/s':>14}{'requests/s':>12}{'total s':>10}{'ours / it':>11}"]
     for r in results:
         ratio = f"{ours.output_tokens_per_s / r.output_tokens_per_s:>11.2f}" if ours else f"{'':>11}"
@@ -261,10 +272,33 @@ def format_table(results: list[ThroughputResult]) -> str:
     return "\n".join(lines)
 
 
+def format_spec_table(pairs: list[tuple[int, ThroughputResult, ThroughputResult]]) -> str:
+    """Speculation off beside on per batch size (``max_num_seqs``), with the speed-up (on / off
+    output tokens/s), the same by the process's CPU seconds (``cpu``: steadier than wall time
+    on a machine other work keeps busy), the acceptance rate and the mean accepted length;
+    then the first batch size where the wall-time speed-up falls below 1 (or that none did)."""
+    lines = [f"{'batch':>5}{'off tok/s':>11}{'on tok/s':>10}{'speed-up':>10}{'cpu':>8}{'acceptance':>12}"
+             f"{'mean acc len':>14}{'steps off':>11}{'steps on':>10}"]
+    stops = None
+    for batch, off, on in pairs:
+        gain = on.output_tokens_per_s / off.output_tokens_per_s
+        if gain < 1 and stops is None:
+            stops = batch
+        cpu = off.details["cpu_s"] / on.details["cpu_s"] if on.details.get("cpu_s") else float("nan")
+        lines.append(f"{batch:>5}{off.output_tokens_per_s:>11.1f}{on.output_tokens_per_s:>10.1f}{gain:>9.2f}x"
+                     f"{cpu:>7.2f}x{on.details['spec_acceptance_rate']:>12.1%}{on.details['spec_mean_acceptance_length']:>14.2f}"
+                     f"{off.details['num_steps']:>11}{on.details['num_steps']:>10}")
+    lines.append(f"speculation stops paying at batch {stops}" if stops is not None else
+                 f"speculation paid at every batch size measured (up to {pairs[-1][0]})")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench bench throughput", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(parser)
+    parser.add_argument("--dataset", default="random", choices=list(DATASETS),
+                        help="random token ids, or corpus passages quoted again (default random)")
     parser.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"])
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     parser.add_argument("--device", default=None)
@@ -273,11 +307,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-num-seqs", type=int, default=None, help="engine option (default: the engine's)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--attention-backend", default=None, help="engine option (default: the engine's)")
-    parser.add_argument("--speculative-config", default=None,
-                        help="engine option: speculative decoding, vLLM's JSON (e.g. "
-                        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}')")
-    parser.add_argument("--compare", choices=["hf"], default=None,
-                        help="also run transformers generate and generate_batch on the same requests")
+    parser.add_argument("--compare", choices=["hf", "spec"], default=None,
+                        help="hf: also run transformers generate and generate_batch on the same requests; "
+                             "spec: the engine without and with --speculative-config at each --spec-batch-sizes")
+    parser.add_argument("--speculative-config", default=None, metavar="JSON",
+                        help="speculative decoding, vLLM's JSON, e.g. '{\"method\": \"ngram\", "
+                             "\"num_speculative_tokens\": 4}' (with --compare spec default: that, "
+                             "prompt_lookup_min 2, prompt_lookup_max 4)")
+    parser.add_argument("--spec-batch-sizes", default="1,2,4,8,16",
+                        help="max_num_seqs values for --compare spec (default 1,2,4,8,16)")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="also run the engine with batch_invariant=True (its cost: a second row)")
     parser.add_argument("--structured-outputs", choices=list(CONSTRAINTS), default=None,
@@ -319,8 +357,17 @@ def main(argv: list[str] | None = None) -> int:
     special = set(AutoTokenizer.from_pretrained(model_path).all_special_ids)
     try:
         requests = sample_requests(args.num_prompts, args.input_len_range, args.output_len_range,
-                                   config.vocab_size, special, args.seed)
+                                   config.vocab_size, special, args.seed, dataset=args.dataset,
+                                   tokenizer=model_path)
         batch_sizes = [int(b) for b in args.hf_batch_sizes.split(",")]
+        spec_batch_sizes = _positive_ints(args.spec_batch_sizes, "--spec-batch-sizes")
+        speculative = args.speculative_config
+        if speculative is None and args.compare == "spec":
+            speculative = DEFAULT_SPEC_CONFIG
+        if speculative is not None:
+            from workbench.config import SpeculativeConfig
+
+            speculative = json.loads(str(SpeculativeConfig.parse(speculative)))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -331,8 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     engine_kwargs = {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
                                        ("max_num_batched_tokens", args.max_num_batched_tokens),
-                                       ("attention_backend", args.attention_backend),
-                                       ("speculative_config", args.speculative_config)) if v is not None}
+                                       ("attention_backend", args.attention_backend)) if v is not None}
     spec = {"model": args.model, "load_format": args.load_format, "dtype": args.dtype,
             "device": args.device or _default_device(), "threads": args.threads,
             "engine_kwargs": engine_kwargs, "hf_batch_sizes": batch_sizes}
@@ -340,6 +386,28 @@ def main(argv: list[str] | None = None) -> int:
     lo_out, hi_out = args.output_len_range
     if args.structured_outputs:
         return _structured(args, spec, requests, config)
+    header = (f"model: {config.architecture} ({config.path.name}, {args.load_format} weights, "
+              f"dtype {args.dtype}), device: {spec['device']}, {len(requests)} {args.dataset} requests, input "
+              f"U[{lo_in},{hi_in}], output U[{lo_out},{hi_out}] exact, greedy, seed {args.seed}")
+    if args.compare == "spec":
+        pairs = []
+        for batch in spec_batch_sizes:
+            kwargs = {**engine_kwargs, "max_num_seqs": batch, "max_history": 1_000_000}
+            off = _in_own_process(_run_workbench, {**spec, "engine_kwargs": kwargs}, requests)
+            on = _in_own_process(_run_workbench, {**spec, "engine_kwargs": {
+                **kwargs, "speculative_config": speculative}}, requests)
+            pairs.append((batch, off, on))
+        print(f"{header}, {pairs[0][1].details['threads']} threads\nspeculative_config: {json.dumps(speculative)}")
+        print(format_spec_table(pairs))
+        if args.output_json:
+            with open(args.output_json, "w") as f:
+                json.dump({"speculative_config": speculative, "batches": [
+                    {"max_num_seqs": b, "off": off.to_dict(), "on": on.to_dict()} for b, off, on in pairs]},
+                    f, indent=1)
+        return 0
+    if speculative is not None:
+        engine_kwargs["speculative_config"] = speculative
+        spec["engine_kwargs"] = {**engine_kwargs, "max_history": 1_000_000}
     results = [] if args.lora else [_in_own_process(_run_workbench, spec, requests)]
     if args.batch_invariant:
         invariant = {**spec, "engine_kwargs": {**engine_kwargs, "batch_invariant": True}}
@@ -354,11 +422,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare == "hf":
         results.append(_in_own_process(_run_hf_generate, spec, requests, model_path))
         results.append(_in_own_process(_run_hf_generate_batch, spec, requests, model_path))
-    print(f"model: {config.architecture} ({config.path.name}, {args.load_format} weights, "
-          f"dtype {args.dtype}), device: {spec['device']}, {len(requests)} requests, input "
-          f"U[{lo_in},{hi_in}], output U[{lo_out},{hi_out}] exact, greedy, seed {args.seed}, "
-          f"{results[0].details['threads']} threads")
+    print(f"{header}, {results[0].details['threads']} threads")
     print(format_table(results))
+    if speculative is not None:
+        d = results[0].details
+        print(f"speculative_config: {json.dumps(speculative)}: acceptance {d['spec_acceptance_rate']:.1%}, "
+              f"mean accepted length {d['spec_mean_acceptance_length']:.2f}")
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump({"workload": {"num_prompts": len(requests), "input_len_range": [lo_in, hi_in],
@@ -392,6 +461,21 @@ def _structured(args, spec: dict, requests: list[BenchRequest], config) -> int:
         with open(args.output_json, "w") as f:
             json.dump({"constraint": args.structured_outputs, "results": results}, f, indent=1)
     return 0
+
+
+#: ``--compare spec`` without ``--speculative-config``: n-gram prompt lookup, k = 4.
+DEFAULT_SPEC_CONFIG = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                       "prompt_lookup_min": 2}
+
+
+def _positive_ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated integers, got {text!r}.") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} values must be >= 1, got {text!r}.")
+    return values
 
 
 def _default_device() -> str:

@@ -18,8 +18,10 @@ import ipywidgets as widgets
 import traitlets
 
 from workbench.core.kv_state import BLOCK_STATES, block_state, never_used_blocks
-from workbench.viz.colors import STATE_COLORS, assign_colors, color_rank, request_color, text_color
 from workbench.viz.chunks import request_adapters, request_label
+from workbench.viz.colors import (
+    SPEC_COLORS, SPEC_MARKS, STATE_COLORS, assign_colors, color_rank, request_color, text_color,
+)
 from workbench.viz.source import ViewSource
 
 
@@ -55,7 +57,17 @@ def cell_name(request_id: str, width: int = CELL_NAME_CHARS) -> str:
     return request_id[: width - 1 - tail] + "…" + request_id[-tail:]
 
 
-def _cell_html(cell: dict, table_pos: int | None, selected: bool, mark: str | None) -> str:
+def slot_strip(slots: dict[int, tuple[str, str]], block_size: int) -> str:
+    """A block's slots as one character each: ``·`` for a slot no draft wrote this step,
+    else the draft's fate mark (``✓`` accepted, ``✕`` rejected: reused by the next step),
+    coloured by fate."""
+    return "".join(
+        f'<span style="color:{SPEC_COLORS[slots[i][1]]};font-weight:bold">{SPEC_MARKS[slots[i][1]]}</span>'
+        if i in slots else '<span style="color:#000">·</span>' for i in range(block_size))
+
+
+def _cell_html(cell: dict, table_pos: int | None, selected: bool, mark: str | None,
+               slots: dict[int, tuple[str, str]] | None = None, block_size: int = 0) -> str:
     kind = cell["state"]
     if kind in ("used", "shared"):
         background = request_color(cell["owners"][0])
@@ -77,11 +89,16 @@ def _cell_html(cell: dict, table_pos: int | None, selected: bool, mark: str | No
         title += f", eviction order {cell['evict_rank']}"
     if mark:
         title += f"; {mark}"
+    strip = ""
+    if slots:
+        fates = [f"slot {i}: {rid}'s {fate} draft" for i, (rid, fate) in sorted(slots.items())]
+        title += "; this step's drafts: " + ", ".join(fates)
+        strip = f'<br><span class="wb-slots" style="background:#fff;padding:0 1px">{slot_strip(slots, block_size)}</span>'
     return (
         f'<div class="wb-block" data-block="{cell["block_id"]}" title="{html.escape(title)}" '
         f'style="background:{background};color:{text_color(background)};border:{border};'
-        f'width:60px;height:30px;box-sizing:border-box;font:10px/13px monospace;text-align:center;'
-        f'overflow:hidden">{head}<br>{label}</div>'
+        f'width:60px;height:{43 if slots else 30}px;box-sizing:border-box;font:10px/13px monospace;'
+        f'text-align:center;overflow:hidden">{head}<br>{label}{strip}</div>'
     )
 
 
@@ -100,6 +117,9 @@ class BlockMap(widgets.VBox):
     selected_block = traitlets.Int(allow_none=True, default_value=None)
     selected_request = traitlets.Unicode("")
     marked = traitlets.Dict()  # block id -> note (e.g. "lost by r3"), drawn with a red outline
+    #: block id -> {slot: (request id, fate)}: the slots the step's drafts wrote (the player
+    #: sets it from :func:`~workbench.viz.spec_decode.draft_slots`), drawn as a strip of marks
+    slots = traitlets.Dict()
 
     def __init__(self, source, step: int | None = None, *, max_cells: int = 1024, tokenizer=None,
                  during_forward: bool = False):
@@ -197,7 +217,7 @@ class BlockMap(widgets.VBox):
         shown = self._visible()
         cells = "".join(
             _cell_html(c, table.get(c["block_id"]), c["block_id"] == self.selected_block,
-                       self.marked.get(c["block_id"]))
+                       self.marked.get(c["block_id"]), self.slots.get(c["block_id"]), state.block_size)
             for c in self.cells[:shown]
         )
         hidden = len(self.cells) - shown
@@ -231,7 +251,10 @@ class BlockMap(widgets.VBox):
             "with …, the whole name shows on hover), ×ref_count "
             "(shared, double border), #n = n-th in the eviction order (free/cached), id [i] = position "
             "in the selected request's block table; red outline: blocks a preemption released "
-            "in this step (red marks preemption in every view)</small></div>"
+            "in this step (red marks preemption in every view)"
+            + ("; slot strip: this step's drafts, one character per slot (✓ accepted, ✕ rejected: "
+               "the slot is written again by the next step, a block of only rejected drafts is freed; "
+               "· no draft)" if self.slots else "") + "</small></div>"
         )
 
     def _details_html(self, table: dict[int, int]) -> str:

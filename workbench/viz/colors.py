@@ -36,6 +36,11 @@ STATE_COLORS = {
     "selected": "#000000",
 }
 
+#: A speculative draft's fate (:mod:`workbench.viz.spec_decode`): colour and mark character
+#: (the second encoding). No red, and none is a request colour.
+SPEC_COLORS = {"accepted": "#2e7d32", "rejected": "#b26a00", "bonus": "#1565c0", "recovered": "#6a1b9a"}
+SPEC_MARKS = {"accepted": "✓", "rejected": "✕", "bonus": "+", "recovered": "↳"}
+
 _assigned: dict[str, str] = {}
 _generated = itertools.count()
 

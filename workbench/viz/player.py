@@ -24,9 +24,10 @@ from workbench.core.kv_events import BlockAllocated, BlockFreed
 from workbench.viz.block_map import BlockMap
 from workbench.viz.busy import busy
 from workbench.viz.chunks import chunk_kinds, empty_batch_reason, request_adapters
-from workbench.viz.colors import STATE_COLORS, assign_colors, request_chip
+from workbench.viz.colors import SPEC_COLORS, SPEC_MARKS, STATE_COLORS, assign_colors, request_chip
 from workbench.viz.live import LiveUpdater
 from workbench.viz.source import ViewSource
+from workbench.viz.spec_decode import budget_split, draft_fates, draft_slots
 
 
 def request_states(records, step: int) -> tuple[list[str], list[str], set[str]]:
@@ -125,6 +126,31 @@ def grammar_notes(record) -> list[str]:
         notes.append(f"{', '.join(grammar.waiting_for_fsm)} still wait for their grammar to "
                      "compile (WAITING_FOR_FSM): the scheduler passes over them.")
     return notes
+
+
+def spec_notes(record) -> list[str]:
+    """One sentence per speculating request of the step: drafts verified, accepted, and the
+    token the target added."""
+    notes = []
+    for rid, result in record.spec_decode.items():
+        extra = ("all accepted, plus the bonus token" if result.bonus else
+                 f"{result.num_rejected} rejected from position {result.num_accepted + 1} on (their KV "
+                 f"slots are reused), plus the target's recovered token")
+        notes.append(f"{rid} verified {result.num_draft_tokens} draft tokens: {result.num_accepted} accepted, "
+                     f"{extra}; {result.num_accepted + 1} tokens emitted in one step.")
+    return notes
+
+
+def drafts_html(drafts: list[dict]) -> str:
+    """Each draft as its text behind its fate's mark, on its fate's colour (a rejected one's
+    text struck through), then the target's token."""
+    strike = {"rejected": ' style="text-decoration:line-through"'}
+    return " ".join(
+        f'<span class="wb-draft wb-draft-{d["fate"]}" title="{d["fate"]}: token {d["token_id"]}" '
+        f'style="background:{SPEC_COLORS[d["fate"]]};color:#fff;padding:0 3px;font:11px monospace;'
+        f'white-space:pre">{SPEC_MARKS[d["fate"]]}<span{strike.get(d["fate"], "")}>'
+        f'{html.escape(repr(d["text"])[1:-1])}</span></span>'
+        for d in drafts)
 
 
 def _set_range(widget, low: int, high: int) -> None:
@@ -253,6 +279,8 @@ class StepPlayer(widgets.VBox):
                     "num_allowed": grammar.num_allowed,
                     "forced": None if grammar.forced_token is None
                     else self.source.decode([grammar.forced_token])},
+                "drafts": [{"token_id": t, "text": self.source.decode([t]), "fate": fate}
+                           for t, fate in draft_fates(record, chunk.request_id)],
             })
         self.batch_rows = rows
         last = self.source.last_step
@@ -276,6 +304,7 @@ class StepPlayer(widgets.VBox):
         lost = {b: f"lost by {e.request_id}" for e in record.request_events if e.kind == "preempted"
                 for b in e.block_ids}
         self.block_map.marked = lost
+        self.block_map.slots = draft_slots(record, self.source.kv_state(step).block_size)
         self.block_map.show(step)
 
     def _notes(self, record) -> list[str]:
@@ -292,6 +321,7 @@ class StepPlayer(widgets.VBox):
             elif event.kind == "finished":
                 notes.append(f"{event.request_id} finished ({event.reason}) with "
                              f"{event.num_output_tokens} output tokens; its blocks were freed.")
+        notes += spec_notes(record)
         notes += preemption_notes(record, self.source.policy_name) + grammar_notes(record)
         if so.lora_skipped_request_ids:
             adapters = request_adapters(self.source.records())
@@ -305,29 +335,37 @@ class StepPlayer(widgets.VBox):
     def _batch_html(self, record) -> str:
         so = record.scheduler_output
         used, budget = so.total_num_scheduled_tokens, so.token_budget
-        bar = (f'<div style="display:inline-block;width:200px;height:10px;background:#eee;border:1px solid #999">'
-               f'<div style="width:{min(100, 100 * used / max(budget, 1)):.0f}%;height:100%;background:#4a7"></div></div>')
+        split = budget_split(record)
+        parts = (("prefill", "#4a7"), ("decode", "#8bc"), ("drafts", SPEC_COLORS["accepted"]))
+        bar = ('<div style="display:inline-flex;width:200px;height:10px;background:#eee;border:1px solid #999">'
+               + "".join(f'<div title="{kind}: {split[kind]}" style="width:{100 * split[kind] / max(budget, 1):.1f}%;'
+                         f'height:100%;background:{colour}"></div>' for kind, colour in parts if split[kind])
+               + "</div>")
         lora = any(r["lora"] for r in self.batch_rows)
         constrained = any(r["grammar"] for r in self.batch_rows)
-        head = "".join(f"<th>{h}</th>" for h in
-                       ("request", *(("adapter",) if lora else ()), "kind", "tokens [from, to)", "new",
-                        "prefix hit", "block table", "sampled", *(("grammar mask",) if constrained else ())))
+        speculating = any(r["drafts"] for r in self.batch_rows)
+        columns = ["request", *(["adapter"] if lora else []), "kind", "tokens [from, to)", "new",
+                   "prefix hit", "block table", "sampled", *(["grammar mask"] if constrained else []),
+                   *(["drafts (✓ accepted, ✕ rejected, + bonus, ↳ recovered)"] if speculating else [])]
+        head = "".join(f"<th>{h}</th>" for h in columns)
         body = "".join(
             "<tr>" + f"<td>{request_chip(r['request_id'])}</td>"
             + (f"<td>{html.escape(r['lora'] or '')}</td>" if lora else "") + f"<td>{r['kind']}</td>"
             f"<td>[{r['tokens'][0]}, {r['tokens'][1]})</td><td>{r['num_new_tokens']}</td>"
             f"<td>{r['num_cached_tokens'] or ''}</td><td>{' '.join(map(str, r['block_ids']))}</td>"
             f"<td><code>{html.escape(repr(r['sampled'])) if r['sampled'] is not None else ''}</code></td>"
-            + (f"<td>{grammar_cell(r['grammar'])}</td>" if constrained else "") + "</tr>"
+            + (f"<td>{grammar_cell(r['grammar'])}</td>" if constrained else "")
+            + (f"<td>{drafts_html(r['drafts'])}</td>" if speculating else "") + "</tr>"
             for r in self.batch_rows
         )
         if not so.scheduled:
             reason = html.escape(empty_batch_reason(record))
             return (f'<b>Step {record.step}</b>: <span style="background:{STATE_COLORS["empty batch"]};'
                     f'color:#fff;padding:0 4px">{reason}</span>')
+        split_text = ", ".join(f"{split[k]} {k}" for k, _ in parts if split[k])
         return (
             f"<b>Step {record.step}</b>: {len(so.scheduled)} requests, budget used {bar} "
-            f"<b>{used}</b> / {budget} tokens; KV usage after the step {record.kv_usage:.0%} "
+            f"<b>{used}</b> / {budget} tokens ({split_text}); KV usage after the step {record.kv_usage:.0%} "
             f"({record.num_free_blocks} blocks free)"
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
         )

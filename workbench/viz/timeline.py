@@ -5,7 +5,9 @@ Span kinds (``[start, end)`` in steps): ``waiting`` (arrived, not yet scheduled)
 ``compile_s`` is the compile's seconds, None while it still compiles), ``prefill``
 (a prompt chunk), ``recompute`` (a chunk re-computing tokens a preemption dropped),
 ``decode`` (consecutive one-token steps, merged), ``preempted`` (from preemption to
-resumption). ``finish`` marks the step a request finished, with its reason. Spans are derived
+resumption). ``finish`` marks the step a request finished, with its reason. With speculative
+decoding a decode span also keeps ``emitted``, the tokens each of its steps gave the request
+(accepted drafts plus the sampled token), drawn as a number in each step's column. Spans are derived
 from the request events each StepRecord carries, so a replayed history draws the same rows.
 The x axis spans exactly the kept steps (what the player's slider spans), plus one column
 for the next step while requests wait that no step has seen yet.
@@ -22,10 +24,11 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from workbench.viz.chunks import chunk_kinds, empty_batch_reason, request_adapters, request_label
-from workbench.viz.colors import STATE_COLORS, assign_colors, request_color
+from workbench.viz.colors import STATE_COLORS, assign_colors, request_color, text_color
 from workbench.viz.encoding import CHUNK_HATCH, chunk_handles
 from workbench.viz.figures import figure_png, new_figure, png_img
 from workbench.viz.source import ViewSource
+from workbench.viz.spec_decode import emitted_tokens
 
 FINISH_MARKERS = {"stop": "o", "length": "D", "abort": "X"}
 FSM_HATCH = "////"  # waiting for the grammar (WAITING_FOR_FSM)
@@ -34,13 +37,17 @@ FSM_HATCH = "////"  # waiting for the grammar (WAITING_FOR_FSM)
 def request_spans(history) -> tuple[list[str], list[dict]]:
     """``(rows, spans)`` from a history's request events: request ids in arrival order, and
     dicts with request_id, kind, start, end (steps, end exclusive), tokens, reason. A
-    ``finish`` span covers the step that finished the request."""
+    ``finish`` span covers the step that finished the request. When any step speculated,
+    decode spans also hold ``emitted`` (tokens per step of the span; the finishing step's
+    count is cut to the request's output length when a stop fired inside an accepted run)."""
     rows: list[str] = []
     spans: list[dict] = []
     open_since: dict[str, tuple[str, int]] = {}  # request -> (waiting|preempted, since step)
     last_span: dict[str, dict] = {}  # request -> its latest chunk span
     kinds = chunk_kinds(history)
     last_step = history[-1].step if len(history) else 0
+    speculative = any(record.spec_decode for record in history)
+    num_emitted: dict[str, int] = {}  # request -> tokens the recorded steps gave it
 
     def close(rid: str, step: int) -> None:
         if rid in open_since:
@@ -66,6 +73,7 @@ def request_spans(history) -> tuple[list[str], list[dict]]:
                 close_fsm(rid, record.step, seconds)
         for event in record.request_events:
             rid, step = event.request_id, event.step
+            emitted = emitted_tokens(record, rid) if event.kind == "scheduled" and speculative else 0
             if rid not in last_span and rid not in rows:
                 rows.append(rid)
             if event.kind == "arrived":
@@ -74,16 +82,25 @@ def request_spans(history) -> tuple[list[str], list[dict]]:
                 close(rid, step)
                 kind = kinds[step, rid]
                 previous = last_span.get(rid)
+                num_emitted[rid] = num_emitted.get(rid, 0) + emitted
                 if kind == "decode" and previous and previous["kind"] == "decode" and previous["end"] == step:
                     previous["end"] = step + 1
                     previous["tokens"] += event.num_tokens
+                    if speculative:
+                        previous["emitted"].append(emitted)
                 else:
                     last_span[rid] = {"request_id": rid, "kind": kind, "start": step, "end": step + 1,
                                       "tokens": event.num_tokens, "reason": ""}
+                    if speculative and kind == "decode":
+                        last_span[rid]["emitted"] = [emitted]
                     spans.append(last_span[rid])
             elif event.kind == "preempted":
                 open_since[rid] = ("preempted", step)
             elif event.kind == "finished":
+                span = last_span.get(rid)
+                surplus = num_emitted.get(rid, 0) - event.num_output_tokens
+                if surplus > 0 and span is not None and span.get("emitted") and span["end"] == step + 1:
+                    span["emitted"][-1] = max(0, span["emitted"][-1] - surplus)
                 close(rid, step + 1)
                 if rid in fsm_since:  # its grammar failed to compile
                     close_fsm(rid, step + 1, None)
@@ -131,6 +148,9 @@ def draw_timeline(ax, rows: list[str], spans: list[dict], *, steps: tuple[int, i
                     edgecolor=STATE_COLORS["preempted"], hatch="xxx", linewidth=0)
         elif kind == "decode":
             ax.barh(row, width, left=left, height=0.8, color=colour)
+            for i, count in enumerate(span.get("emitted", ())):  # tokens emitted in each step
+                ax.text(span["start"] + i, row, str(count), ha="center", va="center", fontsize=7,
+                        color=text_color(colour), fontweight="bold" if count > 1 else "normal")
         elif kind in ("prefill", "recompute"):
             ax.barh(row, width - 0.1, left=left, height=0.8, color=colour, hatch=CHUNK_HATCH[kind],
                     edgecolor="black", linewidth=0.3)
@@ -234,6 +254,8 @@ class RequestTimeline(widgets.VBox):
                 title += f" (the last {self.last})"
         if pending:
             title += f"; {', '.join(pending)} added, waiting for step {records[-1].step + 1 if records else 0}"
+        if any("emitted" in s for s in self.spans):
+            title += "\nspeculative decoding: the number in each decode step is the tokens it emitted"
         note = self.source.first_step_note()
         return title + (f"\n{note}" if note and not (self.last and len(self.source.history) > len(records)) else "")
 
@@ -244,10 +266,15 @@ class RequestTimeline(widgets.VBox):
         self._describe()
 
     def output_token_ids(self, request_id: str) -> list[int]:
-        """Tokens sampled for the request in the recorded steps (a preempted request keeps
-        its tokens, so this is its output so far)."""
-        return [r.sampled_token_ids[request_id] for r in self.source.history
-                if request_id in r.sampled_token_ids]
+        """Tokens the recorded steps gave the request, accepted drafts before each sampled
+        token (a preempted request keeps its tokens, so this is its output so far)."""
+        tokens: list[int] = []
+        for record in self.source.history:
+            if request_id in record.sampled_token_ids:
+                result = record.spec_decode.get(request_id)
+                tokens += result.accepted_token_ids if result is not None else ()
+                tokens.append(record.sampled_token_ids[request_id])
+        return tokens
 
     def _describe(self) -> None:
         rid = self.selected_request

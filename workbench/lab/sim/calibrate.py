@@ -8,6 +8,10 @@ batch one way, so that every feature of :mod:`workbench.lab.sim.features` varies
 * prefill: a ``p``-token prompt after a request that left ``h`` of its tokens in the prefix
   cache, so the chunk is ``p`` tokens at context ``h`` (prefill tokens x context);
 * mixed: ``b`` decoding requests while prompts of ``p`` tokens arrive;
+* speculation (only with ``speculative_config``): ``b`` requests with corpus prompts and
+  ``SPEC_OUTPUT`` output tokens each, long enough for the model's text to recur, so that
+  prompt lookup finds drafts in a good share of the steps (a draft model drafts in every
+  one): decode steps that verify drafts beside steps that do not, for the spec features;
 * traffic: Poisson arrivals on the wall clock (``rate`` per second), prompts of 48..600
   tokens in three shared-prefix groups, 1..64 output tokens: the batches of real serving
   (decode sequences of different lengths, lone prefills after idle gaps, warm and cold steps)
@@ -31,6 +35,7 @@ import numpy as np
 
 from workbench.config import EngineConfig
 from workbench.engine.llm_engine import LLMEngine
+from workbench.lab.corpus_prompts import PromptCutter
 from workbench.lab.run import resolve_config
 from workbench.lab.sim.cost_model import UNITS, CostModel, describe_hardware, describe_model, nonnegative_lstsq
 from workbench.lab.sim.features import FEATURES
@@ -49,6 +54,7 @@ class CalibrationGrid:
     prefill_lengths: tuple[int, ...] = (8, 24, 64, 160, 400, 768)
     prefill_contexts: tuple[int, ...] = (0, 256)
     mixed: tuple[tuple[int, int], ...] = ((4, 32), (16, 128), (32, 384))
+    spec_batches: tuple[int, ...] = (1, 4, 16)  # speculating decode batches (with speculative_config)
     traffic: tuple[tuple[float, int], ...] = ((3.0, 20), (10.0, 40))  # (requests/s, requests)
     repeats: int = 3
     idle_arrivals: int = 6  # single requests at an idle engine per idle gap, for the wake-up cost
@@ -58,7 +64,7 @@ class CalibrationGrid:
     def tiny(cls) -> CalibrationGrid:
         """A few seconds' grid (tests, a first look)."""
         return cls(decode_batches=(1, 4), decode_contexts=(16, 48), decode_steps=2,
-                   prefill_lengths=(16,), prefill_contexts=(0, 32), mixed=((2, 16),),
+                   prefill_lengths=(16,), prefill_contexts=(0, 32), mixed=((2, 16),), spec_batches=(1, 2),
                    traffic=((40.0, 4),), repeats=1, idle_arrivals=3, idle_gaps=(0.01, 0.05))
 
     def traffic_phases(self, *, max_model_len: int, seed: int = 0) -> list[tuple[str, Workload]]:
@@ -70,9 +76,11 @@ class CalibrationGrid:
             seed=seed + 10 + i, clock="wall", id_prefix=f"t{i}_")) for i, (rate, n) in enumerate(self.traffic)]
 
     def phases(self, *, max_num_seqs: int, num_tokens: int, max_model_len: int, block_size: int,
-               vocab_size: int, seed: int = 0) -> list[tuple[str, Workload]]:
+               vocab_size: int, seed: int = 0, speculative: bool = False,
+               tokenizer=None) -> list[tuple[str, Workload]]:
         """``(name, workload)`` per designed phase (step clock), one repeat; cells that do not
-        fit are left out."""
+        fit are left out; the speculation phases only when ``speculative`` (their prompts cut
+        from the corpus with ``tokenizer``, None: the embedded model's)."""
         rng = np.random.default_rng(seed)
 
         def prompt(n: int) -> tuple[int, ...]:
@@ -107,10 +115,18 @@ class CalibrationGrid:
                 decoders = [req(f"m{i}", prompt(32), n) for i in range(b)]
                 arrivals = [req(f"x{j}", prompt(p), 1, step=3 + 3 * j) for j in range(2)]
                 out.append((f"mixed b={b} p={p}", Workload(decoders + arrivals)))
+        if speculative:
+            cutter = PromptCutter(tokenizer, rng, text=False)
+            for b in self.spec_batches:
+                if fits(b, b * (64 + SPEC_OUTPUT + 1), 64 + SPEC_OUTPUT + 1):
+                    out.append((f"spec b={b}", Workload(
+                        [req(f"s{i}", cutter.prompt(64), SPEC_OUTPUT) for i in range(b)])))
         return out
 
 
 AGGREGATES = {"median": np.median, "min": np.min}
+#: Output tokens of each request of a speculation phase.
+SPEC_OUTPUT = 48
 
 
 def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid | None = None, *,
@@ -127,7 +143,8 @@ def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid |
     mc = engine.model_config
     phases = grid.phases(
         max_num_seqs=engine.scheduler.max_num_seqs, num_tokens=engine.kv_cache.num_blocks * engine.kv_cache.block_size,
-        max_model_len=mc.max_model_len, block_size=engine.kv_cache.block_size, vocab_size=mc.vocab_size, seed=seed)
+        max_model_len=mc.max_model_len, block_size=engine.kv_cache.block_size, vocab_size=mc.vocab_size, seed=seed,
+        speculative=engine.config.speculative_config is not None, tokenizer=engine.tokenizer)
     if not phases:
         raise ValueError("calibration grid: no phase fits this engine (max_num_seqs, KV pool, model length).")
     traffic = grid.traffic_phases(max_model_len=mc.max_model_len, seed=seed)

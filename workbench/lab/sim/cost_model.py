@@ -36,12 +36,15 @@ from workbench.lab.sim.measurements import measured_steps, records_of
 FORMAT = "workbench-cost-model/1"
 #: The shipped calibration: the embedded model on CPU (``workbench calibrate`` made it).
 DEFAULT_CALIBRATION = "calibration/tiny-shakespeare-cpu.json"
+#: The same machine calibrated with n-gram speculation on (k=4: ``spec_tokens``, ``spec_seqs``).
+NGRAM_CALIBRATION = "calibration/tiny-shakespeare-cpu-ngram.json"
 #: A fitted step further than this many MADs of the residuals from the first fit is noise
 #: (another process took the CPU): it is left out of the second fit (and counted).
 OUTLIER_MADS = 6.0
 UNITS = {"step": "s per step", "prefill_step": "s per step with a prefill", "prefill_tokens": "s per token",
          "prefill_chunks": "s per chunk", "decode_seqs": "s per sequence", "decode_seqs_sqrt": "s per sqrt(sequences)",
-         "decode_context": "s per KV token", "prefill_attention": "s per q x k pair"}
+         "decode_context": "s per KV token", "prefill_attention": "s per q x k pair",
+         "spec_tokens": "s per draft token", "spec_seqs": "s per speculating sequence"}
 
 
 @dataclass(frozen=True)
@@ -220,9 +223,10 @@ class CostModel:
             raise ValueError(f"{source}: {e}") from None
 
     @classmethod
-    def default(cls) -> CostModel:
-        """The shipped calibration of the embedded model on CPU."""
-        resource = importlib.resources.files("workbench.data").joinpath(DEFAULT_CALIBRATION)
+    def default(cls, calibration: str = DEFAULT_CALIBRATION) -> CostModel:
+        """A shipped calibration of the embedded model on CPU (``NGRAM_CALIBRATION``: with
+        speculation on)."""
+        resource = importlib.resources.files("workbench.data").joinpath(calibration)
         with importlib.resources.as_file(resource) as path:
             return cls.load(path)
 

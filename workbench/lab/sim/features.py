@@ -16,21 +16,26 @@ give the same numbers:
   so the cost is concave in the batch size;
 * ``decode_context``: KV tokens the decode rows attend to (sum of their ``seq_len``);
 * ``prefill_attention``: query x key pairs of the prefill chunks, ``q * (computed + (q + 1) / 2)``
-  per chunk (a chunk's tokens times the context they attend to, causal).
+  per chunk (a chunk's tokens times the context they attend to, causal);
+* ``spec_tokens``: draft tokens verified (speculative decoding): the target's extra query
+  tokens, and for a draft model its forward passes that proposed them;
+* ``spec_seqs``: decode rows that verify drafts (their multi-token attention, the rejection
+  sampler's per-row work, and the proposer's per-request cost).
 """
 
 from __future__ import annotations
 
 from workbench.core.sched.output import SchedulerOutput
 
-FEATURES = ("step", "prefill_step", "prefill_tokens", "prefill_chunks", "decode_seqs", "decode_seqs_sqrt", "decode_context", "prefill_attention")
+FEATURES = ("step", "prefill_step", "prefill_tokens", "prefill_chunks", "decode_seqs", "decode_seqs_sqrt", "decode_context",
+            "prefill_attention", "spec_tokens", "spec_seqs")
 
 
 def step_features(so: SchedulerOutput) -> tuple[float, ...]:
     """The FEATURES of ``so``, in order; all zero for an empty step."""
     if not so.scheduled:
         return (0.0,) * len(FEATURES)
-    prefill = chunks = decode = context = attention = 0
+    prefill = chunks = decode = context = attention = spec = spec_seqs = 0
     for s in so.scheduled:
         if s.is_prefill:
             q = s.num_new_tokens
@@ -40,4 +45,8 @@ def step_features(so: SchedulerOutput) -> tuple[float, ...]:
         else:
             decode += 1
             context += s.num_computed_tokens + s.num_new_tokens
-    return (1.0, 1.0 if chunks else 0.0, float(prefill), float(chunks), float(decode), decode ** 0.5, float(context), float(attention))
+            if s.spec_token_ids:
+                spec += len(s.spec_token_ids)
+                spec_seqs += 1
+    return (1.0, 1.0 if chunks else 0.0, float(prefill), float(chunks), float(decode), decode ** 0.5, float(context),
+            float(attention), float(spec), float(spec_seqs))

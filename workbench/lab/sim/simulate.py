@@ -26,6 +26,7 @@ from workbench.lab.run import resolve_config
 from workbench.lab.sim.clock import SimClock
 from workbench.lab.sim.cost_model import CostModel, as_cost_model
 from workbench.lab.sim.simulated_runner import SimulatedRunner
+from workbench.lab.sim.spec_decode import SimulatedProposer, SpecDecodeProfile
 from workbench.lab.workload import LengthSpec, Workload, WorkloadRequest, draw_lengths
 from workbench.sampling_params import RequestOutputKind
 from workbench.utils.heap import rare_collections
@@ -40,6 +41,7 @@ def simulate(
     progress: bool = False,
     output_len: LengthSpec | None = None,
     seed: int = 0,
+    spec_profile: SpecDecodeProfile | RunResult | None = None,
 ) -> RunResult:
     """Simulate ``workload`` on an engine built from ``config`` (as ``run_workload``), on the
     workload's clock (``clock``, when given, must be it; a plain list of requests is on ``clock``).
@@ -49,25 +51,43 @@ def simulate(
     ``max_tokens``; the others need ``output_len`` (an int, a ``(low, high)`` range, one
     length per request or ``fn(rng, n)``), drawn per request in workload order from
     ``seed``, and end with eos at that length (or at ``max_tokens`` if shorter).
-    A top-level function of picklable arguments: process pools can run it.
+    With ``config.speculative_config``, ``spec_profile`` (a SpecDecodeProfile, or a real
+    RunResult with speculation to measure one from) says how often drafts come and how
+    many are accepted; each step's draws come from ``seed``. Without speculation it is
+    not read. A top-level function of picklable arguments: process pools can run it.
     """
     if not isinstance(workload, Workload):
         workload = Workload(workload, clock=clock)
     config = resolve_config(config)
     model = as_cost_model(cost_model)
     lengths = _output_lengths(workload, output_len, seed)
+    speculative = config.speculative_config
+    if speculative is not None:
+        if spec_profile is None:
+            raise ValueError("simulate(): speculative_config needs spec_profile=, the acceptance measured on a "
+                             "real run with speculation (a SpecDecodeProfile, or that RunResult).")
+        if not isinstance(spec_profile, SpecDecodeProfile):
+            spec_profile = SpecDecodeProfile.from_run(spec_profile)
     lean = Workload([_lean(r) for r in workload], workload.info, clock=workload.clock)
-    source = RunSource(functools.partial(_engine, config, model, lengths), lean, run_clock(lean, clock), exact=True)
+    make = functools.partial(_engine, config, model, lengths, spec_profile if speculative else None, seed)
+    source = RunSource(make, lean, run_clock(lean, clock), exact=True)
     with rare_collections():
         result = drive(source.make_engine(), lean, clock=clock, progress=progress, exclusive=True, source=source)
     return dataclasses.replace(result, workload=workload, simulated=True)
 
 
-def _engine(config: EngineConfig, model: CostModel, lengths: dict[str, int]) -> LLMEngine:
-    """A fresh engine on its own simulated clock: the same every time (a RunSource's make_engine)."""
+def _engine(config: EngineConfig, model: CostModel, lengths: dict[str, int],
+            spec_profile: SpecDecodeProfile | None = None, seed: int = 0) -> LLMEngine:
+    """A fresh engine on its own simulated clock: the same every time (a RunSource's make_engine);
+    with ``spec_profile``, drafts and their acceptance drawn from ``seed``."""
     sim_clock = SimClock()
     engine = LLMEngine(config, make_runner=SimulatedRunner.factory(model, sim_clock, lengths), clock=sim_clock)
     engine.runner.tokenizer = engine.tokenizer
+    if spec_profile is not None:
+        rng = np.random.default_rng([seed, 1])
+        engine.runner.spec_profile, engine.runner.spec_rng = spec_profile, rng
+        engine.proposer = SimulatedProposer(engine.runner, spec_profile,
+                                            config.speculative_config.num_speculative_tokens, rng)
     return engine
 
 

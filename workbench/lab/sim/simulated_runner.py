@@ -11,6 +11,10 @@ by the CostModel's duration for the batch and gives every sampling request one t
   (``output_lengths``, for requests that do not ignore eos).
 
 A request with ``ignore_eos`` runs to ``max_tokens`` (the scheduler's length cap).
+
+Speculative decoding (``spec_profile``, set by :func:`~workbench.lab.sim.simulate`): a chunk
+that verifies drafts accepts a prefix of them drawn from the profile's per-position rates
+(:mod:`workbench.lab.sim.spec_decode`), and its own token comes after the accepted ones.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections.abc import Mapping
 
 import torch
 
-from workbench.core.sched.output import SchedulerOutput
+from workbench.core.sched.output import SchedulerOutput, SpecDecodeResult
 from workbench.lab.sim.clock import SimClock
 from workbench.lab.sim.cost_model import CostModel
 from workbench.lab.sim.features import step_features
@@ -55,6 +59,10 @@ class SimulatedRunner:
         self.output_lengths = dict(output_lengths or {})
         #: Set to the engine's tokenizer so that fillers avoid stop strings' characters.
         self.tokenizer = None
+        #: Measured acceptance (a SpecDecodeProfile) for speculative decoding, and the
+        #: generator its draws come from (None: no speculation simulated).
+        self.spec_profile = None
+        self.spec_rng = None
         self.num_blocks = 0
         self._fillers: dict[tuple, int] = {}  # (eos, stop ids, stop strings, allowed) -> filler
 
@@ -127,20 +135,40 @@ class SimulatedRunner:
             seconds += model.input_cost(clock.text_prompt_tokens)
             clock.text_prompt_tokens = []
         clock.advance(seconds)
-        sampled = {s.request_id: self._next_token(requests[s.request_id])
-                   for s in scheduler_output.scheduled if s.samples}
-        return RunnerOutput(sampled_token_ids=sampled, timings={"forward": seconds, "simulated": seconds})
+        sampled, spec = {}, {}
+        for s in scheduler_output.scheduled:
+            if not s.samples:
+                continue
+            accepted = 0
+            if s.spec_token_ids and self.spec_profile is not None:
+                accepted = self.spec_profile.draw_accepted(len(s.spec_token_ids), self.spec_rng)
+                spec[s.request_id] = SpecDecodeResult(s.spec_token_ids, accepted)
+            sampled[s.request_id] = self._next_token(requests[s.request_id], accepted)
+        return RunnerOutput(sampled_token_ids=sampled, timings={"forward": seconds, "simulated": seconds},
+                            spec_decode=spec)
 
     # ------------------------------------------------------------ tokens
-    def _next_token(self, request: Request) -> int:
+    def output_length(self, request: Request) -> int | None:
+        """The request's drawn output length (None: it has none, it runs to max_tokens)."""
+        if request.sampling_params.ignore_eos:
+            return None
+        rid = request.request_id
+        target = self.output_lengths.get(rid)
+        if target is None and "_" in rid:
+            target = self.output_lengths.get(rid.split("_", 1)[1])
+        return target
+
+    def _next_token(self, request: Request, num_accepted: int = 0) -> int:
+        """Its eos at its drawn length (after ``num_accepted`` accepted drafts), else its filler."""
         params = request.sampling_params
-        if not params.ignore_eos:
-            rid = request.request_id
-            target = self.output_lengths.get(rid)
-            if target is None and "_" in rid:
-                target = self.output_lengths.get(rid.split("_", 1)[1])
-            if target is not None and request.num_output_tokens + 1 >= max(target, params.min_tokens):
-                return request.eos_token_id if request.eos_token_id is not None else params.stop_token_ids[0]
+        target = self.output_length(request)
+        if target is not None and request.num_output_tokens + num_accepted + 1 >= max(target, params.min_tokens):
+            return request.eos_token_id if request.eos_token_id is not None else params.stop_token_ids[0]
+        return self.filler(request)
+
+    def filler(self, request: Request) -> int:
+        """A token that cannot end the request (see the module docstring)."""
+        params = request.sampling_params
         key = (request.eos_token_id, tuple(params.stop_token_ids), params.stop_strings,
                tuple(params.allowed_token_ids or ()))
         token = self._fillers.get(key)

@@ -1,0 +1,25 @@
+"""Speculative decoding's acceptance by draft position over recorded steps (vLLM's
+``spec_decode_num_accepted_tokens_per_pos``, read back from each StepRecord's ``spec_decode``,
+so a replayed history gives the same); the run's totals are
+:func:`workbench.engine.replay.spec_decode_summary`.
+"""
+
+from __future__ import annotations
+
+
+def acceptance_by_position(history) -> list[dict]:
+    """One dict per draft position j (0-based): ``drafted`` (steps whose drafts reached
+    position j), ``accepted`` (of those, accepted at j) and ``rate`` (accepted / drafted).
+    vLLM's ``spec_decode_num_accepted_tokens_per_pos`` counts the same ``accepted``."""
+    drafted: list[int] = []
+    accepted: list[int] = []
+    for record in history:
+        for result in record.spec_decode.values():
+            for j in range(result.num_draft_tokens):
+                if j == len(drafted):
+                    drafted.append(0)
+                    accepted.append(0)
+                drafted[j] += 1
+                accepted[j] += j < result.num_accepted
+    return [{"position": j, "drafted": d, "accepted": a, "rate": a / d}
+            for j, (d, a) in enumerate(zip(drafted, accepted))]
