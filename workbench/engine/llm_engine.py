@@ -484,9 +484,9 @@ class LLMEngine:
         timings["output"] = t3 - t2
         if self.proposer is not None:  # drafts for the next step, from this step's tokens
             self.proposer.remove(self.scheduler.finished_request_ids)  # finished in this step
-            self.scheduler.update_draft_token_ids(self.proposer.propose(
-                [r for r in updated if r.status is RequestStatus.RUNNING
-                 and r.sampling_params.structured_outputs is None]))
+            drafts = self.proposer.propose([r for r in updated if r.status is RequestStatus.RUNNING])
+            self.scheduler.update_draft_token_ids(  # a constrained one keeps its grammar-valid prefix
+                {rid: d[:so_manager.validate_tokens(rid, d)] for rid, d in drafts.items()})
         timings["propose"] = time.perf_counter() - t3
         t3 += timings["propose"]
         record = self._record(so, timings, result)

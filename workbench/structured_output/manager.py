@@ -1,6 +1,8 @@
 """StructuredOutputManager (vLLM's name): owned by the engine; compiles each constrained
 request's grammar on its own thread, and per step fills the token bitmask of the constrained
-rows that sample and advances their grammars on the tokens they got.
+rows that sample and advances their grammars on the tokens they got. With speculative
+decoding a constrained request's drafts are cut to the prefix its grammar accepts
+(``validate_tokens``), and a verifying request gets one mask row per verified position.
 
 A constrained request enters WAITING_FOR_FSM unless its grammar is already compiled (the
 cache is keyed by :func:`~workbench.structured_output.backends.grammar_key`, which names the
@@ -193,26 +195,46 @@ class StructuredOutputManager:
                  return_when=FIRST_COMPLETED)
 
     def grammar_bitmask(self, scheduler_output: SchedulerOutput) -> dict[str, torch.Tensor]:
-        """{request id: its packed int32 mask row} for the scheduled constrained rows that
-        sample this step (empty when there are none); each row's counts go to the step."""
+        """{request id: its packed int32 mask} for the scheduled constrained rows that sample
+        this step (empty when there are none): one row [words] for a plain one; for one
+        verifying ``k`` drafts, ``k + 1`` rows [k + 1, words], row ``j`` the mask after
+        ``drafts[:j]`` (the matcher advances through the drafts, then rolls them back, so it
+        ends as it began). The counts of each request's first row go to the step."""
         if not self._grammars:  # the common step: nothing constrained, nothing to do
             return {}
-        ids = [c.request_id for c in scheduler_output.scheduled
-               if c.samples and c.request_id in self._grammars
-               and c.request_id not in self._reasoning]
-        if not ids:
+        chunks = [c for c in scheduler_output.scheduled
+                  if c.samples and c.request_id in self._grammars
+                  and c.request_id not in self._reasoning]
+        if not chunks:
             return {}
         start = time.perf_counter()
-        bitmask = torch.full((len(ids), -(-self.vocab_size // 32)), -1, dtype=torch.int32)
-        for row, rid in enumerate(ids):
-            self._grammars[rid].grammar.fill_bitmask(bitmask, row)
-        allowed = unpack_bitmask(bitmask, self.vocab_size)
+        num_rows = sum(1 + len(c.spec_token_ids) for c in chunks)
+        bitmask = torch.full((num_rows, -(-self.vocab_size // 32)), -1, dtype=torch.int32)
+        first, row = [], 0
+        for c in chunks:
+            grammar = self._grammars[c.request_id].grammar
+            first.append(row)
+            advanced = 0
+            for j in range(len(c.spec_token_ids) + 1):
+                # A draft past the grammar's end (none after validate_tokens): no mask after it.
+                if advanced == j and not grammar.is_terminated():
+                    grammar.fill_bitmask(bitmask, row + j)
+                    if j < len(c.spec_token_ids) and grammar.accept_token(c.spec_token_ids[j]):
+                        advanced += 1
+            grammar.rollback(advanced)
+            row += 1 + len(c.spec_token_ids)
+        allowed = unpack_bitmask(bitmask[first], self.vocab_size)
         counts = allowed.sum(dim=-1).tolist()
-        for row, rid in enumerate(ids):
-            forced = int(allowed[row].nonzero()[0]) if counts[row] == 1 else None
-            self._step.rows[rid] = GrammarRow(counts[row], forced)
+        for i, c in enumerate(chunks):
+            forced = int(allowed[i].nonzero()[0]) if counts[i] == 1 else None
+            self._step.rows[c.request_id] = GrammarRow(counts[i], forced)
         self._step.mask_seconds += time.perf_counter() - start
-        return {rid: bitmask[row] for row, rid in enumerate(ids)}
+        out, row = {}, 0
+        for c in chunks:
+            n = 1 + len(c.spec_token_ids)
+            out[c.request_id] = bitmask[row] if n == 1 else bitmask[row:row + n]
+            row += n
+        return out
 
     def accept_tokens(self, requests: Iterable[Request]) -> tuple[list[str], dict[str, str]]:
         """Advance each constrained request's grammar on its new tokens (those after the ones
@@ -254,8 +276,11 @@ class StructuredOutputManager:
 
     def validate_tokens(self, request_id: str, tokens: list[int]) -> int:
         """How many leading draft ``tokens`` the request's grammar accepts in turn, its state
-        unchanged (speculative decoding: the verifier keeps at most that many); a request
-        without a grammar accepts them all."""
+        unchanged (speculative decoding: the engine keeps that many of its drafts); a request
+        without a grammar accepts them all, one still reasoning none (its grammar starts at a
+        token the drafts could cross)."""
+        if request_id in self._reasoning:
+            return 0
         active = self._active(request_id)
         return len(tokens) if active is None else active.grammar.validate_tokens(list(tokens))
 

@@ -145,6 +145,18 @@ def build_batch_inputs(
     )
 
 
+def _stack_spec_masks(row_ids: list[str], drafts: Mapping[str, tuple[int, ...]],
+                      masks: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+    """The verifying rows' masks as one [sum(k + 1), words] tensor: a constrained request's
+    ``k + 1`` rows (one per verified position), -1 for a free one's; None when none is."""
+    if not any(rid in masks for rid in row_ids):
+        return None
+    words = next(iter(masks.values())).shape[-1]
+    return torch.cat([masks[rid].reshape(-1, words) if rid in masks else
+                      torch.full((1 + len(drafts[rid]), words), -1, dtype=torch.int32)
+                      for rid in row_ids])
+
+
 def _stack_masks(row_ids: tuple[str, ...], masks: Mapping[str, torch.Tensor]
                  ) -> torch.Tensor | None:
     """The sampling rows' masks as one [rows, words] tensor (-1, all allowed, for free rows);
@@ -448,7 +460,9 @@ class ModelRunner:
             if drafts:
                 spec_ids = [rid for rid in batch.sample_request_ids if rid in drafts]
                 rej = self.rejection_sampler(logits[spec_rows], [requests[rid] for rid in spec_ids],
-                                             [drafts[rid] for rid in spec_ids])
+                                             [drafts[rid] for rid in spec_ids],
+                                             grammar_bitmask=_stack_spec_masks(
+                                                 spec_ids, drafts, grammar_bitmask))
                 failed.update(rej.failed)
                 for rid, tokens, lps, n in zip(spec_ids, rej.token_ids, rej.logprobs, rej.num_accepted):
                     if rid in failed:

@@ -2,7 +2,8 @@
 
 A speculating request brings ``k`` drafts ``d_1..d_k`` and ``k + 1`` rows of target logits:
 row ``j`` is the target's distribution for the token after the known tokens and ``d_1..d_j``.
-Every sampling parameter applies to each row as it would in plain decoding: row ``j`` sees the
+A constrained request's grammar bitmask row ``j`` (its grammar after ``d_1..d_j``) masks row
+``j`` first, before any other rule, as in plain decoding. Every sampling parameter applies to each row as it would in plain decoding: row ``j`` sees the
 request's output tokens followed by ``d_1..d_j`` (penalties, bad words, min_tokens, logits
 processors), then temperature, top-k, top-p and min-p give the target distribution ``p_j``
 (:class:`~workbench.worker.sampler.Sampler`'s own steps, per row).
@@ -35,7 +36,8 @@ from torch import Tensor
 
 from workbench.request import Request
 from workbench.utils.errors import describe
-from workbench.worker.sampler import Sampler, TokenLogprobs, _is_plain_greedy, gather_logprobs
+from workbench.worker.sampler import (Sampler, TokenLogprobs, _is_plain_greedy, apply_token_bitmask,
+                                      gather_logprobs)
 
 _TINY = torch.finfo(torch.float32).tiny
 
@@ -118,15 +120,19 @@ class RejectionSampler:
         requests: Sequence[Request],
         draft_token_ids: Sequence[Sequence[int]],
         draft_probs: Sequence[Tensor | None] | None = None,
+        grammar_bitmask: Tensor | None = None,
     ) -> RejectionOutput:
         """``logits`` [sum(k_i + 1), vocab]: request ``i``'s ``k_i + 1`` rows in a run, in
         input order; ``draft_probs[i]`` [k_i, vocab] is the ``q`` its drafts were drawn from
-        (None: deterministic drafts)."""
+        (None: deterministic drafts); ``grammar_bitmask`` [sum(k_i + 1), ceil(vocab / 32)]
+        int32, one mask per row (-1: free), applied first."""
         counts = [len(d) + 1 for d in draft_token_ids]
         if logits.dim() != 2 or logits.shape[0] != sum(counts):
             raise ValueError(f"logits must have {sum(counts)} rows (k + 1 per request), got "
                              f"shape {tuple(logits.shape)}.")
         draft_probs = list(draft_probs) if draft_probs is not None else [None] * len(requests)
+        if grammar_bitmask is not None:
+            logits = apply_token_bitmask(logits, grammar_bitmask)
         views = [with_drafts(r, d[:j]) for r, d in zip(requests, draft_token_ids)
                  for j in range(len(d) + 1)]
         starts = [0]
