@@ -16,18 +16,23 @@ give the same numbers:
   so the cost is concave in the batch size;
 * ``decode_context``: KV tokens the decode rows attend to (sum of their ``seq_len``);
 * ``prefill_attention``: query x key pairs of the prefill chunks, ``q * (computed + (q + 1) / 2)``
-  per chunk (a chunk's tokens times the context they attend to, causal).
+  per chunk (a chunk's tokens times the context they attend to, causal);
+* ``lora_tokens``: tokens computed under a LoRA adapter (the low-rank update per token);
+* ``lora_adapters``: distinct adapters in the batch (a gather / kernel launch set each);
+* ``lora_loads``: adapters copied into a device slot for this step -- not in the
+  SchedulerOutput: the caller counts them (:class:`~workbench.lab.sim.lora_slots.LoRASlots`).
 """
 
 from __future__ import annotations
 
 from workbench.core.sched.output import SchedulerOutput
 
-FEATURES = ("step", "prefill_step", "prefill_tokens", "prefill_chunks", "decode_seqs", "decode_seqs_sqrt", "decode_context", "prefill_attention")
+FEATURES = ("step", "prefill_step", "prefill_tokens", "prefill_chunks", "decode_seqs", "decode_seqs_sqrt", "decode_context", "prefill_attention",
+            "lora_tokens", "lora_adapters", "lora_loads")
 
 
-def step_features(so: SchedulerOutput) -> tuple[float, ...]:
-    """The FEATURES of ``so``, in order; all zero for an empty step."""
+def step_features(so: SchedulerOutput, lora_loads: int = 0) -> tuple[float, ...]:
+    """The FEATURES of ``so``, in order, with ``lora_loads`` adapter loads; all zero for an empty step."""
     if not so.scheduled:
         return (0.0,) * len(FEATURES)
     prefill = chunks = decode = context = attention = 0
@@ -40,4 +45,6 @@ def step_features(so: SchedulerOutput) -> tuple[float, ...]:
         else:
             decode += 1
             context += s.num_computed_tokens + s.num_new_tokens
-    return (1.0, 1.0 if chunks else 0.0, float(prefill), float(chunks), float(decode), decode ** 0.5, float(context), float(attention))
+    lora_tokens = sum(s.num_new_tokens for s in so.scheduled if s.lora_name)
+    return (1.0, 1.0 if chunks else 0.0, float(prefill), float(chunks), float(decode), decode ** 0.5, float(context), float(attention),
+            float(lora_tokens), float(len(so.lora_names)), float(lora_loads))
