@@ -134,3 +134,19 @@ def test_a_fit_recovers_a_known_lora_term():
     base[:, [FEATURES.index(f) for f in ("lora_tokens", "lora_adapters", "lora_loads")]] = 0
     fitted = CostModel.fit_measured(base, base @ np.array([true[f] for f in FEATURES]), hardware={}).coefficients
     assert fitted["lora_tokens"] == fitted["lora_adapters"] == fitted["lora_loads"] == 0.0
+
+
+def test_calibrate_with_lora_runs_lora_phases_that_load_adapters():
+    from workbench.lab.sim.calibrate import CalibrationGrid, calibrate
+
+    grid = CalibrationGrid.tiny()
+    adapters = [LoRARequest(f"a{i}", i + 1) for i in range(4)]
+    phases = grid.lora_phases(adapters, vocab_size=100)
+    assert len(phases) == 3 * len(grid.lora_batches) + len(grid.lora_prefill_lengths)
+    # Each phase's adapters, through two slots in phase order: rotation makes later phases load.
+    slots = LoRASlots(2)
+    loads = [slots.activate(dict.fromkeys(r.lora_request.lora_name for r in wl if r.lora_request)) for _, wl in phases]
+    assert sum(loads[1:]) >= len(phases) - 1
+    model = calibrate(None, grid, progress=False, lora=True)
+    assert "--lora" in model.note and model.fit_stats["num_steps"] > 0
+    assert model.coefficients["lora_tokens"] + model.coefficients["lora_adapters"] + model.coefficients["lora_loads"] > 0
