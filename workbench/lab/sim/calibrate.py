@@ -176,8 +176,9 @@ def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid |
         raise ValueError("calibration grid: no phase fits this engine (max_num_seqs, KV pool, model length).")
     slots = None
     if lora:
+        names = [(name, suffix) for suffix in ("", "-b") for name in EMBEDDED_LORAS]
         adapters = [LoRARequest(f"{name}{suffix}", i + 1, str(embedded_lora_path(name)))
-                    for i, (suffix, name) in enumerate((s, n) for s in ("", "-b") for n in EMBEDDED_LORAS)]
+                    for i, (name, suffix) in enumerate(names)]
         for adapter in adapters:
             engine.add_lora(adapter)  # read from disk now: a step's load is a copy into a slot
         phases += grid.lora_phases(adapters, vocab_size=mc.vocab_size, seed=seed)
