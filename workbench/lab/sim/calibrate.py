@@ -17,6 +17,12 @@ batch one way, so that every feature of :mod:`workbench.lab.sim.features` varies
   (decode sequences of different lengths, lone prefills after idle gaps, warm and cold steps)
   that the designed cells do not make.
 
+With ``lora=True`` the engine serves the shipped adapters (errors and timon, each also under a
+second name: four adapters, ``max_loras=2`` device slots) and LoRA phases follow the designed
+ones: decodes of ``b`` requests under one adapter, under two, and mixed with the base model,
+and single prefills under an adapter, each phase's adapters rotating so that some steps load
+an adapter into a slot (counted by :class:`~workbench.lab.sim.lora_slots.LoRASlots`).
+
 Prompts are random token ids (no accidental prefix hits outside the groups). Cells that do not
 fit the engine (``max_num_seqs``, the KV pool, the model length) are left out. Every designed
 phase runs ``repeats`` times, the repeats interleaved so that a burst of noise hits one copy
@@ -39,8 +45,11 @@ from workbench.lab.corpus_prompts import PromptCutter
 from workbench.lab.run import resolve_config
 from workbench.lab.sim.cost_model import UNITS, CostModel, describe_hardware, describe_model, nonnegative_lstsq
 from workbench.lab.sim.features import FEATURES
+from workbench.lab.sim.lora_slots import LoRASlots
 from workbench.lab.sim.measurements import driver_arrivals, measured_steps
 from workbench.lab.workload import Workload, WorkloadRequest
+from workbench.lora.request import LoRARequest
+from workbench.model.loader import EMBEDDED_LORAS, embedded_lora_path
 from workbench.sampling_params import SamplingParams
 
 
@@ -59,13 +68,40 @@ class CalibrationGrid:
     repeats: int = 3
     idle_arrivals: int = 6  # single requests at an idle engine per idle gap, for the wake-up cost
     idle_gaps: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3)  # seconds
+    lora_batches: tuple[int, ...] = (1, 4, 16, 32)  # with lora=True: decode batches under adapters
+    lora_prefill_lengths: tuple[int, ...] = (16, 64, 256)
 
     @classmethod
     def tiny(cls) -> CalibrationGrid:
         """A few seconds' grid (tests, a first look)."""
         return cls(decode_batches=(1, 4), decode_contexts=(16, 48), decode_steps=2,
                    prefill_lengths=(16,), prefill_contexts=(0, 32), mixed=((2, 16),), spec_batches=(1, 2),
-                   traffic=((40.0, 4),), repeats=1, idle_arrivals=3, idle_gaps=(0.01, 0.05))
+                   traffic=((40.0, 4),), repeats=1, idle_arrivals=3, idle_gaps=(0.01, 0.05),
+                   lora_batches=(1, 4), lora_prefill_lengths=(16,))
+
+    def lora_phases(self, adapters, *, vocab_size: int, seed: int = 0) -> list[tuple[str, Workload]]:
+        """``(name, workload)`` per LoRA phase over ``adapters`` (LoRARequests, at least 3 so
+        that two slots must reload): per batch size one adapter, two, and two with the base
+        model, then single prefills; phase ``j`` starts its adapters at ``adapters[j % n]``."""
+        rng = np.random.default_rng(seed + 7)
+        params = SamplingParams(temperature=0.0, max_tokens=self.decode_steps + 1, ignore_eos=True)
+        out: list[tuple[str, Workload]] = []
+
+        def phase(name: str, b: int, loras: list, prompt_len: int, max_tokens: int | None = None) -> None:
+            p = params if max_tokens is None else dataclasses.replace(params, max_tokens=max_tokens)
+            requests = [WorkloadRequest(f"l{i}", tuple(int(t) for t in rng.integers(3, vocab_size, size=prompt_len)),
+                                        p, arrival_step=0, lora_request=loras[i % len(loras)]) for i in range(b)]
+            out.append((name, Workload(requests)))
+
+        n = len(adapters)
+        for b in self.lora_batches:
+            for kind, count, base in (("1 adapter", 1, False), ("2 adapters", 2, False), ("2 adapters + base", 2, True)):
+                first = len(out)
+                loras = [adapters[(first + i) % n] for i in range(count)] + ([None] if base else [])
+                phase(f"lora decode b={b} {kind}", b, loras, 32)
+        for p in self.lora_prefill_lengths:
+            phase(f"lora prefill p={p}", 1, [adapters[len(out) % n]], p, max_tokens=1)
+        return out
 
     def traffic_phases(self, *, max_model_len: int, seed: int = 0) -> list[tuple[str, Workload]]:
         """``(name, workload)`` per traffic phase: wall-clock arrivals, text prompts of the
@@ -127,19 +163,27 @@ class CalibrationGrid:
 AGGREGATES = {"median": np.median, "min": np.min}
 #: Output tokens of each request of a speculation phase.
 SPEC_OUTPUT = 48
+#: Device slots of a LoRA calibration (``max_loras``): fewer than its four adapters, so some load.
+LORA_SLOTS = 2
 
 
 def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid | None = None, *,
-              progress: bool = True, seed: int = 0, aggregate: str = "median") -> CostModel:
+              progress: bool = True, seed: int = 0, aggregate: str = "median", lora: bool = False) -> CostModel:
     """Run ``grid`` (default :class:`CalibrationGrid`) on a real engine built from ``config``
     (as ``run_workload`` takes it) and fit a :class:`CostModel` to the measured steps, each
-    step's repeats reduced by ``aggregate`` ("median" or "min")."""
+    step's repeats reduced by ``aggregate`` ("median" or "min"). ``lora``: add the LoRA
+    phases (the engine gets ``enable_lora``, ``max_loras=2``; see the module docstring), so
+    that the ``lora_*`` coefficients are fitted; without, they stay 0."""
     if aggregate not in AGGREGATES:
         raise ValueError(f"aggregate must be one of {sorted(AGGREGATES)}, got {aggregate!r}.")
     from tqdm.auto import tqdm
 
     grid = grid or CalibrationGrid()
-    engine = LLMEngine(resolve_config(config))
+    config = resolve_config(config)
+    if lora:
+        config = dataclasses.replace(config, enable_lora=True, max_loras=LORA_SLOTS,
+                                     max_cpu_loras=max(config.max_cpu_loras or 0, 2 * len(EMBEDDED_LORAS)))
+    engine = LLMEngine(config)
     mc = engine.model_config
     phases = grid.phases(
         max_num_seqs=engine.scheduler.max_num_seqs, num_tokens=engine.kv_cache.num_blocks * engine.kv_cache.block_size,
@@ -147,6 +191,15 @@ def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid |
         speculative=engine.config.speculative_config is not None, tokenizer=engine.tokenizer)
     if not phases:
         raise ValueError("calibration grid: no phase fits this engine (max_num_seqs, KV pool, model length).")
+    slots = None
+    if lora:
+        names = [(name, suffix) for suffix in ("", "-b") for name in EMBEDDED_LORAS]
+        adapters = [LoRARequest(f"{name}{suffix}", i + 1, str(embedded_lora_path(name)))
+                    for i, (name, suffix) in enumerate(names)]
+        for adapter in adapters:
+            engine.add_lora(adapter)  # read from disk now: a step's load is a copy into a slot
+        phases += grid.lora_phases(adapters, vocab_size=mc.vocab_size, seed=seed)
+        slots = LoRASlots(LORA_SLOTS)  # the engine's device slots, followed step by step
     traffic = grid.traffic_phases(max_model_len=mc.max_model_len, seed=seed)
     engine.replay(phases[0][1])  # warm-up: first-touch allocations, caches; not fitted
     runs: dict[str, list] = {name: [] for name, _ in phases}
@@ -155,7 +208,7 @@ def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid |
         for _ in range(grid.repeats):
             for name, workload in phases:
                 bar.set_postfix_str(name)
-                runs[name].append(measured_steps(engine.replay(workload).history))
+                runs[name].append(measured_steps(engine.replay(workload).history, slots))
                 engine.reset_prefix_cache()  # the next repeat's prefill finds nothing cached
                 bar.update(1)
         traffic_runs = []
@@ -175,7 +228,7 @@ def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid |
         x[~empty], y[~empty], y[empty],
         hardware=describe_hardware(engine.device),
         model=describe_model(mc, block_size=engine.kv_cache.block_size, attention_backend=engine.attention_backend),
-        note=f"calibrated by `workbench calibrate` ({len(phases)} designed phases, {aggregate} of {grid.repeats} "
+        note=f"calibrated by `workbench calibrate{' --lora' if lora else ''}` ({len(phases)} designed phases, {aggregate} of {grid.repeats} "
              f"repeats per step, {len(traffic)} traffic phases) on {day}",
     )
     model = dataclasses.replace(model, input_s=input_s)

@@ -20,6 +20,8 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--aggregate", choices=["median", "min"], default="median",
                         help="a step's duration over its repeats: median (default), or min on a busy machine")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--lora", action="store_true",
+                        help="add LoRA phases (the shipped adapters, max_loras=2) to fit the lora_* coefficients")
     add_threads_argument(parser)
     EngineArgs.add_cli_args(parser)
 
@@ -54,7 +56,7 @@ def calibrate_main(args: argparse.Namespace) -> int:
                 raise ValueError(f"--repeats must be >= 1, got {args.repeats}.")
             grid = dataclasses.replace(grid, repeats=args.repeats)
         model = calibrate(EngineArgs.from_cli_args(args).create_engine_config(), grid, progress=not args.quiet,
-                          aggregate=args.aggregate)
+                          aggregate=args.aggregate, lora=args.lora)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ import numpy as np
 from workbench.core.sched.output import SchedulerOutput
 from workbench.engine.history import StepRecord
 from workbench.lab.sim.features import FEATURES, step_features
+from workbench.lab.sim.lora_slots import LoRASlots
 from workbench.lab.sim.measurements import measured_steps, records_of
 
 FORMAT = "workbench-cost-model/1"
@@ -44,7 +45,9 @@ OUTLIER_MADS = 6.0
 UNITS = {"step": "s per step", "prefill_step": "s per step with a prefill", "prefill_tokens": "s per token",
          "prefill_chunks": "s per chunk", "decode_seqs": "s per sequence", "decode_seqs_sqrt": "s per sqrt(sequences)",
          "decode_context": "s per KV token", "prefill_attention": "s per q x k pair",
-         "spec_tokens": "s per draft token", "spec_seqs": "s per speculating sequence"}
+         "spec_tokens": "s per draft token", "spec_seqs": "s per speculating sequence",
+         "lora_tokens": "s per token under an adapter", "lora_adapters": "s per adapter in the batch",
+         "lora_loads": "s per adapter loaded into a device slot"}
 
 
 @dataclass(frozen=True)
@@ -128,19 +131,20 @@ class CostModel:
     # ------------------------------------------------------------------ fit
     @classmethod
     def fit(cls, history, *, hardware: Mapping | None = None, model: Mapping | None = None,
-            note: str = "") -> CostModel:
+            note: str = "", max_loras: int | None = None) -> CostModel:
         """Least squares (non-negative, on relative errors) of measured step durations on the
         batch features.
 
         ``history``: a StepHistory, a RunResult, or a list of them, of real runs (see
         :mod:`workbench.lab.sim.measurements`). Steps far from the first fit (noise) are left out
         of the second; ``fit_stats`` reports the residuals over every non-empty step.
-        ``hardware`` defaults to this machine's description (CPU).
+        ``hardware`` defaults to this machine's description (CPU). ``max_loras``: the engine's,
+        to count adapter loads (one engine's steps in order, nothing pinned; None: no loads).
         """
         records = records_of(history)
         if any("simulated" in r.timings for r in records):
             raise ValueError("history: these steps were simulated, not measured; fit a real run's history.")
-        x, y, empty = measured_steps(records)
+        x, y, empty = measured_steps(records, LoRASlots(max_loras) if max_loras else None)
         return cls.fit_measured(x[~empty], y[~empty], y[empty], hardware=hardware, model=model, note=note)
 
     @classmethod

@@ -21,6 +21,10 @@ give the same numbers:
   tokens, and for a draft model its forward passes that proposed them;
 * ``spec_seqs``: decode rows that verify drafts (their multi-token attention, the rejection
   sampler's per-row work, and the proposer's per-request cost).
+* ``lora_tokens``: tokens computed under a LoRA adapter (the low-rank update per token);
+* ``lora_adapters``: distinct adapters in the batch (a gather / kernel launch set each);
+* ``lora_loads``: adapters copied into a device slot for this step -- not in the
+  SchedulerOutput: the caller counts them (:class:`~workbench.lab.sim.lora_slots.LoRASlots`).
 """
 
 from __future__ import annotations
@@ -28,11 +32,11 @@ from __future__ import annotations
 from workbench.core.sched.output import SchedulerOutput
 
 FEATURES = ("step", "prefill_step", "prefill_tokens", "prefill_chunks", "decode_seqs", "decode_seqs_sqrt", "decode_context",
-            "prefill_attention", "spec_tokens", "spec_seqs")
+            "prefill_attention", "spec_tokens", "spec_seqs", "lora_tokens", "lora_adapters", "lora_loads")
 
 
-def step_features(so: SchedulerOutput) -> tuple[float, ...]:
-    """The FEATURES of ``so``, in order; all zero for an empty step."""
+def step_features(so: SchedulerOutput, lora_loads: int = 0) -> tuple[float, ...]:
+    """The FEATURES of ``so``, in order, with ``lora_loads`` adapter loads; all zero for an empty step."""
     if not so.scheduled:
         return (0.0,) * len(FEATURES)
     prefill = chunks = decode = context = attention = spec = spec_seqs = 0
@@ -48,5 +52,7 @@ def step_features(so: SchedulerOutput) -> tuple[float, ...]:
             if s.spec_token_ids:
                 spec += len(s.spec_token_ids)
                 spec_seqs += 1
+    lora_tokens = sum(s.num_new_tokens for s in so.scheduled if s.lora_name)
     return (1.0, 1.0 if chunks else 0.0, float(prefill), float(chunks), float(decode), decode ** 0.5, float(context),
-            float(attention), float(spec), float(spec_seqs))
+            float(attention), float(spec), float(spec_seqs),
+            float(lora_tokens), float(len(so.lora_names)), float(lora_loads))

@@ -28,6 +28,7 @@ from workbench.core.sched.output import SchedulerOutput, SpecDecodeResult
 from workbench.lab.sim.clock import SimClock
 from workbench.lab.sim.cost_model import CostModel
 from workbench.lab.sim.features import step_features
+from workbench.lab.sim.lora_slots import LoRASlots
 from workbench.model.model_config import ModelConfig
 from workbench.request import Request
 from workbench.worker.model_runner import RunnerOutput
@@ -64,6 +65,7 @@ class SimulatedRunner:
         self.spec_profile = None
         self.spec_rng = None
         self.num_blocks = 0
+        self.lora_slots: LoRASlots | None = None  # with enable_lora
         self._fillers: dict[tuple, int] = {}  # (eos, stop ids, stop strings, allowed) -> filler
 
     @classmethod
@@ -92,23 +94,28 @@ class SimulatedRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks  # no tensors: nothing is computed
 
-    # LoRA: the scheduler's cap is what a simulation shows; adapters are names, no weights
-    # (the cost model has no adapter term yet: an adapted token costs a base token).
+    # LoRA: adapters are names, no weights; LoRASlots models the device slots, so a step pays
+    # the cost model's lora_loads for each adapter it copies into a slot.
     def enable_lora(self, *, max_loras: int, max_lora_rank: int, max_cpu_loras: int) -> None:
-        self.loras: set[int] = set()
+        self.loras: dict[int, str] = {}  # lora_int_id -> lora_name
+        self.lora_slots = LoRASlots(max_loras)
 
     def add_lora(self, lora_request) -> bool:
         added = lora_request.lora_int_id not in self.loras
-        self.loras.add(lora_request.lora_int_id)
+        self.loras[lora_request.lora_int_id] = lora_request.lora_name
         return added
 
     def remove_lora(self, lora_id: int) -> bool:
-        removed = lora_id in self.loras
-        self.loras.discard(lora_id)
-        return removed
+        name = self.loras.pop(lora_id, None)
+        if name is not None:
+            self.lora_slots.discard(name)
+        return name is not None
 
     def pin_lora(self, lora_id: int) -> bool:
-        return lora_id in self.loras
+        if lora_id not in self.loras:
+            return False
+        self.lora_slots.pin(self.loras[lora_id])
+        return True
 
     def list_loras(self) -> set[int]:
         return set(self.loras)
@@ -127,7 +134,9 @@ class SimulatedRunner:
             self.clock.advance(seconds)
             return RunnerOutput(timings={"simulated": seconds})
         model, clock = self.cost_model, self.clock
-        seconds = model.predict(step_features(scheduler_output))
+        slots = self.lora_slots
+        loads = slots.activate(scheduler_output.lora_names) if slots is not None else 0
+        seconds = model.predict(step_features(scheduler_output, loads))
         if clock.idle_s:  # the first batch after the engine sat idle
             seconds += model.wake_s
             clock.idle_s = 0.0
