@@ -122,6 +122,15 @@ player.show(step)
 print(f"step {step}:", *[n for n in player.notes if "max_loras" in n], sep="\n  ")
 
 # %% [markdown]
+# Both runs' timelines on one step axis (each row a request, its adapter in brackets): with one
+# slot, the requests of the two adapters take turns; with two, they share the batch.
+
+# %%
+from workbench.viz.comparison import aligned_timelines
+
+aligned_timelines(cmp.results)
+
+# %% [markdown]
 # ## What an adapter costs per token
 #
 # The update of one projection `in -> out` at rank `r` is two small matmuls: `r * (in + out)`

@@ -158,7 +158,7 @@ def test_a_fork_continues_a_constrained_request_on_its_own_grammar(blank):
         engine.step()
     fork = engine.fork()
     grammar = fork.structured_output._grammars["json"]
-    assert grammar[0] is fork.scheduler.requests["json"] and grammar[1] is not engine.structured_output._grammars["json"][1]
+    assert grammar.request is fork.scheduler.requests["json"] and grammar.grammar is not engine.structured_output._grammars["json"].grammar
     a, b = finish(engine), finish(fork)
     assert a == b and a["json"][4] == "stop"
     assert json.loads(a["json"][3])["lines"] in range(100)

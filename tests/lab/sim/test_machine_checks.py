@@ -8,14 +8,15 @@ import pandas as pd
 import pytest
 
 from workbench import SamplingParams, Workload, WorkloadRequest
-from workbench.lab.sim import CostModel, Probe, probe_machine, simulate
+from workbench.lab.sim import FEATURES, CostModel, Probe, probe_machine, simulate
 from workbench.lab.sim.accuracy import AccuracyReport, accuracy, band_factors, fraction_in_band
 from workbench.lab.sim.probe import CALIBRATE_COMMAND
 
 
 def test_a_scaled_model_predicts_every_time_times_the_factor():
     model = CostModel({"step": 0.002, "prefill_tokens": 1e-5}, empty_step_s=0.001, wake_s=0.004, input_s=(1e-4, 1e-6))
-    x = np.array([[1, 1, 100, 1, 0, 0, 0, 0], [1, 0, 0, 0, 4, 2, 64, 0]], dtype=float)
+    x = np.zeros((2, len(FEATURES)))  # a prefill step and a decode step (the first 8 features)
+    x[:, :8] = [[1, 1, 100, 1, 0, 0, 0, 0], [1, 0, 0, 0, 4, 2, 64, 0]]
     assert model.scaled(3.0).predict_many(x) == pytest.approx(3.0 * model.predict_many(x))
     s = model.scaled(3.0)
     assert (s.empty_step_s, s.wake_s) == pytest.approx((0.003, 0.012))
@@ -44,8 +45,10 @@ def test_probe_warns_when_the_model_describes_another_machine():
 def test_band_factors_from_the_calibration_residuals():
     assert band_factors(CostModel({"step": 1.0}, fit_stats={"ratio_p10": 0.9, "ratio_p90": 1.3})) == (0.9, 1.3)
     assert band_factors(CostModel({"step": 1.0}, fit_stats={"p90_abs_rel_err": 0.2})) == pytest.approx((0.8, 1.2))
-    fitted = CostModel.fit_measured(np.array([[1, 0, 0, 0, 1, 1, 10, 0]] * 10, dtype=float),
-                                    np.array([1.0, 1, 1, 1, 1, 1, 1, 1, 1, 2.0]))
+    n = 2 * len(FEATURES)  # one decode step measured n times: every other one twice as long
+    x = np.zeros((n, len(FEATURES)))
+    x[:, :8] = [1, 0, 0, 0, 1, 1, 10, 0]
+    fitted = CostModel.fit_measured(x, np.array([1.0, 2.0] * len(FEATURES)))
     assert fitted.fit_stats["ratio_p10"] <= 1.0 <= fitted.fit_stats["ratio_p90"]
 
 
