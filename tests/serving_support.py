@@ -149,3 +149,16 @@ def uvicorn_server(app):
         server.should_exit = True
         thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+def call(app, fn):
+    """``await fn(client)`` with the official ``openai`` client talking to ``app`` in process."""
+    import openai
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://test/v1") as http:
+            api = openai.AsyncOpenAI(base_url="http://test/v1", api_key="none",
+                                     http_client=http, max_retries=0)
+            return await fn(api)
+    return asyncio.run(go())

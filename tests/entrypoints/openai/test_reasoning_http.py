@@ -11,7 +11,6 @@ import asyncio
 import json
 import re
 
-import httpx
 import openai
 import pytest
 
@@ -20,7 +19,7 @@ from workbench.engine.async_llm import AsyncLLM
 from workbench.entrypoints.openai.api_server import build_app
 
 from logits_processor_support import force_args
-from serving_support import MODEL
+from serving_support import MODEL, call
 
 USER = [{"role": "user", "content": "Wilt thou be gone?"}]
 THINK, ANSWER = "Is it the lark?", "It was the nightingale."
@@ -38,16 +37,6 @@ def async_llm():
 @pytest.fixture(scope="module")
 def app(async_llm):
     return build_app(async_llm, model_name=MODEL)
-
-
-def call(app, fn):
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://test/v1") as http:
-            api = openai.AsyncOpenAI(base_url="http://test/v1", api_key="none",
-                                     http_client=http, max_retries=0)
-            return await fn(api)
-    return asyncio.run(go())
 
 
 def forced(async_llm, text, **extra):

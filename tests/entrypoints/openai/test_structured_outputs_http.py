@@ -10,12 +10,11 @@ import json
 import re
 from typing import Literal
 
-import httpx
 import jsonschema
 import openai
 import pydantic
 
-from serving_support import MODEL, serving_fixtures
+from serving_support import MODEL, call, serving_fixtures
 
 async_llm, app = serving_fixtures()
 USER = [{"role": "user", "content": "Who speaks, and how many lines?"}]
@@ -27,16 +26,6 @@ class Line(pydantic.BaseModel):
     mood: Literal["glad", "sad"]
     lines: int = pydantic.Field(ge=0, le=20)
     aside: bool
-
-
-def call(app, fn):
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://test/v1") as http:
-            api = openai.AsyncOpenAI(base_url="http://test/v1", api_key="none",
-                                     http_client=http, max_retries=0)
-            return await fn(api)
-    return asyncio.run(go())
 
 
 def test_parse_with_a_pydantic_model(app):

@@ -19,7 +19,7 @@ from workbench.entrypoints.openai.api_server import build_app
 from workbench.entrypoints.openai.tool_parsers.tool_choice_parsers import required_tools_schema
 from workbench.sampling_params import SamplingParams, StructuredOutputsParams
 
-from serving_support import MODEL, hf, serving_fixtures  # noqa: F401 (fixture)
+from serving_support import MODEL, call, hf, serving_fixtures  # noqa: F401 (fixture)
 
 async_llm, app = serving_fixtures()
 USER = [{"role": "user", "content": "What weather in Verona?"}]
@@ -40,16 +40,6 @@ COMPACT = {"structured_outputs": {"disable_any_whitespace": True}}
 def auto_app(async_llm):
     return build_app(async_llm, model_name=MODEL, enable_auto_tool_choice=True,
                      tool_call_parser="hermes")
-
-
-def call(app, fn):
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://test/v1") as http:
-            api = openai.AsyncOpenAI(base_url="http://test/v1", api_key="none",
-                                     http_client=http, max_retries=0)
-            return await fn(api)
-    return asyncio.run(go())
 
 
 def offline(async_llm: AsyncLLM, messages, schema, max_tokens, tools=TOOLS) -> str:
