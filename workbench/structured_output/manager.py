@@ -53,10 +53,10 @@ class StructuredOutputStep:
     waiting_for_fsm: tuple[str, ...] = ()
     compiled: dict[str, float] = field(default_factory=dict)
     cache_hits: list[str] = field(default_factory=list)
-    compile_seconds: list[float] = field(default_factory=list)
+    compile_seconds: list[float] = field(default_factory=list, compare=False)  # wall clock
     backends: dict[str, str] = field(default_factory=dict)
     rows: dict[str, GrammarRow] = field(default_factory=dict)
-    mask_seconds: float = 0.0
+    mask_seconds: float = field(default=0.0, compare=False)  # wall clock: not the step's decisions
     #: Constrained requests still reasoning after the step (their grammar not started yet).
     reasoning: tuple[str, ...] = ()
 
