@@ -12,6 +12,8 @@
 # * watch the scheduler's `max_loras` cap skip requests, and measure what the cap costs.
 
 # %%
+%matplotlib inline
+
 import pandas as pd
 from workbench import LLMEngine, LoRARequest, SamplingParams, Workload, compare_runs, teaching_config
 from workbench.model.loader import embedded_lora_path

@@ -146,11 +146,13 @@ def test_acceptance_by_position_and_summary_by_hand():
 
 
 def test_plots_draw_acceptance_and_tokens_per_step(run):
+    from workbench.viz.figures import new_figure
+
     engine, _ = run
-    ax = plot_acceptance(engine.history)
+    ax = plot_acceptance(engine.history, ax=new_figure(5, 3).subplots())  # not pyplot's: no figure left open
     rows = acceptance_by_position(engine.history[:])
     assert [b.get_height() for b in ax.patches] == pytest.approx([r["rate"] for r in rows])
-    ax = plot_tokens_per_step(engine.history)
+    ax = plot_tokens_per_step(engine.history, ax=new_figure(8, 3).subplots())
     records = engine.history[:]
     heights = {}
     for bar in ax.patches:
