@@ -10,22 +10,24 @@ from capacity_support import knee_runner
 
 from workbench import Workload
 from workbench.lab.capacity import capacity, slo_holds
-from workbench.lab.sim import simulate
+from workbench.lab.sim import CostModel, simulate
 from workbench.lab.sweep import sweep
 
 WL = Workload.poisson(24, rate=3.0, input_len=(8, 40), output_len=(4, 12), seed=3, clock="wall", text=False)
 SLO = {"ttft_s_p99": 1.0}
 
 
-@pytest.mark.parametrize("start, seqs, points", [(3.0, 4, 1), (900.0, 4, 1), (3.0, 8, 3)])
-def test_search_brackets_and_bisects_to_the_known_capacity(start, seqs, points):
-    true = 25.0 * seqs  # see capacity_support.knee_runner
+@pytest.mark.parametrize("start, seqs, points, headroom", [(3.0, 4, 1, 0.0), (900.0, 4, 1, 0.0), (3.0, 8, 3, 0.0),
+                                                           (3.0, 4, 1, 0.1), (3.0, 8, 2, 0.25)])
+def test_search_brackets_and_bisects_to_the_known_capacity(start, seqs, points, headroom):
+    true = 25.0 * seqs * (1 - headroom)  # see capacity_support.knee_runner: ttft_s_p99 <= 1 - headroom
     c = capacity(WL.at_rate(start), {"max_num_seqs": seqs}, SLO, run=knee_runner, points=points, rel_tol=0.02,
-                 progress=False)
+                 headroom=headroom, progress=False)
     assert c.bounded and c.rate <= true < c.rate * 1.02 + 1e-9
+    assert c.target == {"ttft_s_p99": pytest.approx(1.0 - headroom)}
     t = c.table
     assert list(t["rate"]) == sorted(t["rate"])
-    assert (t["holds"] == (t["ttft_s_p99"] <= 1.0)).all()
+    assert (t["holds"] == (t["ttft_s_p99"] <= 1.0 - headroom)).all()
     assert t.loc[t["rate"] > c.rate, "holds"].eq(False).all()
     assert t.loc[t["rate"] <= c.rate, "holds"].all()
 
@@ -33,6 +35,7 @@ def test_search_brackets_and_bisects_to_the_known_capacity(start, seqs, points):
 def test_unbounded_and_impossible_slos_are_reported():
     up = capacity(WL, {"max_num_seqs": 4}, SLO, run=knee_runner, max_doublings=3, progress=False)
     assert not up.bounded and up.rate == pytest.approx(WL.rate * 8) and "a lower bound" in repr(up)
+    assert "more requests would let a queue build" in repr(up)
     down = capacity(WL.at_rate(900.0), {"max_num_seqs": 4}, {"ttft_s_p99": 1e-6}, run=knee_runner,
                     max_doublings=2, progress=False)
     assert math.isnan(down.rate)
@@ -47,6 +50,12 @@ def test_bad_slos_are_named():
         capacity(WL, None, {"tpot_s_p99": -1}, progress=False)
     with pytest.raises(ValueError, match="arrives at once"):
         capacity(Workload.burst(4, clock="wall"), None, SLO, progress=False)
+    with pytest.raises(ValueError, match=r"headroom must be a fraction in \[0, 1\)"):
+        capacity(WL, None, SLO, headroom=1.0, progress=False)
+    with pytest.raises(ValueError, match="recalibrate must be an integer >= 0"):
+        capacity(WL, None, SLO, recalibrate=-1, progress=False)
+    with pytest.raises(ValueError, match="cost_model and recalibrate are the simulator's"):
+        capacity(WL, None, SLO, run="real", recalibrate=1, progress=False)
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as ex:
         with pytest.raises(ValueError, match="this process pool forks the caller"):
             capacity(WL, None, SLO, run="real", executor=ex, progress=False)
@@ -57,7 +66,7 @@ SIM_SLO = {"ttft_s_p99": 0.02, "tpot_s_p99": 0.01}
 
 
 def test_simulated_capacity_matches_fresh_simulations_at_its_edges():
-    c = capacity(WL, CFG, SIM_SLO, rel_tol=0.05, progress=False)
+    c = capacity(WL, CFG, SIM_SLO, rel_tol=0.05, headroom=0.0, progress=False)
     assert c.bounded and math.isfinite(c.rate)
     edge = c.table[c.table["rate"] > c.rate]["rate"].min()  # the lowest rate that broke
     assert edge / c.rate - 1 <= 0.05 + 1e-9
@@ -90,6 +99,39 @@ def test_sweep_gives_each_configs_capacity():
         frame = sweep(WL, grid, run=knee_runner, executor=ex, capacity=SLO, progress=False)
     assert frame["error"].isna().all()
     for _, row in frame.iterrows():
-        true = 25.0 * row["max_num_seqs"]
+        true = 25.0 * row["max_num_seqs"] * 0.9  # the default 10% headroom
         assert row["capacity_rate"] <= true < row["capacity_rate"] * 1.05 + 1e-9
-        assert row["capacity_bounded"] and row["ttft_s_p99_at_capacity"] <= 1.0
+        assert row["capacity_bounded"] and row["ttft_s_p99_at_capacity"] <= 0.9
+
+
+def test_recalibration_rescales_the_model_by_the_real_runs_pace(monkeypatch):
+    import workbench.lab.capacity as capacity_module
+
+    shipped = CostModel.default()
+    slower = shipped.scaled(2.0)
+    # A stand-in machine twice as slow as the shipped model: its runs are the simulator on
+    # the model scaled x2, and the pace measured on its first run is 2, on its second 1.02.
+    monkeypatch.setattr(capacity_module, "run_real", lambda wl, cfg: simulate(wl, cfg, slower))
+    paces = iter([2.0, 1.02])
+    monkeypatch.setattr(capacity_module, "step_ratio", lambda model, runs: next(paces))
+    plain = capacity(WL, CFG, SIM_SLO, rel_tol=0.05, progress=False)
+    c = capacity(WL, CFG, SIM_SLO, rel_tol=0.05, recalibrate=3, progress=False)
+    checks = c.recalibrations
+    assert checks["real_steps_over_model"].tolist() == [2.0, 1.02] and checks["rescaled"].tolist() == [True, False]
+    assert checks["rate"].iloc[0] == plain.rate  # the first check is at the shipped model's answer
+    assert c.cost_model.coefficients == slower.coefficients
+    assert c.rate == capacity(WL, CFG, SIM_SLO, cost_model=slower, rel_tol=0.05, progress=False).rate < plain.rate
+    assert checks["rate"].iloc[1] == c.rate  # the second check is at the rescaled answer, which stood
+    assert "recalibrated on real runs: x2, x1.02" in repr(c) and "with 10% headroom" in repr(c)
+    labels = [t.get_text() for t in c.figure().axes[0].get_legend().get_texts()]
+    assert any("10% headroom" in label for label in labels)
+
+
+def test_recalibration_on_the_real_engine_measures_its_pace():
+    small = Workload.poisson(8, rate=3.0, input_len=(8, 24), output_len=(2, 4), seed=3, clock="wall", text=False)
+    c = capacity(small, CFG, {"ttft_s_p99": 0.005, "tpot_s_p99": 0.01}, rel_tol=0.5, recalibrate=1, progress=False)
+    (check,) = c.recalibrations.to_dict("records")
+    assert check["real_steps_over_model"] > 0 and math.isfinite(check["real_steps_over_model"])
+    factor = check["real_steps_over_model"] if check["rescaled"] else 1.0
+    assert c.cost_model.coefficients == pytest.approx(CostModel.default().scaled(factor).coefficients)
+    assert set(check) >= {"rate", "ttft_s_p99 (real)", "tpot_s_p99 (real)", "holds (real)"}

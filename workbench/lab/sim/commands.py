@@ -115,6 +115,12 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                        help="a config axis (repeatable): one capacity per configuration, e.g. max_num_seqs=4,16")
     trace.add_argument("--search", choices=["sim", "real"], default="sim", help="the runs the search makes")
     trace.add_argument("--rel-tol", type=float, default=0.05, help="the search stops when high / low - 1 <= this")
+    trace.add_argument("--headroom", type=float, default=0.1,
+                       help="the search keeps each metric at most (1 - this) x its bound, so that a real run's "
+                            "noise stays inside the SLO (default 0.1; 0: the edge itself)")
+    trace.add_argument("--recalibrate", type=int, default=0, metavar="N",
+                       help="sim search: up to N real runs at the capacity found, each rescaling the cost model by "
+                            "its measured / predicted step time and searching again (default 0)")
     trace.add_argument("--confirm", action="store_true",
                        help="real runs at the capacity found and at 1.25x it, beside the search's runs")
     add_threads_argument(parser)
@@ -152,12 +158,9 @@ def _grid_value(text: str):
 def capacity_main(args: argparse.Namespace, config, model) -> int:
     """``workbench simulate capacity``: one capacity per configuration of --grid (or the
     flags' one), a table of them, with --confirm the real runs beside."""
-    import functools
-
     import pandas as pd
 
     from workbench.lab.capacity import capacity, run_name
-    from workbench.lab.sim.simulate import simulate
     from workbench.lab.sweep import expand_grid
     from workbench.lab.workload import Workload
 
@@ -173,18 +176,23 @@ def capacity_main(args: argparse.Namespace, config, model) -> int:
     else:
         raise ValueError("capacity needs --trace NAME_OR_PATH or --workload FILE.")
     print(repr(workload))
-    run = "real" if args.search == "real" else (functools.partial(simulate, cost_model=model) if args.cost_model
-                                                else "sim")
+    search = {"run": "real"} if args.search == "real" else {"run": "sim", "cost_model": model,
+                                                            "recalibrate": args.recalibrate}
     grid = parse_assignments(args.grid, "--grid", _grid_value)
     rows = []
     for overrides in expand_grid(grid) if grid else [{}]:
         cfg = dataclasses.replace(config, **overrides)
-        found = capacity(workload, cfg, slo, run=run, rel_tol=args.rel_tol, progress=args.progress)
+        found = capacity(workload, cfg, slo, rel_tol=args.rel_tol, headroom=args.headroom, progress=args.progress,
+                         **search)
         row = {**overrides, f"capacity ({args.search})": found.rate, "bounded": found.bounded,
                "rates_tried": len(found.table)}
+        if found.recalibrations is not None:
+            checks = found.recalibrations
+            row["real_checks"] = len(checks)
+            row["model_scaled_x"] = float(checks["real_steps_over_model"][checks["rescaled"]].prod())
         if args.confirm:
-            table = found.confirm(cost_model=model)
-            name = run_name(run)
+            table = found.confirm()
+            name = run_name(found.run)
             for point, r in table.iterrows():
                 for m in slo:
                     row[f"{m} {name} @ {point}"] = r[f"{m} ({name})"]
