@@ -104,34 +104,42 @@ def test_sweep_gives_each_configs_capacity():
         assert row["capacity_bounded"] and row["ttft_s_p99_at_capacity"] <= 0.9
 
 
-def test_recalibration_rescales_the_model_by_the_real_runs_pace(monkeypatch):
+def test_recalibration_searches_again_on_the_rescaled_model(monkeypatch):
     import workbench.lab.capacity as capacity_module
 
     shipped = CostModel.default()
     slower = shipped.scaled(2.0)
-    # A stand-in machine twice as slow as the shipped model: its runs are the simulator on
-    # the model scaled x2, and the pace measured on its first run is 2, on its second 1.02.
-    monkeypatch.setattr(capacity_module, "run_real", lambda wl, cfg: simulate(wl, cfg, slower))
-    paces = iter([2.0, 1.02])
-    monkeypatch.setattr(capacity_module, "step_ratio", lambda model, runs: next(paces))
+    # A stand-in machine: the first real check finds it twice as slow, the second within 5%.
+    checks = iter([({"prefill_x": 2.0, "other_x": 2.0, "rescaled": True}, slower),
+                   ({"prefill_x": 1.02, "other_x": 0.99, "rescaled": False}, slower.scaled(1.01))])
+    monkeypatch.setattr(capacity_module, "real_check", lambda wl, cfg, slo, model: next(checks))
     plain = capacity(WL, CFG, SIM_SLO, rel_tol=0.05, progress=False)
     c = capacity(WL, CFG, SIM_SLO, rel_tol=0.05, recalibrate=3, progress=False)
-    checks = c.recalibrations
-    assert checks["real_steps_over_model"].tolist() == [2.0, 1.02] and checks["rescaled"].tolist() == [True, False]
-    assert checks["rate"].iloc[0] == plain.rate  # the first check is at the shipped model's answer
-    assert c.cost_model.coefficients == slower.coefficients
+    table = c.recalibrations
+    assert table["rescaled"].tolist() == [True, False]  # stopped at the first check within 5%
+    assert table["rate"].iloc[0] == plain.rate  # the first check is at the shipped model's answer
+    assert c.cost_model is slower  # the last check's rescaling is not applied
     assert c.rate == capacity(WL, CFG, SIM_SLO, cost_model=slower, rel_tol=0.05, progress=False).rate < plain.rate
-    assert checks["rate"].iloc[1] == c.rate  # the second check is at the rescaled answer, which stood
-    assert "recalibrated on real runs: x2, x1.02" in repr(c) and "with 10% headroom" in repr(c)
+    assert table["rate"].iloc[1] == c.rate  # the second check is at the rescaled answer, which stood
+    assert "2 real check(s), rescaled: prefill x2 rest x2" in repr(c) and "with 10% headroom" in repr(c)
     labels = [t.get_text() for t in c.figure().axes[0].get_legend().get_texts()]
     assert any("10% headroom" in label for label in labels)
 
 
-def test_recalibration_on_the_real_engine_measures_its_pace():
+def test_recalibration_on_the_real_engine_rescales_to_its_steps():
     small = Workload.poisson(8, rate=3.0, input_len=(8, 24), output_len=(2, 4), seed=3, clock="wall", text=False)
-    c = capacity(small, CFG, {"ttft_s_p99": 0.005, "tpot_s_p99": 0.01}, rel_tol=0.5, recalibrate=1, progress=False)
+    slo = {"ttft_s_p99": 0.005, "tpot_s_p99": 0.01}
+    c = capacity(small, CFG, slo, rel_tol=0.5, recalibrate=1, progress=False)
     (check,) = c.recalibrations.to_dict("records")
-    assert check["real_steps_over_model"] > 0 and math.isfinite(check["real_steps_over_model"])
-    factor = check["real_steps_over_model"] if check["rescaled"] else 1.0
-    assert c.cost_model.coefficients == pytest.approx(CostModel.default().scaled(factor).coefficients)
-    assert set(check) >= {"rate", "ttft_s_p99 (real)", "tpot_s_p99 (real)", "holds (real)"}
+    assert set(check) == {"rate", "ttft_s_p99 (real)", "tpot_s_p99 (real)", "holds (real)", "real_steps_over_model",
+                          "prefill_x", "other_x", "rescaled"}
+    assert check["real_steps_over_model"] > 0 and check["prefill_x"] > 0 and check["other_x"] > 0
+    assert check["rescaled"] == (abs(check["prefill_x"] - 1) > 0.05 or abs(check["other_x"] - 1) > 0.05)
+    shipped = CostModel.default()
+    if check["rescaled"]:
+        assert c.cost_model.coefficients["prefill_tokens"] == pytest.approx(
+            shipped.coefficients["prefill_tokens"] * check["prefill_x"])
+        assert c.cost_model.coefficients["decode_seqs"] == pytest.approx(
+            shipped.coefficients["decode_seqs"] * check["other_x"])
+    else:
+        assert c.cost_model == shipped

@@ -24,10 +24,10 @@ The result is the same for any executor at the same ``points``.
 
 Simulated seconds are the cost model's: on another machine, or this one under other load, the
 simulated capacity is off by the machine's pace. ``recalibrate=N`` checks the answer on the
-real engine, up to N times: one real run at the capacity found, its median measured /
-predicted step time (``real_steps_over_model``, the machine's pace at that very load), and,
-when that is more than 5% off 1, the cost model scaled by it and the search made again. The
-rounds are kept as ``recalibrations``.
+real engine, up to N times: one real run at the capacity found, the cost model rescaled to its
+measured steps (:meth:`CostModel.rescaled_to`: one factor for prefill costs, one for the rest
+-- the machine's pace at that very load), and, when a factor is more than 5% off 1, the search
+made again on the rescaled model. The rounds are kept as ``recalibrations``.
 """
 
 from __future__ import annotations
@@ -92,8 +92,7 @@ class Capacity:
     tried: the SLO metrics, whether they held with the headroom, finished requests,
     throughput), ``cost_model``
     (the simulator's, after any recalibration; None for other runs), ``recalibrations`` (one
-    row per real check of ``recalibrate``: its rate, the SLO metrics of the real run there,
-    ``real_steps_over_model`` and whether the model was ``rescaled`` by it; None without) and, after :meth:`confirm`,
+    row per real check of ``recalibrate``: see :func:`real_check`; None without) and, after :meth:`confirm`,
     ``confirmation``."""
 
     rate: float
@@ -184,8 +183,9 @@ class Capacity:
                                          "would let a queue build)")
         recal = ""
         if self.recalibrations is not None and len(self.recalibrations):
-            factors = ", ".join(f"x{f:.3g}" for f in self.recalibrations["real_steps_over_model"])
-            recal = f", recalibrated on real runs: {factors}"
+            factors = ", ".join(f"prefill x{r.prefill_x:.3g} rest x{r.other_x:.3g}"
+                                for r in self.recalibrations.itertuples() if r.rescaled)
+            recal = f", {len(self.recalibrations)} real check(s)" + (f", rescaled: {factors}" if factors else "")
         return (f"Capacity({self.rate:.4g} requests/{'s' if self.workload.clock == 'wall' else 'step'}{bound} "
                 f"under {slo}; {len(self.table)} rates tried, {run_name(self.run)} runs{recal})")
 
@@ -252,15 +252,11 @@ def capacity(
             if len(rounds) == recalibrate or low is None:
                 break
             bar.set_postfix_str(f"real run at {low:.4g}")
-            real = run_real(workload.at_rate(low), resolved)
-            factor = step_ratio(model, [real])
-            s = real.summary()
-            rescale = abs(factor - 1.0) > MACHINE_DRIFT
-            rounds.append({"rate": low, **{f"{m} (real)": s[m] for m in slo}, "holds (real)": slo_holds(s, slo),
-                           "real_steps_over_model": factor, "rescaled": rescale})
-            if not rescale:
+            check, rescaled = real_check(workload.at_rate(low), resolved, slo, model)
+            rounds.append({"rate": low, **check})
+            if not check["rescaled"]:
                 break
-            model = model.scaled(factor, note=f"{model.note}; times x{factor:.4g} from a real run at {low:.4g}".strip("; "))
+            model = rescaled
     rows = []
     for r in sorted(tried):
         summary, error = tried[r]
@@ -274,6 +270,21 @@ def capacity(
     if confirm:
         result.confirm()
     return result
+
+
+def real_check(workload: Workload, config: EngineConfig, slo: dict[str, float],
+               model: CostModel) -> tuple[dict, CostModel]:
+    """One real run of ``workload``: its SLO metrics and verdict, its median measured /
+    predicted step (``real_steps_over_model``), the two factors of ``model.rescaled_to`` it
+    (``prefill_x``, ``other_x``), whether either is more than 5% off 1 (``rescaled``), and that
+    rescaled model."""
+    real = run_real(workload, config)
+    s = real.summary()
+    rescaled = model.rescaled_to(real)
+    factors = {"prefill_x": rescaled.fit_stats["rescale_prefill"], "other_x": rescaled.fit_stats["rescale_other"]}
+    return {**{f"{m} (real)": s[m] for m in slo}, "holds (real)": slo_holds(s, slo),
+            "real_steps_over_model": step_ratio(model, [real]), **factors,
+            "rescaled": any(abs(f - 1.0) > MACHINE_DRIFT for f in factors.values())}, rescaled
 
 
 def _search(runner: Runner, workload: Workload, config: EngineConfig, slo: dict[str, float], *, rel_tol: float,

@@ -431,8 +431,11 @@ class Workload:
         steps = [r.arrival_step for r in self.requests if r.arrival_step is not None]
         outs = [r.params.max_tokens for r in self.requests if r.params.max_tokens is not None]
         prios = sorted({r.priority for r in self.requests})
+        times = [r.arrival_time for r in self.requests if r.arrival_time is not None]
         parts = [f"{len(self)} requests"]
-        if steps:
+        if self.clock == "wall" and times:
+            parts.append(f"arrivals {min(times):.4g}..{max(times):.4g} s")
+        elif steps:
             parts.append(f"arrival steps {min(steps)}..{max(steps)}")
         if outs:
             parts.append(f"max_tokens {min(outs)}..{max(outs)}")

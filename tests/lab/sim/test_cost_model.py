@@ -26,16 +26,16 @@ def _record(step, chunks, seconds, driver=None):
     return StepRecord(step, so, None, {}, (), timings=timings)
 
 
-def _synthetic(rng, n=120, noise=0.0):
+def _synthetic(rng, n=120, noise=0.0, true=TRUE, prefill=True):
     records = []
     for i in range(n):
         chunks = [_chunk(f"d{j}", int(rng.integers(1, 900)), 1, False, drafts=int(rng.integers(0, 5)) * (j % 3 == 0))
                   for j in range(int(rng.integers(0, 40)))]
-        for j in range(int(rng.integers(0, 3))):
+        for j in range(int(rng.integers(0, 3)) if prefill else 0):
             chunks.append(_chunk(f"p{j}", int(rng.integers(0, 512)), int(rng.integers(1, 400)), True))
         if not chunks:
             chunks = [_chunk("d", 10, 1, False)]
-        exact = sum(TRUE.get(f, 0.0) * x for f, x in zip(FEATURES, step_features(SchedulerOutput(i, tuple(chunks)))))
+        exact = sum(true.get(f, 0.0) * x for f, x in zip(FEATURES, step_features(SchedulerOutput(i, tuple(chunks)))))
         records.append(_record(i, chunks, exact * (1 + noise * rng.standard_normal())))
     return records
 
@@ -71,6 +71,29 @@ def test_fit_with_noise_and_an_outlier_reports_residuals():
     assert model.coefficients["prefill_tokens"] == pytest.approx(TRUE["prefill_tokens"], rel=0.1)
     assert 0.005 < model.fit_stats["median_abs_rel_err"] < 0.05
     assert model.fit_stats["total_measured_over_predicted"] > 1  # the spike's 5 s are not predicted
+
+
+def test_rescaled_to_fits_a_prefill_factor_and_one_for_the_rest():
+    from workbench.lab.sim.cost_model import PREFILL_FEATURES
+
+    # This machine: prefill costs 1.5x the model's, everything else 0.8x; one step stalls.
+    machine = {f: c * (1.5 if f in PREFILL_FEATURES else 0.8) for f, c in TRUE.items()}
+    records = _synthetic(np.random.default_rng(2), n=200, true=machine)
+    records[7] = _record(7, records[7].scheduler_output.scheduled, 3.0)
+    model = CostModel(TRUE, empty_step_s=1e-4, wake_s=2e-3, input_s=(4e-4, 2e-6), note="test")
+    rescaled = model.rescaled_to(records)
+    assert rescaled.fit_stats["rescale_prefill"] == pytest.approx(1.5, rel=1e-6)
+    assert rescaled.fit_stats["rescale_other"] == pytest.approx(0.8, rel=1e-6)
+    for f in FEATURES:
+        assert rescaled.coefficients[f] == pytest.approx(machine.get(f, 0.0), rel=1e-6, abs=1e-15)
+    assert (rescaled.empty_step_s, rescaled.wake_s) == pytest.approx((0.8e-4, 1.6e-3))
+    assert rescaled.input_s == pytest.approx((3.2e-4, 1.6e-6))
+    assert "prefill x1.5, the rest x0.8" in rescaled.note
+    # Without a prefill step the history says nothing apart about prefills: one factor for both.
+    decode_only = model.rescaled_to(_synthetic(np.random.default_rng(3), true=machine, prefill=False))
+    assert decode_only.fit_stats["rescale_prefill"] == decode_only.fit_stats["rescale_other"] == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="no measured step ran a batch"):
+        model.rescaled_to([_record(0, (), 0.001)])
 
 
 def test_driver_time_counts_in_the_duration():

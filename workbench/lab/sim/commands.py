@@ -189,7 +189,8 @@ def capacity_main(args: argparse.Namespace, config, model) -> int:
         if found.recalibrations is not None:
             checks = found.recalibrations
             row["real_checks"] = len(checks)
-            row["model_scaled_x"] = float(checks["real_steps_over_model"][checks["rescaled"]].prod())
+            for part in ("prefill_x", "other_x"):
+                row[f"model_{part}"] = float(checks[part][checks["rescaled"]].prod())
         if args.confirm:
             table = found.confirm()
             name = run_name(found.run)

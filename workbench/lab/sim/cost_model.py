@@ -42,6 +42,9 @@ NGRAM_CALIBRATION = "calibration/tiny-shakespeare-cpu-ngram.json"
 #: A fitted step further than this many MADs of the residuals from the first fit is noise
 #: (another process took the CPU): it is left out of the second fit (and counted).
 OUTLIER_MADS = 6.0
+#: The features only a step with a prefill pays for: :meth:`CostModel.rescaled_to` fits one
+#: factor for them and one for the rest.
+PREFILL_FEATURES = ("prefill_step", "prefill_tokens", "prefill_chunks", "prefill_attention")
 UNITS = {"step": "s per step", "prefill_step": "s per step with a prefill", "prefill_tokens": "s per token",
          "prefill_chunks": "s per chunk", "decode_seqs": "s per sequence", "decode_seqs_sqrt": "s per sqrt(sequences)",
          "decode_context": "s per KV token", "prefill_attention": "s per q x k pair",
@@ -123,6 +126,34 @@ class CostModel:
             input_s=tuple(v * factor for v in self.input_s),
             note=note or f"{self.note} (times x{factor:.4g})".strip())
 
+    def rescaled_to(self, history) -> CostModel:
+        """The model with two factors fitted to the measured steps of ``history`` (real runs,
+        as :meth:`fit` takes): one for the :data:`PREFILL_FEATURES`, one for the rest (fixed
+        cost, decode, speculation, LoRA; the empty step, wake-up and input times with it). It
+        keeps the model's shape and measures this machine's pace now, a prefill's and a
+        decode's apart: another CPU, another thread count or other load moves the two by
+        different amounts. Fitted as :meth:`fit` fits (relative least squares, factors >= 0,
+        stalls left out); history without a prefill step gives both parts the one factor.
+        ``fit_stats`` gains ``rescale_prefill`` and ``rescale_other``."""
+        x, y, empty = measured_steps(records_of(history))
+        x, y = x[~empty], y[~empty]
+        if not len(y):
+            raise ValueError("history: no measured step ran a batch; nothing to rescale to.")
+        prefill = np.array([f in PREFILL_FEATURES for f in FEATURES])
+        coef = np.array(self._vector)
+        parts = np.stack([x @ np.where(prefill, coef, 0.0), x @ np.where(prefill, 0.0, coef)], axis=1)
+        if not parts[:, 0].any():
+            parts = parts.sum(axis=1, keepdims=True)
+        factors, _ = robust_relative_fit(parts, y)
+        f_prefill, f_other = (float(factors[0]), float(factors[-1]))
+        return dataclasses.replace(
+            self, coefficients={f: c * (f_prefill if f in PREFILL_FEATURES else f_other)
+                                for f, c in self.coefficients.items()},
+            empty_step_s=self.empty_step_s * f_other, wake_s=self.wake_s * f_other,
+            input_s=tuple(v * f_other for v in self.input_s),
+            fit_stats={**self.fit_stats, "rescale_prefill": f_prefill, "rescale_other": f_other},
+            note=f"{self.note} (rescaled to measured steps: prefill x{f_prefill:.4g}, the rest x{f_other:.4g})".strip())
+
     def predict_many(self, features: np.ndarray) -> np.ndarray:
         """Seconds per row of a ``[n, len(FEATURES)]`` feature matrix."""
         out = np.asarray(features, dtype=np.float64) @ np.array(self._vector)
@@ -158,15 +189,7 @@ class CostModel:
                              "(and batches that vary: see `workbench calibrate`).")
         if (y <= 0).any():
             raise ValueError("history: a step with a duration <= 0 s cannot be fitted.")
-        # Relative least squares (each row divided by its duration): a 1 ms decode step counts
-        # as much as a 20 ms prefill, as in the per-request errors the simulation is judged by.
-        rows = x / y[:, None]
-        coef = nonnegative_lstsq(rows, np.ones_like(y))
-        residuals = (x @ coef - y) / y
-        mad = float(np.median(np.abs(residuals - np.median(residuals)))) or 1e-12
-        keep = np.abs(residuals) <= OUTLIER_MADS * mad * 1.4826
-        if keep.sum() >= len(FEATURES):
-            coef = nonnegative_lstsq(rows[keep], np.ones(int(keep.sum())))
+        coef, keep = robust_relative_fit(x, y)
         stats = _residual_stats(y, x @ coef)
         stats["num_outliers"] = int((~keep).sum())
         return cls(
@@ -261,6 +284,22 @@ class CostModel:
                 f"<table><tr><th>feature</th><th>coefficient</th><th>unit</th></tr>{rows}</table>"
                 + (f"<b>fit</b><table>{fit}</table>" if fit else "")
                 + (f"<i>{html.escape(self.note)}</i>" if self.note else ""))
+
+
+def robust_relative_fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Coefficients >= 0 of ``y ~ x @ coef`` by least squares on relative errors, in two passes:
+    rows further than OUTLIER_MADS from the first fit (a stall of the machine) are left out of
+    the second (unless too few would be left). Returns ``(coef, keep)``."""
+    # Relative least squares (each row divided by its duration): a 1 ms decode step counts
+    # as much as a 20 ms prefill, as in the per-request errors the simulation is judged by.
+    rows = x / y[:, None]
+    coef = nonnegative_lstsq(rows, np.ones_like(y))
+    residuals = (x @ coef - y) / y
+    mad = float(np.median(np.abs(residuals - np.median(residuals)))) or 1e-12
+    keep = np.abs(residuals) <= OUTLIER_MADS * mad * 1.4826
+    if keep.sum() >= x.shape[1]:
+        coef = nonnegative_lstsq(rows[keep], np.ones(int(keep.sum())))
+    return coef, keep
 
 
 def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
