@@ -85,7 +85,5 @@ def test_accuracy_reports_floor_verdicts_band_and_recalibration():
     assert 0.0 <= row["e2e_in_band"] <= 1.0
     assert row["recal_factor"] > 0 and math.isfinite(row["e2e_err_recal"])
     assert bool(row["e2e_recal_within_floor"]) == (row["e2e_err_recal"] <= row["e2e_floor"])
-    # The recalibrated simulation is the model scaled by the first run's pace: check it by hand.
-    recal = simulate(wl, {"max_num_seqs": 4}, model.scaled(row["recal_factor"]))
-    assert recal.requests["e2e_s"].median() > 0
+    assert row["recal_prefill_x"] > 0 and row["recal_other_x"] > 0
     assert "within the real-vs-real floor" in report._repr_html_()

@@ -39,9 +39,11 @@ Beside each error, its verdict and two answers to a machine whose pace moved:
   10th and 90th percentile of measured / predicted step time (:func:`band_factors`; a model
   without them: 1 -/+ its p90 absolute error), and ``e2e_in_band``, the fraction of requests
   whose real e2e lies inside;
-* a recalibration from the workload's own first (untimed) real run: the model scaled by that
-  run's median measured / predicted step (``recal_factor``) -- the machine's pace now --
-  and its errors ``*_err_recal`` with their verdicts ``*_recal_within_floor``.
+* a recalibration from the workload's own first (untimed) real run -- the machine's pace now:
+  that run's median measured / predicted step (``recal_factor``), the model rescaled to its
+  steps (:meth:`~workbench.lab.sim.cost_model.CostModel.rescaled_to`: prefill costs times
+  ``recal_prefill_x``, the rest times ``recal_other_x``), and the rescaled model's errors
+  ``*_err_recal`` with their verdicts ``*_recal_within_floor``.
 """
 
 from __future__ import annotations
@@ -215,14 +217,14 @@ def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
             engine.reset_prefix_cache()
             if i:  # the first run warms the process up
                 runs.append(run)
-            else:
-                recal = step_ratio(model, [run])  # the machine's pace now, from the workload itself
+            else:  # the machine's pace now, from the workload itself
+                recal, rescaled = step_ratio(model, [run]), model.rescaled_to(run)
         speculative = resolve_config(config).speculative_config is not None
         profile = (spec_profile or SpecDecodeProfile.from_run(runs)) if speculative else None
         sim = simulate(timed, config, model, spec_profile=profile)
         low, high = band_factors(model)
         band = [simulate(timed, config, model.scaled(f), spec_profile=profile) for f in (low, high)]
-        recal_sim = simulate(timed, config, model.scaled(recal), spec_profile=profile)
+        recal_sim = simulate(timed, config, rescaled, spec_profile=profile)
         reference = {m: median_of_runs(runs, m) for m in ("ttft_s", "e2e_s")}
         ttft, e2e = (signed_errors(reference[m], sim, m) for m in ("ttft_s", "e2e_s"))
         pairs = list(itertools.combinations(runs, 2))
@@ -242,7 +244,8 @@ def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
             "e2e_within_floor": bool(np.median(np.abs(e2e)) <= floor["e2e_s"]),
             "band_low": low, "band_high": high,
             "e2e_in_band": fraction_in_band(reference["e2e_s"], band[0], band[1], "e2e_s"),
-            "recal_factor": recal, "ttft_err_recal": ttft_rc, "e2e_err_recal": e2e_rc,
+            "recal_factor": recal, "recal_prefill_x": rescaled.fit_stats["rescale_prefill"],
+            "recal_other_x": rescaled.fit_stats["rescale_other"], "ttft_err_recal": ttft_rc, "e2e_err_recal": e2e_rc,
             "ttft_recal_within_floor": bool(ttft_rc <= floor["ttft_s"]),
             "e2e_recal_within_floor": bool(e2e_rc <= floor["e2e_s"]),
             "ttft_p50_real_s": float(reference["ttft_s"].median()),
