@@ -2,13 +2,15 @@
 
 An SLO is a mapping of :meth:`RunResult.summary` metrics to bounds, e.g. ``{"ttft_s_p99": 0.5,
 "tpot_s_p99": 0.05}``; it holds at a rate when every request finished and every metric is at
-most its bound. The search asks for ``headroom`` besides (default 10%): every metric at most
-``(1 - headroom) x`` its bound. A p99 of one run of a few hundred requests is a noisy figure
-(three real runs of one workload at one rate on the project's 2-core VM: 0.88-0.98 s, and
-1.01-1.17 s where the simulation said 0.99 s), so a rate found exactly at the edge holds or
-breaks on a second run by chance; with headroom a real run there holds unless it comes out
-more than that fraction slower. ``headroom=0`` finds the edge itself. The workload is replayed with its arrivals rescaled to each rate tried
+most its bound. The workload is replayed with its arrivals rescaled to each rate tried
 (:meth:`Workload.at_rate`: same requests, same order, gaps scaled), on its own clock.
+
+The search asks for ``headroom`` besides (default 10%): every metric at most
+``(1 - headroom) x`` its bound. A p99 of one run of a few hundred requests is a noisy figure
+(three real runs of one workload at one rate on the project's 2-core VM: 0.88-0.98 s where the
+simulation said 0.91 s, 1.01-1.17 s where it said 0.99 s), so a rate found exactly at the edge
+holds or breaks on the next run by chance; with headroom a real run there holds unless it
+comes out more than that fraction slower. ``headroom=0`` finds the edge itself.
 
 The search: from the workload's own rate, the rate is doubled until the SLO breaks (or halved
 until it holds), at most ``max_doublings`` times -- the bracket; then each round tries
@@ -17,9 +19,9 @@ sub-bracket where it changes from holding to breaking, until ``high / low - 1 <=
 This assumes the metrics grow with the rate, as a queue's do; on real runs, noise near the
 edge can move the answer by more than the tolerance. A finite workload drains in finite time:
 when even its densest replay meets the SLO, no rate breaks it (``bounded`` is False) -- more
-requests let a queue build. A round's rates run in parallel on
-``executor`` (any ``concurrent.futures.Executor``: a process pool, a Dask
-``client.get_executor()``); each task sends back its run's summary row, never its history.
+requests let a queue build. A round's rates run in parallel on ``executor`` (any
+``concurrent.futures.Executor``: a process pool, a Dask ``client.get_executor()``); each task
+sends back its run's summary row, never its history.
 The result is the same for any executor at the same ``points``.
 
 Simulated seconds are the cost model's: on another machine, or this one under other load, the
@@ -264,8 +266,8 @@ def capacity(
         rows.append({"rate": r, **{m: s.get(m, math.nan) for m in slo}, "holds": slo_holds(summary, target),
                      "num_finished": s.get("num_finished", math.nan),
                      "throughput_tok_s": s.get("throughput_tok_s", math.nan), "error": error})
-    result = Capacity(rate=low if low is not None else math.nan, slo=slo, headroom=float(headroom), table=pd.DataFrame(rows),
-                      bounded=high is not None, run=run, config=resolved, workload=workload, cost_model=model,
+    result = Capacity(rate=low if low is not None else math.nan, slo=slo, headroom=float(headroom),
+                      table=pd.DataFrame(rows), bounded=high is not None, run=run, config=resolved, workload=workload, cost_model=model,
                       recalibrations=pd.DataFrame(rounds) if recalibrate else None)
     if confirm:
         result.confirm()
