@@ -11,43 +11,14 @@ import re
 import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from schema_support import json_schemas, regexes
 
 from workbench import LLMEngine, SamplingParams
 from workbench.sampling_params import StructuredOutputsParams as S
 
 FREE = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-NAMES = ["a", "b", "c", "speaker"]
-
-leaf = st.one_of(
-    st.builds(lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
-              st.integers(-50, 50), st.integers(0, 200)),
-    st.lists(st.sampled_from(["ay", "nay", "O Romeo", "x"]), min_size=1, max_size=3,
-             unique=True).map(lambda v: {"enum": v}),
-    st.just({"type": "boolean"}),
-    st.integers(0, 6).map(lambda n: {"type": "string", "maxLength": n}),
-    st.sampled_from(["^[a-z]{1,4}$", "^[0-9]{2}$", "^(ay|nay)$"]).map(
-        lambda p: {"type": "string", "pattern": p}),
-)
-
-
-def objects(children):
-    return st.dictionaries(st.sampled_from(NAMES), children, min_size=1, max_size=3).flatmap(
-        lambda props: st.sets(st.sampled_from(sorted(props))).map(
-            lambda req: {"type": "object", "properties": props, "required": sorted(req)}))
-
-
-def arrays(children):
-    return st.builds(lambda item, lo, extra: {"type": "array", "items": item, "minItems": lo,
-                                              "maxItems": lo + extra},
-                     children, st.integers(0, 1), st.integers(0, 2))
-
-
-schemas = objects(st.recursive(leaf, lambda c: st.one_of(objects(c), arrays(c)), max_leaves=4))
-atoms = st.sampled_from(["a", "O", " ", "[a-z]", "[0-9]", "(ay|nay)", "(Romeo|Juliet)"])
-quantifiers = st.sampled_from(["", "?", "{1,3}", "{2}"])
-regexes = st.lists(st.tuples(atoms, quantifiers).map("".join), min_size=1, max_size=4).map(
-    "".join)
+schemas = json_schemas(["a", "b", "c", "speaker"], integers=((-50, 50), (0, 200)), max_length=6,
+                       max_leaves=4)
 
 
 @pytest.fixture(scope="module")

@@ -15,48 +15,16 @@ import re
 import jsonschema
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
+from schema_support import json_schemas, regexes
 
 from workbench import EngineArgs, LLMEngine, SamplingParams
 from workbench.sampling_params import StructuredOutputsParams as S
 
 PROMPT = "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?"  # 20 tokens: over the budget
 FREE = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-NAMES = ["a", "b", "speaker", "lines"]
 TALLY = collections.Counter()
-
-leaf = st.one_of(
-    st.builds(lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
-              st.integers(-20, 20), st.integers(0, 50)),
-    st.builds(lambda lo, span: {"type": "number", "minimum": lo, "maximum": lo + span},
-              st.integers(-5, 5), st.integers(1, 10)),
-    st.lists(st.sampled_from(["ay", "nay", "O Romeo", "x"]), min_size=1, max_size=3,
-             unique=True).map(lambda v: {"enum": v}),
-    st.just({"type": "boolean"}),
-    st.integers(0, 5).map(lambda n: {"type": "string", "maxLength": n}),
-    st.sampled_from(["^[a-z]{1,4}$", "^[0-9]{2}$", "^(ay|nay)$"]).map(
-        lambda p: {"type": "string", "pattern": p}),
-)
-
-
-def objects(children):
-    return st.dictionaries(st.sampled_from(NAMES), children, min_size=1, max_size=3).flatmap(
-        lambda props: st.sets(st.sampled_from(sorted(props))).map(
-            lambda req: {"type": "object", "properties": props, "required": sorted(req),
-                         "additionalProperties": False}))
-
-
-def arrays(children):
-    return st.builds(lambda item, lo, extra: {"type": "array", "items": item, "minItems": lo,
-                                              "maxItems": lo + extra},
-                     children, st.integers(0, 1), st.integers(0, 2))
-
-
-schemas = objects(st.recursive(leaf, lambda c: st.one_of(objects(c), arrays(c)), max_leaves=3))
-atoms = st.sampled_from(["a", "O", " ", "[a-z]", "[0-9]", "(ay|nay)", "(Romeo|Juliet)"])
-quantifiers = st.sampled_from(["", "?", "{1,3}", "{2}"])
-regexes = st.lists(st.tuples(atoms, quantifiers).map("".join), min_size=1, max_size=4).map(
-    "".join)
+schemas = json_schemas(["a", "b", "speaker", "lines"], integers=((-20, 20), (0, 50)),
+                       numbers=((-5, 5), (1, 10)), max_length=5, max_leaves=3, closed=True)
 
 
 def tight(backend):

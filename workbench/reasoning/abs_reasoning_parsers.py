@@ -9,9 +9,11 @@ both parts), so the streamed parts join into the finished reply's, however it wa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
+
+from workbench.utils.registry import NamedRegistry
 
 
 @dataclass
@@ -55,21 +57,10 @@ class ReasoningParser:
         return delta if delta.reasoning or delta.content else None
 
 
-class ReasoningParserManager:
-    reasoning_parsers: dict[str, type[ReasoningParser]] = {}
-
-    @classmethod
-    def register_module(cls, name: str) -> Callable[[type], type]:
-        def register(parser: type) -> type:
-            cls.reasoning_parsers[name] = parser
-            return parser
-
-        return register
+class ReasoningParserManager(NamedRegistry, entries="reasoning_parsers", kind="reasoning parser"):
+    reasoning_parsers: ClassVar[dict[str, type[ReasoningParser]]]  # filled by register_module
 
     @classmethod
     def get_reasoning_parser(cls, name: str) -> type[ReasoningParser]:
         """The parser class named ``name``; KeyError naming the known ones otherwise."""
-        if name not in cls.reasoning_parsers:
-            raise KeyError(f"invalid reasoning parser: {name} (chose from "
-                           f"{{ {','.join(sorted(cls.reasoning_parsers))} }})")
-        return cls.reasoning_parsers[name]
+        return cls._lookup(name)

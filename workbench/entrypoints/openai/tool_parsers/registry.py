@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import ClassVar
+
+from workbench.utils.registry import NamedRegistry
 
 
-class ToolParserManager:
-    tool_parsers: dict[str, type] = {}
-
-    @classmethod
-    def register_module(cls, name: str) -> Callable[[type], type]:
-        def register(parser: type) -> type:
-            cls.tool_parsers[name] = parser
-            return parser
-
-        return register
+class ToolParserManager(NamedRegistry, entries="tool_parsers", kind="tool call parser"):
+    tool_parsers: ClassVar[dict[str, type]]  # filled by register_module
 
     @classmethod
     def get_tool_parser(cls, name: str) -> type:
         """The parser class named ``name``; KeyError naming the known ones otherwise."""
-        if name not in cls.tool_parsers:
-            raise KeyError(f"invalid tool call parser: {name} (chose from "
-                           f"{{ {','.join(sorted(cls.tool_parsers))} }})")
-        return cls.tool_parsers[name]
+        return cls._lookup(name)
