@@ -158,9 +158,11 @@ table[["max_num_seqs", "capacity_rate", "capacity_bounded", "rates_tried", "ttft
 # search's own runs. Three things make the claim one a real run can keep:
 #
 # - **a model of this machine, at this load.** `recalibrate=2` runs the real engine once at
-#   the capacity found and measures its steps against the model (`real_steps_over_model`);
-#   more than 5% off, the model is scaled by that pace and the search made again, at most
-#   twice. It is the probe's correction, measured at the load the answer is about;
+#   the capacity found and rescales the model to that run's steps: one factor for what
+#   prefills cost (`prefill_x`), one for the rest (`other_x`), since another machine or
+#   thread count moves the two apart. More than 5% off, the search is made again on the
+#   rescaled model, at most twice. It is the probe's correction, measured at the load the
+#   answer is about;
 # - **headroom**, the 10% above;
 # - **enough requests.** A finite workload drains in finite time: 20 requests, even all at
 #   once, may all start within a second, and then no rate breaks a 1 s TTFT. With 200, a rate
@@ -180,8 +182,8 @@ checked.recalibrations.round(4)
 
 # %% [markdown]
 # One row per real check: the rate the search had found, the real run's SLO metrics there,
-# its pace against the model, and whether the model was rescaled by it. Then the
-# confirmation:
+# its median step against the model's (`real_steps_over_model`), the two factors, and
+# whether the model was rescaled by them. Then the confirmation:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
