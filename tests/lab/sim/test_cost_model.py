@@ -10,7 +10,7 @@ from workbench.engine.history import StepRecord
 from workbench.lab.sim import FEATURES, CostModel, step_features
 
 TRUE = {"step": 2e-3, "prefill_step": 1e-3, "prefill_tokens": 5e-5, "prefill_chunks": 4e-4, "decode_seqs": 1e-4, "decode_seqs_sqrt": 3e-4, "decode_context": 2e-7,
-        "prefill_attention": 1e-8, "spec_tokens": 6e-5, "spec_seqs": 2e-4}
+        "prefill_attention": 1e-8, "spec_tokens": 6e-5, "spec_seqs": 2e-4, "after_prefill": 4e-4}
 
 
 def _chunk(rid, computed, new, prefill, drafts=0):
@@ -27,7 +27,7 @@ def _record(step, chunks, seconds, driver=None):
 
 
 def _synthetic(rng, n=120, noise=0.0, true=TRUE, prefill=True):
-    records = []
+    records, before = [], False  # whether the step before ran a prefill
     for i in range(n):
         chunks = [_chunk(f"d{j}", int(rng.integers(1, 900)), 1, False, drafts=int(rng.integers(0, 5)) * (j % 3 == 0))
                   for j in range(int(rng.integers(0, 40)))]
@@ -35,7 +35,9 @@ def _synthetic(rng, n=120, noise=0.0, true=TRUE, prefill=True):
             chunks.append(_chunk(f"p{j}", int(rng.integers(0, 512)), int(rng.integers(1, 400)), True))
         if not chunks:
             chunks = [_chunk("d", 10, 1, False)]
-        exact = sum(true.get(f, 0.0) * x for f, x in zip(FEATURES, step_features(SchedulerOutput(i, tuple(chunks)))))
+        so = SchedulerOutput(i, tuple(chunks))
+        exact = sum(true.get(f, 0.0) * x for f, x in zip(FEATURES, step_features(so, after_prefill=before)))
+        before = any(c.is_prefill for c in chunks)
         records.append(_record(i, chunks, exact * (1 + noise * rng.standard_normal())))
     return records
 
@@ -43,9 +45,11 @@ def _synthetic(rng, n=120, noise=0.0, true=TRUE, prefill=True):
 def test_features_by_hand():
     so = SchedulerOutput(0, (_chunk("a", 10, 1, False), _chunk("b", 0, 4, True), _chunk("c", 16, 2, True)))
     # decode: 1 seq (sqrt 1) attending 11 tokens; prefill: 2 chunks, 4 tokens at 0 (4 * 2.5) + 2 tokens at 16 (2 * 17.5)
-    assert step_features(so) == (1.0, 1.0, 6.0, 2.0, 1.0, 1.0, 11.0, 10.0 + 35.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    assert step_features(so) == (1.0, 1.0, 6.0, 2.0, 1.0, 1.0, 11.0, 10.0 + 35.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     four = SchedulerOutput(0, tuple(_chunk(f"d{i}", 10, 1, False) for i in range(4)))
-    assert step_features(four) == (1.0, 0.0, 0.0, 0.0, 4.0, 2.0, 44.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    assert step_features(four) == (1.0, 0.0, 0.0, 0.0, 4.0, 2.0, 44.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    assert step_features(four, after_prefill=True)[-1] == 1.0
+    assert step_features(SchedulerOutput(0, ()), after_prefill=True) == (0.0,) * len(FEATURES)
     assert step_features(SchedulerOutput(0, ())) == (0.0,) * len(FEATURES)
     # speculation: two rows verify 3 and 1 drafts (their KV context counts the drafts too)
     spec = SchedulerOutput(0, (_chunk("a", 10, 1, False, drafts=3), _chunk("b", 20, 1, False, drafts=1),

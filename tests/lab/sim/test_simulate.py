@@ -70,6 +70,23 @@ def test_the_first_step_after_idle_pays_the_wake_up_cost():
     assert CostModel.from_json(woken.to_json()).wake_s == 0.004
 
 
+def test_the_step_after_a_prefill_pays_after_prefill():
+    """As the constant-cost case with after_prefill = 3 ms: a prefills in step 0 and c in step 2
+    (c arrives during step 1), b in step 4 after the idle gap; so steps 1, 3 and 5 last 13 ms.
+    a: tokens at 0.010, 0.023, 0.033 (e2e); c: added at 0.023, first token 0.033, then 0.046."""
+    wl = Workload([_req("a", 3, 3, time=0.0), _req("b", 4, 2, time=0.100), _req("c", 2, 2, time=0.015)])
+    model = CostModel({"step": 0.010, "after_prefill": 0.003})
+    sim = simulate(wl, {"max_num_seqs": 4}, model, clock="wall")
+    prefills = [any(s.is_prefill for s in r.scheduler_output.scheduled) for r in sim.history]
+    assert prefills == [True, False, True, False, True, False]
+    assert [r.timings["forward"] for r in sim.history] == pytest.approx([0.010, 0.013] * 3)
+    rows = sim.requests.set_index("request_id")
+    assert rows.loc["a", "e2e_s"] == pytest.approx(0.033)
+    assert rows.loc["c", "ttft_s"] == pytest.approx(0.033 - 0.015)
+    assert rows.loc["c", "e2e_s"] == pytest.approx(0.046 - 0.015)
+    assert rows.loc["b", "e2e_s"] == pytest.approx(0.023)
+
+
 def test_text_prompts_pay_their_input_processing_before_their_step():
     """a (text) and b (token ids) arrive at an idle engine; only a's first step is preceded by
     the driver tokenizing it: 1 ms + 0.1 ms per prompt token."""

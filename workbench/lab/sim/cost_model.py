@@ -42,15 +42,16 @@ NGRAM_CALIBRATION = "calibration/tiny-shakespeare-cpu-ngram.json"
 #: A fitted step further than this many MADs of the residuals from the first fit is noise
 #: (another process took the CPU): it is left out of the second fit (and counted).
 OUTLIER_MADS = 6.0
-#: The features only a step with a prefill pays for: :meth:`CostModel.rescaled_to` fits one
-#: factor for them and one for the rest.
-PREFILL_FEATURES = ("prefill_step", "prefill_tokens", "prefill_chunks", "prefill_attention")
+#: The features a prefill costs by (its own step's, and the step after it's):
+#: :meth:`CostModel.rescaled_to` fits one factor for them and one for the rest.
+PREFILL_FEATURES = ("prefill_step", "prefill_tokens", "prefill_chunks", "prefill_attention", "after_prefill")
 UNITS = {"step": "s per step", "prefill_step": "s per step with a prefill", "prefill_tokens": "s per token",
          "prefill_chunks": "s per chunk", "decode_seqs": "s per sequence", "decode_seqs_sqrt": "s per sqrt(sequences)",
          "decode_context": "s per KV token", "prefill_attention": "s per q x k pair",
          "spec_tokens": "s per draft token", "spec_seqs": "s per speculating sequence",
          "lora_tokens": "s per token under an adapter", "lora_adapters": "s per adapter in the batch",
-         "lora_loads": "s per adapter loaded into a device slot"}
+         "lora_loads": "s per adapter loaded into a device slot",
+         "after_prefill": "s per step after a step with a prefill"}
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import numpy as np
 
 from workbench.core.request_events import RequestArrived
 from workbench.engine.history import TIMING_STAGES, StepRecord
-from workbench.lab.sim.features import step_features
+from workbench.lab.sim.features import ran_prefill, step_features
 from workbench.lab.sim.lora_slots import LoRASlots
 
 #: The stages of a step that come after its tokens: they count towards the next step.
@@ -46,7 +46,7 @@ def measured_steps(records: Iterable[StepRecord],
                    lora_slots: LoRASlots | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(features [n, F], durations [n], empty [n] bool)`` of every record with timings;
     adapter loads are counted on ``lora_slots`` (the engine's device slots, in step order;
-    None: 0).
+    None: 0), ``after_prefill`` when the record before is the step just before and ran a prefill.
 
     Raises ValueError when no record carries timings (a history that was not measured)."""
     records = [r for r in records if r.timings]
@@ -54,7 +54,10 @@ def measured_steps(records: Iterable[StepRecord],
         raise ValueError("no step with timings to fit: give the StepHistory of a real run "
                          "(a simulated or empty history has none).")
     features = np.array([step_features(r.scheduler_output, lora_slots.activate(r.scheduler_output.lora_names)
-                                       if lora_slots is not None else 0) for r in records], dtype=np.float64)
+                                       if lora_slots is not None else 0,
+                                       after_prefill=bool(i) and records[i - 1].step == r.step - 1
+                                       and ran_prefill(records[i - 1].scheduler_output))
+                         for i, r in enumerate(records)], dtype=np.float64)
     durations = []
     for i, r in enumerate(records):
         t = r.timings

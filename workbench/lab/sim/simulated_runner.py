@@ -27,7 +27,7 @@ import torch
 from workbench.core.sched.output import SchedulerOutput, SpecDecodeResult
 from workbench.lab.sim.clock import SimClock
 from workbench.lab.sim.cost_model import CostModel
-from workbench.lab.sim.features import step_features
+from workbench.lab.sim.features import ran_prefill, step_features
 from workbench.lab.sim.lora_slots import LoRASlots
 from workbench.model.model_config import ModelConfig
 from workbench.request import Request
@@ -66,6 +66,7 @@ class SimulatedRunner:
         self.spec_rng = None
         self.num_blocks = 0
         self.lora_slots: LoRASlots | None = None  # with enable_lora
+        self.previous_ran_prefill = False  # the cost model's after_prefill for the next step
         self._fillers: dict[tuple, int] = {}  # (eos, stop ids, stop strings, allowed) -> filler
 
     @classmethod
@@ -129,6 +130,7 @@ class SimulatedRunner:
         batch after idle and the input processing of the text prompts that arrived since the
         last step; one token per sampling request (``grammar_bitmask`` is not read: filler
         tokens follow no grammar, so a constrained request ends with an error here)."""
+        after_prefill, self.previous_ran_prefill = self.previous_ran_prefill, ran_prefill(scheduler_output)
         if not scheduler_output.scheduled:
             seconds = self.cost_model.empty_step_s
             self.clock.advance(seconds)
@@ -136,7 +138,7 @@ class SimulatedRunner:
         model, clock = self.cost_model, self.clock
         slots = self.lora_slots
         loads = slots.activate(scheduler_output.lora_names) if slots is not None else 0
-        seconds = model.predict(step_features(scheduler_output, loads))
+        seconds = model.predict(step_features(scheduler_output, loads, after_prefill))
         if clock.idle_s:  # the first batch after the engine sat idle
             seconds += model.wake_s
             clock.idle_s = 0.0
