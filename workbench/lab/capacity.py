@@ -120,8 +120,9 @@ class Capacity:
         return search_runner(self.run, self.cost_model)
 
     def figure(self, *, figsize=None):
-        """A matplotlib Figure (not pyplot's): each SLO metric against the rate, its bound, the
-        rates that held (o) and broke (x), and the capacity found."""
+        """A matplotlib Figure (not pyplot's): each SLO metric against the rate, its bound (and
+        the headroom's), the rates where every SLO held (o) or one broke (x) -- in each panel,
+        whichever metric broke -- and the capacity found."""
         from matplotlib.figure import Figure
 
         n = len(self.slo)
@@ -131,8 +132,8 @@ class Capacity:
             ax = fig.add_subplot(1, n, i + 1)
             ax.plot(t["rate"], t[metric], color="0.6", lw=1, zorder=1)
             ok = t["holds"].astype(bool)
-            ax.scatter(t["rate"][ok], t[metric][ok], marker="o", color="tab:green", label="holds", zorder=2)
-            ax.scatter(t["rate"][~ok], t[metric][~ok], marker="x", color="tab:red", label="breaks", zorder=2)
+            ax.scatter(t["rate"][ok], t[metric][ok], marker="o", color="tab:green", label="every SLO holds", zorder=2)
+            ax.scatter(t["rate"][~ok], t[metric][~ok], marker="x", color="tab:red", label="an SLO breaks", zorder=2)
             ax.axhline(bound, color="tab:red", ls="--", lw=1, label=f"SLO {bound:g}")
             if self.headroom:
                 ax.axhline(self.target[metric], color="tab:orange", ls=":", lw=1,
