@@ -27,12 +27,14 @@ import torch
 from workbench.core.sched.output import SchedulerOutput, SpecDecodeResult
 from workbench.lab.sim.clock import SimClock
 from workbench.lab.sim.cost_model import CostModel
-from workbench.lab.sim.features import ran_prefill, step_features
+from workbench.lab.sim.features import FEATURES, step_features
 from workbench.lab.sim.lora_slots import LoRASlots
 from workbench.model.model_config import ModelConfig
 from workbench.request import Request
 from workbench.worker.model_runner import RunnerOutput
 from workbench.worker.runner_protocol import RunnerFactory
+
+PREFILL_STEP = FEATURES.index("prefill_step")  # 1 in a step's features when it ran a prefill chunk
 
 
 class SimulatedRunner:
@@ -130,7 +132,7 @@ class SimulatedRunner:
         batch after idle and the input processing of the text prompts that arrived since the
         last step; one token per sampling request (``grammar_bitmask`` is not read: filler
         tokens follow no grammar, so a constrained request ends with an error here)."""
-        after_prefill, self.previous_ran_prefill = self.previous_ran_prefill, ran_prefill(scheduler_output)
+        after_prefill, self.previous_ran_prefill = self.previous_ran_prefill, False
         if not scheduler_output.scheduled:
             seconds = self.cost_model.empty_step_s
             self.clock.advance(seconds)
@@ -138,7 +140,9 @@ class SimulatedRunner:
         model, clock = self.cost_model, self.clock
         slots = self.lora_slots
         loads = slots.activate(scheduler_output.lora_names) if slots is not None else 0
-        seconds = model.predict(step_features(scheduler_output, loads, after_prefill))
+        features = step_features(scheduler_output, loads, after_prefill)
+        self.previous_ran_prefill = features[PREFILL_STEP] > 0
+        seconds = model.predict(features)
         if clock.idle_s:  # the first batch after the engine sat idle
             seconds += model.wake_s
             clock.idle_s = 0.0
