@@ -92,10 +92,9 @@ class Capacity:
     NaN when the SLO breaks at every rate tried), ``bounded`` (False when the SLO still held at
     the highest rate tried: ``rate`` is then a lower bound), ``table`` (one row per rate
     tried: the SLO metrics, whether they held with the headroom, finished requests,
-    throughput), ``cost_model``
-    (the simulator's, after any recalibration; None for other runs), ``recalibrations`` (one
-    row per real check of ``recalibrate``: see :func:`real_check`; None without) and, after :meth:`confirm`,
-    ``confirmation``."""
+    throughput), ``cost_model`` (the simulator's, after any recalibration; None for other
+    runs), ``recalibrations`` (one row per real check of ``recalibrate``: see
+    :func:`real_check`; None without) and, after :meth:`confirm`, ``confirmation``."""
 
     rate: float
     slo: dict[str, float]
@@ -268,7 +267,8 @@ def capacity(
                      "num_finished": s.get("num_finished", math.nan),
                      "throughput_tok_s": s.get("throughput_tok_s", math.nan), "error": error})
     result = Capacity(rate=low if low is not None else math.nan, slo=slo, headroom=float(headroom),
-                      table=pd.DataFrame(rows), bounded=high is not None, run=run, config=resolved, workload=workload, cost_model=model,
+                      table=pd.DataFrame(rows), bounded=high is not None, run=run, config=resolved,
+                      workload=workload, cost_model=model,
                       recalibrations=pd.DataFrame(rounds) if recalibrate else None)
     if confirm:
         result.confirm()

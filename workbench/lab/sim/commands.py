@@ -119,8 +119,8 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the search keeps each metric at most (1 - this) x its bound, so that a real run's "
                             "noise stays inside the SLO (default 0.1; 0: the edge itself)")
     trace.add_argument("--recalibrate", type=int, default=0, metavar="N",
-                       help="sim search: up to N real runs at the capacity found, each rescaling the cost model by "
-                            "its measured / predicted step time and searching again (default 0)")
+                       help="sim search: up to N real runs at the capacity found, each rescaling the cost model to "
+                            "its measured steps (prefill and the rest apart) and searching again (default 0)")
     trace.add_argument("--confirm", action="store_true",
                        help="real runs at the capacity found and at 1.25x it, beside the search's runs")
     add_threads_argument(parser)

@@ -40,11 +40,8 @@ from workbench.core.sched.output import SchedulerOutput
 FEATURES = ("step", "prefill_step", "prefill_tokens", "prefill_chunks", "decode_seqs", "decode_seqs_sqrt", "decode_context",
             "prefill_attention", "spec_tokens", "spec_seqs", "lora_tokens", "lora_adapters", "lora_loads",
             "after_prefill")
-
-
-def ran_prefill(so: SchedulerOutput) -> bool:
-    """Whether the step ran at least one prefill chunk."""
-    return any(s.is_prefill for s in so.scheduled)
+#: The index of ``prefill_step`` in FEATURES: a step's features say whether it ran a prefill.
+PREFILL_STEP = FEATURES.index("prefill_step")
 
 
 def step_features(so: SchedulerOutput, lora_loads: int = 0, after_prefill: bool = False) -> tuple[float, ...]:

@@ -22,7 +22,7 @@ import numpy as np
 
 from workbench.core.request_events import RequestArrived
 from workbench.engine.history import TIMING_STAGES, StepRecord
-from workbench.lab.sim.features import ran_prefill, step_features
+from workbench.lab.sim.features import PREFILL_STEP, step_features
 from workbench.lab.sim.lora_slots import LoRASlots
 
 #: The stages of a step that come after its tokens: they count towards the next step.
@@ -53,18 +53,18 @@ def measured_steps(records: Iterable[StepRecord],
     if not records:
         raise ValueError("no step with timings to fit: give the StepHistory of a real run "
                          "(a simulated or empty history has none).")
-    features = np.array([step_features(r.scheduler_output, lora_slots.activate(r.scheduler_output.lora_names)
-                                       if lora_slots is not None else 0,
-                                       after_prefill=bool(i) and records[i - 1].step == r.step - 1
-                                       and ran_prefill(records[i - 1].scheduler_output))
-                         for i, r in enumerate(records)], dtype=np.float64)
-    durations = []
+    features, durations = [], []
     for i, r in enumerate(records):
+        previous = records[i - 1] if i and records[i - 1].step == r.step - 1 else None  # the step just before
+        loads = lora_slots.activate(r.scheduler_output.lora_names) if lora_slots is not None else 0
+        features.append(step_features(r.scheduler_output, loads,
+                                      after_prefill=previous is not None and features[-1][PREFILL_STEP] > 0))
         t = r.timings
         own = sum(t.get(k, 0.0) for k in TIMING_STAGES if k not in AFTER_TOKENS)
-        if "driver" in t and i and records[i - 1].step == r.step - 1:
-            own += t["driver"] + sum(records[i - 1].timings.get(k, 0.0) for k in AFTER_TOKENS)
+        if "driver" in t and previous is not None:
+            own += t["driver"] + sum(previous.timings.get(k, 0.0) for k in AFTER_TOKENS)
         durations.append(own)
+    features = np.array(features, dtype=np.float64)
     durations = np.array(durations, dtype=np.float64)
     empty = np.array([not r.scheduler_output.scheduled for r in records])
     return features, durations, empty

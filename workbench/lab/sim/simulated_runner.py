@@ -27,14 +27,12 @@ import torch
 from workbench.core.sched.output import SchedulerOutput, SpecDecodeResult
 from workbench.lab.sim.clock import SimClock
 from workbench.lab.sim.cost_model import CostModel
-from workbench.lab.sim.features import FEATURES, step_features
+from workbench.lab.sim.features import PREFILL_STEP, step_features
 from workbench.lab.sim.lora_slots import LoRASlots
 from workbench.model.model_config import ModelConfig
 from workbench.request import Request
 from workbench.worker.model_runner import RunnerOutput
 from workbench.worker.runner_protocol import RunnerFactory
-
-PREFILL_STEP = FEATURES.index("prefill_step")  # 1 in a step's features when it ran a prefill chunk
 
 
 class SimulatedRunner:
