@@ -29,7 +29,7 @@ import torch
 from matplotlib.patches import Patch
 
 from workbench import LLMEngine, SamplingParams
-from workbench import kernels
+from workbench.kernels import ops
 
 # %% [markdown]
 # ## A step worth looking at
@@ -163,7 +163,7 @@ x, positions, cos_sin_cache, (key_cache, value_cache), meta = seen["args"]
 q, k, v = attention.qkv_proj(x).split([attention.q_size, attention.kv_size, attention.kv_size], dim=-1)
 q = q.reshape(len(x), attention.num_heads, attention.head_dim).contiguous()
 k = k.reshape(len(x), attention.num_kv_heads, attention.head_dim).contiguous()
-kernels.rotary_embedding(positions, q, k, cos_sin_cache)
+ops.rotary_embedding(positions, q, k, cos_sin_cache)
 flat_keys = key_cache.view(-1, attention.num_kv_heads, attention.head_dim)
 print("query", tuple(q.shape), " key cache", tuple(key_cache.shape), " (blocks, block size, kv heads, head dim)")
 print("keys at the slot mapping equal the step's keys:",
@@ -201,7 +201,7 @@ plt.show()
 # %% [markdown]
 # ## The kernels on that batch
 #
-# `workbench.kernels.paged_attention` takes the whole packed batch at once: decode,
+# `workbench.kernels.ops.paged_attention` takes the whole packed batch at once: decode,
 # prefix-hit and chunked-prefill sequences in one call. Its torch reference loops over
 # sequences and gathers through the block tables; the Triton kernel tiles the queries and
 # walks the keys block table entry by block table entry (see the docstring of
@@ -211,8 +211,8 @@ plt.show()
 # %%
 arguments = (q, key_cache, value_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
              attention.scale)
-reference = kernels.paged_attention(*arguments, backend="torch")
-triton = kernels.paged_attention(*arguments, backend="triton")
+reference = ops.paged_attention(*arguments, backend="torch")
+triton = ops.paged_attention(*arguments, backend="triton")
 layer_output = attention.o_proj(reference.view(len(x), -1))
 differences = {
     "Triton kernel vs torch reference": (triton - reference).abs().max(),

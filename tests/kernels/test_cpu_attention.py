@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_triton_kernels import SETTINGS, attention_cases
 
-from workbench import kernels
+from workbench.kernels import ops
 from workbench.benchmarks.checks import (attention_batches, build_batch, check_paged_attention,
                                          check_write_kv_cache)
 from workbench.kernels import cpu_attention, reference
@@ -52,7 +52,7 @@ def test_many_decodes_of_spread_lengths(ctx, block_size, seed):
     batch = build_batch([1] * len(ctx), ctx, num_kv_heads=2, group=3, head_dim=32,
                         block_size=block_size, dtype=torch.float32, seed=seed)
     _, _, _, block_tables, qsl, seq_lens = batch
-    plan = kernels.plan_attention(block_tables, qsl, seq_lens, block_size, backend="cpu")
+    plan = ops.plan_attention(block_tables, qsl, seq_lens, block_size, backend="cpu")
     assert sum(g.rows.numel() for g in plan.decode_groups) == len(ctx)
     check_cpu(batch, plan=plan)
     check_cpu(batch, plan=plan, sliding_window=50)
@@ -90,7 +90,7 @@ def test_unknown_backend_is_named():
     batch = build_batch([1], [3], num_kv_heads=1, group=1, head_dim=32, block_size=16,
                         dtype=torch.float32, seed=0)
     with pytest.raises(ValueError, match="backend must be one of"):
-        kernels.paged_attention(*batch, 1.0, backend="fast")
+        ops.paged_attention(*batch, 1.0, backend="fast")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -125,7 +125,7 @@ def test_rotary_embedding_equals_reference_on_fused_qkv_views(dtype):
         reference.rotary_embedding(positions, q_ref, k_ref, cos_sin)
         q, k, _ = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
         q, k = q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim)
-        kernels.rotary_embedding(positions, q, k, cos_sin, backend="cpu", plan=plan)
+        ops.rotary_embedding(positions, q, k, cos_sin, backend="cpu", plan=plan)
         torch.testing.assert_close(q, q_ref, atol=0, rtol=0)
         torch.testing.assert_close(k, k_ref, atol=0, rtol=0)
     assert len(plan.rotary) == (1 if dtype == torch.float32 else 0)

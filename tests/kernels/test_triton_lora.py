@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench import kernels
+from workbench.kernels import ops
 from workbench.kernels import reference
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
@@ -46,8 +46,8 @@ def test_each_backend_matches_a_per_token_loop(backend, dtype):
     y = fused[:, 2:22]
     expected = per_token_loop(y, x, a, b, idx)
     before = fused.clone()
-    kernels.add_lora(y, x, a, b, idx, backend=backend,
-                     plan=kernels.plan_lora(idx, backend=backend))
+    ops.add_lora(y, x, a, b, idx, backend=backend,
+                 plan=ops.plan_lora(idx, backend=backend))
     tol = dict(atol=1e-4, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=1e-2)
     torch.testing.assert_close(y, expected, **tol)
     untouched = idx == 0
@@ -67,14 +67,14 @@ def test_triton_and_cpu_equal_the_reference(num_tokens, n_in, n_out, rank, num_s
     reference.add_lora(expected, x, a, b, idx)
     for backend in ("triton", "cpu"):
         y = fused.clone()[:, :n_out]
-        kernels.add_lora(y, x, a, b, idx, backend=backend,
-                         plan=kernels.plan_lora(idx, backend=backend))
+        ops.add_lora(y, x, a, b, idx, backend=backend,
+                     plan=ops.plan_lora(idx, backend=backend))
         torch.testing.assert_close(y, expected, atol=1e-4, rtol=1e-5)
 
 
 def test_cpu_plan_groups_tokens_by_slot():
-    plan = kernels.plan_lora(torch.tensor([0, 2, 2, 1, 0, 1]), backend="cpu")
+    plan = ops.plan_lora(torch.tensor([0, 2, 2, 1, 0, 1]), backend="cpu")
     assert [(s, r if isinstance(r, slice) else r.tolist()) for s, r in plan] == [
         (1, [3, 5]), (2, slice(1, 3))]
-    assert kernels.plan_lora(torch.tensor([0, 0]), backend="cpu") == []
-    assert kernels.plan_lora(torch.tensor([1]), backend="torch") is None
+    assert ops.plan_lora(torch.tensor([0, 0]), backend="cpu") == []
+    assert ops.plan_lora(torch.tensor([1]), backend="torch") is None

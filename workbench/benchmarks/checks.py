@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench import kernels
+from workbench.kernels import ops
 from workbench.kernels import reference, triton_attention
 from workbench.model.loader import default_model_path
 
@@ -105,8 +105,8 @@ def check_paged_attention(batch: Sequence[torch.Tensor], *, backend: str,
                                          softcap=softcap)
     out = torch.full_like(query, float("nan"))
     if num_splits is None:
-        got = kernels.paged_attention(*batch, scale, sliding_window=sliding_window,
-                                      softcap=softcap, out=out, backend=backend, plan=plan)
+        got = ops.paged_attention(*batch, scale, sliding_window=sliding_window,
+                                  softcap=softcap, out=out, backend=backend, plan=plan)
     else:
         got = triton_attention.paged_attention_split_kv(
             *batch, scale, num_splits=num_splits, sliding_window=sliding_window,
@@ -124,7 +124,7 @@ def check_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     the new residual bitwise the reference's (one rounding of ``x + residual``)."""
     x_before = x.clone()
     res_before = None if residual is None else residual.clone()
-    got = kernels.rms_norm(x, weight, eps, residual, backend=backend)
+    got = ops.rms_norm(x, weight, eps, residual, backend=backend)
     expected = reference.rms_norm(x, weight, eps, res_before)
     assert torch.equal(x, x_before), "rms_norm changed its input"
     if residual is None:
@@ -138,7 +138,7 @@ def check_rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: to
     """RoPE in place on ``query`` and ``key`` (views of a fused QKV buffer are fine)."""
     q_ref, k_ref = query.clone(), key.clone()
     reference.rotary_embedding(positions, q_ref, k_ref, cos_sin)
-    kernels.rotary_embedding(positions, query, key, cos_sin, backend=backend)
+    ops.rotary_embedding(positions, query, key, cos_sin, backend=backend)
     return max(_compare(query, q_ref), _compare(key, k_ref))
 
 
@@ -150,7 +150,7 @@ def check_write_kv_cache(key: torch.Tensor, value: torch.Tensor, slot_mapping: t
     shape = (num_blocks, block_size, key.shape[1], key.shape[2])
     caches = [torch.full(shape, float("nan"), dtype=dtype or key.dtype, device=key.device)
               for _ in range(4)]
-    kernels.write_kv_cache(key, value, caches[0], caches[1], slot_mapping, backend=backend)
+    ops.write_kv_cache(key, value, caches[0], caches[1], slot_mapping, backend=backend)
     reference.write_kv_cache(key, value, caches[2], caches[3], slot_mapping)
     for got, expected in ((caches[0], caches[2]), (caches[1], caches[3])):
         torch.testing.assert_close(got, expected, atol=0, rtol=0, equal_nan=True)

@@ -6,7 +6,7 @@ another -- and keeps, for each of its shards (``q_proj``, ``k_proj``, ...), fixe
 tensors ``lora_a[slot]`` [max_rank, in] and ``lora_b[slot]`` [rows, max_rank]: slot 0 is "no
 adapter" and stays zero; an adapter of rank r < max_rank is zero-padded (the padding adds
 exact zeros). ``forward(x) = base(x)``, then each shard's output columns get
-``kernels.add_lora`` with the step's :class:`LoRAMapping`.
+``ops.add_lora`` with the step's :class:`LoRAMapping`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workbench import kernels
+from workbench.kernels import ops
 
 
 class LoRAMapping:
@@ -22,7 +22,7 @@ class LoRAMapping:
 
     ``token_lora_indices`` int64 [num_tokens] on the model's device (0: no adapter);
     ``slots`` the distinct non-zero slots in it; ``plan`` the backend's grouping
-    (:func:`workbench.kernels.plan_lora`). Empty (no slot): the layers add nothing.
+    (:func:`workbench.kernels.ops.plan_lora`). Empty (no slot): the layers add nothing.
     """
 
     def __init__(self, backend: str) -> None:
@@ -34,7 +34,7 @@ class LoRAMapping:
     def set(self, token_lora_indices: torch.Tensor) -> None:
         self.slots = frozenset(s for s in token_lora_indices.unique().tolist() if s > 0)
         self.token_lora_indices = token_lora_indices
-        self.plan = kernels.plan_lora(token_lora_indices, backend=self.backend) if self.slots else None
+        self.plan = ops.plan_lora(token_lora_indices, backend=self.backend) if self.slots else None
 
     def clear(self) -> None:
         self.token_lora_indices, self.slots, self.plan = None, frozenset(), None
@@ -106,8 +106,8 @@ class LinearWithLoRA(nn.Module):
             return y
         for shard in self.shard_names:
             if self.filled[shard] & m.slots:
-                kernels.add_lora(y[:, self.columns[shard]], x, self.lora_a[shard], self.lora_b[shard],
-                                 m.token_lora_indices, backend=m.backend, plan=m.plan)
+                ops.add_lora(y[:, self.columns[shard]], x, self.lora_a[shard], self.lora_b[shard],
+                             m.token_lora_indices, backend=m.backend, plan=m.plan)
         return y
 
     def extra_repr(self) -> str:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench import kernels
+from workbench.kernels import ops
 from workbench.model.attention import AttentionMetadata
 from workbench.model.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
 from workbench.model.rotary import build_cos_sin_cache
@@ -55,7 +55,7 @@ class _Linear(nn.Module):
 
 
 class _RMSNormWeight(nn.Module):
-    """Holds an RMSNorm weight; the computation is ``workbench.kernels.rms_norm``."""
+    """Holds an RMSNorm weight; the computation is ``workbench.kernels.ops.rms_norm``."""
 
     def __init__(self, size: int, dtype, device):
         super().__init__()
@@ -99,15 +99,15 @@ class LlamaAttention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q = kernels.rms_norm(q.reshape(-1, self.head_dim), self.q_norm.weight, self.eps,
-                                 backend=attn.backend).view_as(q)
-            k = kernels.rms_norm(k.reshape(-1, self.head_dim), self.k_norm.weight, self.eps,
-                                 backend=attn.backend).view_as(k)
-        kernels.rotary_embedding(positions, q, k, cos_sin_cache, backend=attn.backend,
-                                 plan=attn.plan)
+            q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm.weight, self.eps,
+                             backend=attn.backend).view_as(q)
+            k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm.weight, self.eps,
+                             backend=attn.backend).view_as(k)
+        ops.rotary_embedding(positions, q, k, cos_sin_cache, backend=attn.backend,
+                             plan=attn.plan)
         key_cache, value_cache = kv_cache
-        kernels.write_kv_cache(k, v, key_cache, value_cache, attn.slot_mapping, backend=attn.backend)
-        out = kernels.paged_attention(
+        ops.write_kv_cache(k, v, key_cache, value_cache, attn.slot_mapping, backend=attn.backend)
+        out = ops.paged_attention(
             q, key_cache, value_cache, attn.block_tables, attn.query_start_loc, attn.seq_lens,
             self.scale, sliding_window=self.sliding_window, backend=attn.backend, plan=attn.plan,
         )
@@ -137,7 +137,7 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block; the residual stream is carried separately so that each RMSNorm also does
-    the residual add (``kernels.rms_norm(x, w, eps, residual)`` -> (normed, x + residual))."""
+    the residual add (``ops.rms_norm(x, w, eps, residual)`` -> (normed, x + residual))."""
 
     def __init__(self, config: ModelConfig, layer: int, device):
         super().__init__()
@@ -150,13 +150,13 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, x, residual, positions, cos_sin_cache, kv_cache, attn):
         if residual is None:
             residual = x
-            h = kernels.rms_norm(x, self.input_layernorm.weight, self.eps, backend=attn.backend)
+            h = ops.rms_norm(x, self.input_layernorm.weight, self.eps, backend=attn.backend)
         else:
-            h, residual = kernels.rms_norm(x, self.input_layernorm.weight, self.eps, residual,
-                                           backend=attn.backend)
-        h = self.self_attn(h, positions, cos_sin_cache, kv_cache, attn)
-        h, residual = kernels.rms_norm(h, self.post_attention_layernorm.weight, self.eps, residual,
+            h, residual = ops.rms_norm(x, self.input_layernorm.weight, self.eps, residual,
                                        backend=attn.backend)
+        h = self.self_attn(h, positions, cos_sin_cache, kv_cache, attn)
+        h, residual = ops.rms_norm(h, self.post_attention_layernorm.weight, self.eps, residual,
+                                   backend=attn.backend)
         return self.mlp(h), residual
 
 
@@ -199,14 +199,14 @@ class LlamaForCausalLM(nn.Module):
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"kv_caches has {len(kv_caches)} layers, the model has {len(self.layers)}.")
         if attn.plan is None:
-            attn = dataclasses.replace(attn, plan=kernels.plan_attention(
+            attn = dataclasses.replace(attn, plan=ops.plan_attention(
                 attn.block_tables, attn.query_start_loc, attn.seq_lens, kv_caches[0][0].shape[1],
                 backend=attn.backend))
         x = F.embedding(input_ids, self.embed_tokens)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, positions, self.cos_sin_cache, kv_cache, attn)
-        x, _ = kernels.rms_norm(x, self.norm.weight, self.config.rms_norm_eps, residual, backend=attn.backend)
+        x, _ = ops.rms_norm(x, self.norm.weight, self.config.rms_norm_eps, residual, backend=attn.backend)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
