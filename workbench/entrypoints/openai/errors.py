@@ -1,4 +1,5 @@
-"""OpenAI-shaped errors: ``{"object": "error", "error": {"message", "type", "param", "code"}}``.
+"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` (vLLM V1's
+ErrorResponse, which has no top-level ``object``).
 
 Every failure a client can cause becomes one of these with its HTTP status (400 bad input,
 401 API key, 404 unknown model or route, 500 a request that failed inside the engine, 503 the
