@@ -69,7 +69,14 @@ def test_rejections_name_the_field_and_limit(ip, prompt, params, message):
 def test_truncate_prompt_tokens_keeps_the_last_tokens(ip, tok):
     ids = list(range(10, 200))
     assert ip.process(ids, SamplingParams(truncate_prompt_tokens=7))[1] == ids[-7:]
-    assert ip.process(ids, SamplingParams(truncate_prompt_tokens=-1))[1] == ids[-(CTX - 1):]
+    # -1 keeps max_model_len - max_tokens (vLLM V1's TokenizeParams; SamplingParams: 16)
+    assert ip.process(ids, SamplingParams(truncate_prompt_tokens=-1))[1] == ids[-(CTX - 16):]
+    assert ip.process(ids, SamplingParams(truncate_prompt_tokens=-1, max_tokens=3))[1] == \
+        ids[-(CTX - 3):]
+    with pytest.raises(ValueError, match="cannot be greater than max_model_len - max_tokens"):
+        ip.process(ids, SamplingParams(truncate_prompt_tokens=CTX - 2, max_tokens=3))
+    with pytest.raises(ValueError, match="maximum context length"):  # 0 left to generate
+        ip.process(ids, SamplingParams(truncate_prompt_tokens=-1, max_tokens=None))
     text = "ROMEO:\nBut soft, what light through yonder window breaks?"
     got_text, got, _ = ip.process(text, SamplingParams(truncate_prompt_tokens=4))
     assert got == tok(text).input_ids[-4:] and got_text == tok.decode(got)
