@@ -113,8 +113,16 @@ def test_render_chat_matches_the_tokenizer_and_reports_template_errors(ip, tok):
         ip.render_chat(USER, add_generation_prompt=False, continue_final_message=True)
     with pytest.raises(ValueError, match=r"messages\[0\] must be a dict with a 'role'"):
         ip.render_chat([{"content": "hi"}])
+    with pytest.raises(ValueError, match="Found unexpected chat template kwargs from request"):
+        ip.render_chat(USER, chat_template_kwargs={"tokenize": True})  # vLLM V1's rule
     with pytest.raises(ValueError, match="chat_template_kwargs may not set"):
-        ip.render_chat(USER, chat_template_kwargs={"tokenize": True})
+        ip.render_chat(USER, chat_template_kwargs={"messages": []})
+    # the explicit argument wins over the same key in chat_template_kwargs (vLLM V1)
+    assert ip.render_chat(USER, add_generation_prompt=True,
+                          chat_template_kwargs={"add_generation_prompt": False}) == \
+        ip.render_chat(USER, add_generation_prompt=True)
+    assert ip.render_chat(USER, add_generation_prompt=True) != \
+        ip.render_chat(USER, add_generation_prompt=False)
 
 
 def test_reprs_are_plain_and_deterministic(ip):

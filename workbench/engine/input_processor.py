@@ -207,12 +207,23 @@ class InputProcessor:
         if chat_template is None and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("This tokenizer has no chat template; pass chat_template=...")
         kwargs = dict(chat_template_kwargs or {})
-        reserved = {"conversation", "messages", "tokenize", "chat_template",
-                    "add_generation_prompt", "continue_final_message"} & set(kwargs)
+        # vLLM V1 (vllm/renderers/hf.py resolve_chat_template_kwargs): chat_template and
+        # tokenize inside chat_template_kwargs are refused with its message.
+        unexpected = {"chat_template", "tokenize"} & set(kwargs)
+        if unexpected:
+            raise ValueError(
+                f"Found unexpected chat template kwargs from request: {sorted(unexpected)}"
+            )
+        reserved = {"conversation", "messages"} & set(kwargs)
         if reserved:
             raise ValueError(
                 f"chat_template_kwargs may not set {sorted(reserved)}: they are request fields."
             )
+        # vLLM V1 (ChatCompletionRequest.build_chat_params: merge_kwargs(chat_template_kwargs,
+        # {add_generation_prompt, continue_final_message, ...})): the explicit arguments win
+        # over the same keys in chat_template_kwargs (the seed let the kwargs win; V1 no more).
+        kwargs.pop("add_generation_prompt", None)
+        kwargs.pop("continue_final_message", None)
         try:
             return self.tokenizer.apply_chat_template(
                 [dict(m) for m in messages],
