@@ -180,8 +180,9 @@ class OpenAIServing:
 
     # ------------------------------------------------------------------ checks
     def check_model(self, model: str | None) -> LoRARequest | None:
-        """The adapter a request's ``model`` names (None: the base model); 404 if unknown."""
-        if model is None or model == self.model_name:
+        """The adapter a request's ``model`` names (None: the base model); 404 if unknown.
+        No name or an empty one is the base model (vLLM's ``_is_model_supported``)."""
+        if not model or model == self.model_name:
             return None
         lora = self.lora_requests.get(model)
         if lora is None:
