@@ -200,7 +200,10 @@ def chat_router(serving: OpenAIServing) -> APIRouter:
     async def create_chat_completion(req: P.ChatCompletionRequest, raw: Request) -> Response:
         base_id = serving.check_request(req, raw)
         readers = reply_reader(serving, req)
-        if req.tool_choice == "auto":  # the parser may need special tokens kept (vLLM)
+        # The parser may need special tokens kept. vLLM (OpenAIServing._preprocess_chat) calls
+        # adjust_request whenever a tool-call parser is configured and tool_choice is not
+        # "none" (named and "required" too), whatever --enable-auto-tool-choice says.
+        if serving.tool_parser is not None and req.tool_choice != "none":
             serving.tool_parser(serving.llm.input_processor.tokenizer).adjust_request(req)
         text = await render(
             serving, req.messages, add_generation_prompt=req.add_generation_prompt,
