@@ -128,7 +128,8 @@ class ChatFormat(ResponseFormat):
         for state in choices:
             state.started = True
         chunks = [self.chunk([R.ChatStreamChoice(index=s.index,
-                                                 delta={"role": ROLE, "content": self.echo})],
+                                                 delta={"role": ROLE, "content": self.echo},
+                                                 logprobs=None, finish_reason=None)],
                              None) for s in choices]
         if self.req.return_token_ids and chunks:  # vLLM: the prompt's ids in the first chunk
             chunks[0].prompt_token_ids = choices[0].prompt.token_ids
@@ -151,12 +152,14 @@ class ChatFormat(ResponseFormat):
         elif (not delta.text and finish_reason is None and not self.req.logprobs
               and not (ids and delta.token_ids)):
             return None
-        return R.ChatStreamChoice(
+        choice = R.ChatStreamChoice(
             index=state.index, delta=fields,
             logprobs=self._logprobs(delta.token_ids, delta.logprobs or []),
-            finish_reason=finish_reason, stop_reason=delta.stop_reason,
-            token_ids=list(delta.token_ids) if ids else None,
+            finish_reason=finish_reason, token_ids=list(delta.token_ids) if ids else None,
         )
+        if finish_reason is not None:  # vLLM sets stop_reason on the finishing chunk only
+            choice.stop_reason = delta.stop_reason
+        return choice
 
     def _message(self, s: ChoiceState) -> tuple[R.ChatResponseMessage, str | None]:
         reader = self._reader(s.index)
@@ -169,8 +172,12 @@ class ChatFormat(ResponseFormat):
                 reader.finish_reason(s.finish_reason, bool(calls)))
 
     def chunk(self, choices: list, usage: R.UsageInfo | None) -> R.ChatCompletionChunk:
-        return R.ChatCompletionChunk(id=self.response_id, created=self.created,
-                                     model=self.model, choices=choices, usage=usage)
+        """A chunk; ``usage`` only when there is one (a stream leaves unset fields out)."""
+        chunk = R.ChatCompletionChunk(id=self.response_id, object="chat.completion.chunk",
+                                      created=self.created, model=self.model, choices=choices)
+        if usage is not None:
+            chunk.usage = usage
+        return chunk
 
     def response(self, choices: Sequence[ChoiceState], usage: R.UsageInfo
                  ) -> R.ChatCompletionResponse:

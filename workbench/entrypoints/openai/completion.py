@@ -50,7 +50,8 @@ class CompletionFormat(ResponseFormat):
                         for k, t in enumerate(prompt.token_ids)]
         entries += list(zip(token_ids, positions))
         as_ids = self.req.return_tokens_as_token_ids
-        lp = R.CompletionLogprobs()
+        # every field set explicitly: a stream chunk leaves unset fields out (exclude_unset)
+        lp = R.CompletionLogprobs(text_offset=[], token_logprobs=[], tokens=[], top_logprobs=[])
         for token_id, pos in entries:
             chosen = None if pos is None else pos.get(token_id)
             if chosen is None and not as_ids:  # the first prompt token: no logprob to name it
@@ -89,8 +90,12 @@ class CompletionFormat(ResponseFormat):
                                   else None)
 
     def chunk(self, choices: list, usage: R.UsageInfo | None) -> R.CompletionResponse:
-        return R.CompletionResponse(id=self.response_id, created=self.created,
-                                    model=self.model, choices=choices, usage=usage)
+        """A chunk; ``usage`` only when there is one (a stream leaves unset fields out)."""
+        chunk = R.CompletionResponse(id=self.response_id, object="text_completion",
+                                     created=self.created, model=self.model, choices=choices)
+        if usage is not None:
+            chunk.usage = usage
+        return chunk
 
     def response(self, choices: Sequence[ChoiceState], usage: R.UsageInfo
                  ) -> R.CompletionResponse:

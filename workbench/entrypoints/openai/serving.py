@@ -35,7 +35,7 @@ from workbench.entrypoints.openai import responses as R
 from workbench.lora.request import LoRARequest
 from workbench.engine.async_llm import AsyncLLM, EngineDeadError, RequestStream
 from workbench.metrics.tracing import extract_trace_headers, log_tracing_disabled_warning
-from workbench.entrypoints.openai.errors import APIError, error_event
+from workbench.entrypoints.openai.errors import APIError, error_event, unexpected_error_event
 from workbench.entrypoints.openai.tool_parsers import ToolParser, ToolParserManager
 from workbench.reasoning import ReasoningParser, ReasoningParserManager
 
@@ -455,7 +455,10 @@ class _Answer:
 
     async def events(self) -> AsyncIterator[str]:
         def sse(model: BaseModel) -> str:
-            return f"data: {json.dumps(R.dump(model), ensure_ascii=False)}\n\n"
+            # vLLM's chunks are model_dump_json(exclude_unset=True): a field the chunk never
+            # set (usage without continuous_usage_stats, say) is left out, not sent as null.
+            body = model.model_dump(mode="json", exclude_unset=True)
+            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
         continuous = self.req.continuous_usage_stats
         try:
@@ -486,6 +489,9 @@ async def _until_disconnect(raw: Request, work, headers: dict[str, str]) -> Resp
     task = asyncio.ensure_future(work)
 
     async def listen() -> None:
+        except Exception as exc:  # vLLM catches every Exception: an error event, then [DONE]
+            logger.exception("Error in the stream of a %s request.", type(self.req).__name__)
+            yield unexpected_error_event(exc)
         while (await raw.receive())["type"] != "http.disconnect":
             pass
 
