@@ -135,6 +135,9 @@ class AsyncLLM:
         #: The engine's input processor, from now on used by the input thread (the engine
         #: thread gets processed requests); its tokenizer is shared with the detokenizer.
         self.input_processor = engine.input_processor
+        #: The engine's clock (``LLMEngine.clock``): the server stamps a request's arrival
+        #: with it before rendering, as vLLM stamps ``arrival_time`` (callable from any thread).
+        self.clock = engine.clock
         self._scheduler_stats = engine.scheduler_stats  # the latest, published by the engine thread
         # One input thread: the tokenizer is used by it and the engine thread, no more.
         self._inputs = concurrent.futures.ThreadPoolExecutor(
@@ -193,12 +196,14 @@ class AsyncLLM:
         self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, *,
         priority: int = 0, tokenization_kwargs: dict[str, Any] | None = None,
         trace_headers: Mapping[str, str] | None = None, lora_request: LoRARequest | None = None,
+        arrival_time: float | None = None,
     ) -> EngineCoreRequest:
-        """``InputProcessor.process_inputs`` on the input thread (raises its ValueError)."""
+        """``InputProcessor.process_inputs`` on the input thread (raises its ValueError);
+        ``arrival_time`` in :attr:`clock` seconds (None: when the engine queues it)."""
         return await self.run_input(
             self.input_processor.process_inputs, request_id, prompt, params,
             priority=priority, tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
-            lora_request=lora_request,
+            lora_request=lora_request, arrival_time=arrival_time,
         )
 
     async def sleep(self, level: int = 1) -> None:
@@ -248,15 +253,15 @@ class AsyncLLM:
         already: ``params`` and ``priority`` unused) is queued as it is. A ValueError from
         validation propagates unchanged and nothing is queued (requests already in flight
         are untouched).
+
+        A ``request_id`` already in flight does not refuse the request: it runs as
+        ``f"{request_id}-{8 hex}"`` (the stream's ``request_id``, which its abort names),
+        and the request in flight is untouched.
         """
         if isinstance(prompt, EngineCoreRequest):
             request = prompt
         else:
             request = await self.process_inputs(request_id, prompt, params, priority=priority,
-
-        A ``request_id`` already in flight does not refuse the request: it runs as
-        ``f"{request_id}-{8 hex}"`` (the stream's ``request_id``, which its abort names),
-        and the request in flight is untouched.
                                                 lora_request=lora_request)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()

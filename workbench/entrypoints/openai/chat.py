@@ -205,6 +205,7 @@ def chat_router(serving: OpenAIServing) -> APIRouter:
 
     @router.post("/v1/chat/completions")
     async def create_chat_completion(req: P.ChatCompletionRequest, raw: Request) -> Response:
+        arrival_time = serving.llm.clock()  # before rendering, as vLLM stamps arrival_time
         base_id = serving.check_request(req, raw)
         readers = reply_reader(serving, req)
         # The parser may need special tokens kept. vLLM (OpenAIServing._preprocess_chat) calls
@@ -229,7 +230,8 @@ def chat_router(serving: OpenAIServing) -> APIRouter:
         response_id = f"chatcmpl-{base_id}"
         prompts = await serving.prepare(req, response_id, [text], params,
                                         requested_max_tokens=requested,
-                                        trace_headers=serving.trace_headers(raw))
+                                        trace_headers=serving.trace_headers(raw),
+                                        numbered=False, arrival_time=arrival_time)
         last = req.messages[-1]
         echo = last.for_template(len(req.messages) - 1)["content"] \
             if req.echo and last.role == ROLE else ""

@@ -122,6 +122,7 @@ def completion_router(serving: OpenAIServing) -> APIRouter:
 
     @router.post("/v1/completions")
     async def create_completion(req: P.CompletionRequest, raw: Request) -> Response:
+        arrival_time = serving.llm.clock()  # before tokenizing, as vLLM stamps arrival_time
         base_id = serving.check_request(req, raw)
         echo_only = req.echo and req.max_tokens == 0  # one token is run, then dropped
         max_tokens = 1 if echo_only else req.max_tokens
@@ -129,9 +130,12 @@ def completion_router(serving: OpenAIServing) -> APIRouter:
         params = serving.sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
                                          prompt_logprobs=echo_logprobs)
         response_id = f"cmpl-{base_id}"
+        # engine requests f"{response_id}-{i}", one per prompt, a single one too (vLLM's
+        # completions: request_id_item = f"{request_id}-{i}")
         prompts = await serving.prepare(req, response_id, req.prompts(), params,
                                         requested_max_tokens=max_tokens,
-                                        trace_headers=serving.trace_headers(raw))
+                                        trace_headers=serving.trace_headers(raw),
+                                        numbered=True, arrival_time=arrival_time)
         if req.echo and req.logprobs is not None and not req.return_tokens_as_token_ids:
             for p in prompts:
                 p.first_token_text = await serving.llm.decode(p.token_ids[:1])
