@@ -6,7 +6,6 @@ checked against transformers' greedy tokens, and every test ends with all KV blo
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 
@@ -140,7 +139,8 @@ def test_chat_template_kwargs_merge_as_v1(app, hf):
     the same keys in chat_template_kwargs, other keys reach the template, chat_template among
     them is refused with V1's message."""
     _, tok = hf
-    template = "{{ reasoning_effort }}|{{ greeting }}|{% for m in messages %}{{ m.content }}{% endfor %}"
+    template = ("{{ reasoning_effort }}|{{ greeting }}|"
+                "{% for m in messages %}{{ m.content }}{% endfor %}")
 
     async def go(api):
         overridden = await api.chat.completions.create(
@@ -178,7 +178,8 @@ def test_empty_model_name_is_the_base_model(app, hf):
 
     comp, chat = call(app, go)
     assert comp.model == MODEL and chat.model == MODEL
-    assert comp.choices[0].text == tok.decode(greedy_ids(model, tok("ROMEO:").input_ids, 3), skip_special_tokens=True)
+    ref = greedy_ids(model, tok("ROMEO:").input_ids, 3)
+    assert comp.choices[0].text == tok.decode(ref, skip_special_tokens=True)
 
 
 # ---------------------------------------------------------------- 12 + 17: request ids
@@ -391,5 +392,3 @@ def test_arrival_is_stamped_before_rendering(app, async_llm, monkeypatch):
     (row,) = [row for _, row in rows.iterrows() if row["request_id"] == "chatcmpl-slow-render"]
     assert 0.4 <= row["queue_s"] <= row["ttft_s"] <= row["e2e_s"] <= wall
     assert row["arrival_step"] <= row["first_scheduled_step"] <= row["finished_step"]
-    metrics = json.dumps(r.json()["usage"])  # the response itself is unchanged
-    assert "completion_tokens" in metrics
