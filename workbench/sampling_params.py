@@ -107,7 +107,8 @@ class SamplingParams:
     word's tokenization when the tokens before it were just generated; ``logits_processors``
     are called per step as ``fn(output_token_ids, logits) -> logits`` (vLLM V0 style, for
     notebook experiments). ``prompt_logprobs`` asks for the prompt tokens' logprobs.
-    ``truncate_prompt_tokens`` keeps only the last k prompt tokens (-1: the model's context).
+    ``truncate_prompt_tokens`` keeps only the last k prompt tokens (-1: as many as
+    ``max_model_len - max_tokens`` allows, vLLM V1's rule; k above that is a ValueError).
     ``detokenize=False`` skips detokenization: outputs carry token ids and empty text.
     ``structured_outputs`` constrains every sampled token to a grammar (see
     :mod:`workbench.structured_output`); the request waits in WAITING_FOR_FSM until it is

@@ -69,7 +69,14 @@ def test_rejections_name_the_field_and_limit(ip, prompt, params, message):
 def test_truncate_prompt_tokens_keeps_the_last_tokens(ip, tok):
     ids = list(range(10, 200))
     assert ip.process(ids, SamplingParams(truncate_prompt_tokens=7))[1] == ids[-7:]
-    assert ip.process(ids, SamplingParams(truncate_prompt_tokens=-1))[1] == ids[-(CTX - 1):]
+    # -1 keeps max_model_len - max_tokens (vLLM V1's TokenizeParams; SamplingParams: 16)
+    assert ip.process(ids, SamplingParams(truncate_prompt_tokens=-1))[1] == ids[-(CTX - 16):]
+    assert ip.process(ids, SamplingParams(truncate_prompt_tokens=-1, max_tokens=3))[1] == \
+        ids[-(CTX - 3):]
+    with pytest.raises(ValueError, match="cannot be greater than max_model_len - max_tokens"):
+        ip.process(ids, SamplingParams(truncate_prompt_tokens=CTX - 2, max_tokens=3))
+    with pytest.raises(ValueError, match="maximum context length"):  # 0 left to generate
+        ip.process(ids, SamplingParams(truncate_prompt_tokens=-1, max_tokens=None))
     text = "ROMEO:\nBut soft, what light through yonder window breaks?"
     got_text, got, _ = ip.process(text, SamplingParams(truncate_prompt_tokens=4))
     assert got == tok(text).input_ids[-4:] and got_text == tok.decode(got)
@@ -106,8 +113,16 @@ def test_render_chat_matches_the_tokenizer_and_reports_template_errors(ip, tok):
         ip.render_chat(USER, add_generation_prompt=False, continue_final_message=True)
     with pytest.raises(ValueError, match=r"messages\[0\] must be a dict with a 'role'"):
         ip.render_chat([{"content": "hi"}])
+    with pytest.raises(ValueError, match="Found unexpected chat template kwargs from request"):
+        ip.render_chat(USER, chat_template_kwargs={"tokenize": True})  # vLLM V1's rule
     with pytest.raises(ValueError, match="chat_template_kwargs may not set"):
-        ip.render_chat(USER, chat_template_kwargs={"tokenize": True})
+        ip.render_chat(USER, chat_template_kwargs={"messages": []})
+    # the explicit argument wins over the same key in chat_template_kwargs (vLLM V1)
+    assert ip.render_chat(USER, add_generation_prompt=True,
+                          chat_template_kwargs={"add_generation_prompt": False}) == \
+        ip.render_chat(USER, add_generation_prompt=True)
+    assert ip.render_chat(USER, add_generation_prompt=True) != \
+        ip.render_chat(USER, add_generation_prompt=False)
 
 
 def test_reprs_are_plain_and_deterministic(ip):

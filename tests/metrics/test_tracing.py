@@ -169,7 +169,9 @@ def test_spans_reach_an_otlp_http_receiver_and_a_server_continues_the_callers_tr
     assert span.name == "llm_request" and span.kind == Span.SPAN_KIND_SERVER
     assert span.trace_id.hex() == TRACE_ID and span.parent_span_id.hex() == PARENT_SPAN
     attributes = {kv.key: kv.value for kv in span.attributes}
-    assert attributes["gen_ai.request.id"].string_value == "cmpl-http-1"
+    # the prompt's engine request f"{id}-{i}" (vLLM's completions name it so; V1's span
+    # carries that external_req_id)
+    assert attributes["gen_ai.request.id"].string_value == "cmpl-http-1-0"
     assert attributes["gen_ai.usage.completion_tokens"].int_value == 5
     assert attributes["gen_ai.request.max_tokens"].int_value == 5
     e2e = attributes["gen_ai.latency.e2e"].double_value

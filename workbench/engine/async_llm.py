@@ -17,10 +17,12 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import dataclasses
 import functools
 import html
 import os
 import threading
+import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
@@ -133,6 +135,9 @@ class AsyncLLM:
         #: The engine's input processor, from now on used by the input thread (the engine
         #: thread gets processed requests); its tokenizer is shared with the detokenizer.
         self.input_processor = engine.input_processor
+        #: The engine's clock (``LLMEngine.clock``): the server stamps a request's arrival
+        #: with it before rendering, as vLLM stamps ``arrival_time`` (callable from any thread).
+        self.clock = engine.clock
         self._scheduler_stats = engine.scheduler_stats  # the latest, published by the engine thread
         # One input thread: the tokenizer is used by it and the engine thread, no more.
         self._inputs = concurrent.futures.ThreadPoolExecutor(
@@ -191,12 +196,14 @@ class AsyncLLM:
         self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, *,
         priority: int = 0, tokenization_kwargs: dict[str, Any] | None = None,
         trace_headers: Mapping[str, str] | None = None, lora_request: LoRARequest | None = None,
+        arrival_time: float | None = None,
     ) -> EngineCoreRequest:
-        """``InputProcessor.process_inputs`` on the input thread (raises its ValueError)."""
+        """``InputProcessor.process_inputs`` on the input thread (raises its ValueError);
+        ``arrival_time`` in :attr:`clock` seconds (None: when the engine queues it)."""
         return await self.run_input(
             self.input_processor.process_inputs, request_id, prompt, params,
             priority=priority, tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
-            lora_request=lora_request,
+            lora_request=lora_request, arrival_time=arrival_time,
         )
 
     async def sleep(self, level: int = 1) -> None:
@@ -246,6 +253,10 @@ class AsyncLLM:
         already: ``params`` and ``priority`` unused) is queued as it is. A ValueError from
         validation propagates unchanged and nothing is queued (requests already in flight
         are untouched).
+
+        A ``request_id`` already in flight does not refuse the request: it runs as
+        ``f"{request_id}-{8 hex}"`` (the stream's ``request_id``, which its abort names),
+        and the request in flight is untouched.
         """
         if isinstance(prompt, EngineCoreRequest):
             request = prompt
@@ -255,16 +266,34 @@ class AsyncLLM:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
-        def add() -> None:
-            self.engine.add_request(request_id, request)
-            self._streams[request_id] = (loop, queue)
+        # vLLM V1 serves two requests in flight under one id: AsyncLLM.add_request ->
+        # InputProcessor.assign_request_id keeps the caller's id as external_req_id and runs
+        # the request as f"{external_req_id}-{random_uuid():.8}" (vllm/v1/engine/async_llm.py).
+        # Here only a request whose id is already in flight gets that suffix: a lone request
+        # keeps its id, so StepRecords, request tables and notebooks (nbval compares their
+        # stored outputs) stay readable and deterministic. LLMEngine keeps ids verbatim.
+        alias = f"{request_id}-{uuid.uuid4().hex[:8]}"
+        chosen: list[str] = []  # the id add() ran the request under (engine thread)
+
+        def add() -> str:
+            rid, queued = request_id, request
+            if rid in self._streams or rid in self.engine.output_processor.parents:
+                rid = alias
+                queued = dataclasses.replace(request, request_id=rid)
+            self.engine.add_request(rid, queued)
+            self._streams[rid] = (loop, queue)
+            chosen.append(rid)
+            return rid
 
         try:
-            await self.call(add)
+            rid = await self.call(add)
         except asyncio.CancelledError:  # the caller left while the engine thread added it
-            self.abort(request_id)
+            # runs after add() on the engine thread (calls run in order): abort its own id,
+            # never a request in flight under the same one
+            if self.is_running:
+                self.submit(lambda: chosen and self.engine.abort_request(chosen[0]))
             raise
-        return RequestStream(self, request_id, queue)
+        return RequestStream(self, rid, queue)
 
     async def generate(
         self, prompt: PromptType | EngineCoreRequest, params: SamplingParams, request_id: str,

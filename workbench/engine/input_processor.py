@@ -124,14 +124,22 @@ class InputProcessor:
         """
         text, token_ids = self._tokenize(prompt, add_special_tokens)
         k = params.truncate_prompt_tokens
-        if k is not None and k > self.max_model_len:
-            raise ValueError(
-                f"truncate_prompt_tokens value ({k}) is greater than max_model_len "
-                f"({self.max_model_len}). Please select a smaller truncation size."
-            )
-        if k is not None:  # keep the last k tokens (-1: as many as the context holds)
-            token_ids = token_ids[-(self.max_model_len - 1 if k == -1 else k):]
-            text = None if text is None else self.tokenizer.decode(token_ids)
+        if k is not None:
+            # vLLM V1's rule (vllm/renderers/params.py TokenizeParams, which the seed's
+            # "-1 -> max_model_len, then validate" became): the prompt may hold at most
+            # max_model_len - max_tokens tokens (the requested max_tokens, 0 when unset);
+            # -1 keeps that many, a larger k is refused in V1's words; then the usual
+            # length check applies (a -1 prompt filling the whole context still fails it).
+            room = self.max_model_len - (params.max_tokens or 0)
+            if k > room:
+                raise ValueError(
+                    f"truncate_prompt_tokens={k} cannot be greater than max_model_len - "
+                    f"max_tokens = {room}. Please request a smaller truncation size."
+                )
+            keep = room if k == -1 else k
+            if len(token_ids) > keep:  # keep the last tokens (vLLM's left truncation)
+                token_ids = token_ids[len(token_ids) - keep:]
+                text = None if text is None else self.tokenizer.decode(token_ids)
         return text, token_ids, self.validate(token_ids, params)
 
     def validate(self, token_ids: list[int], params: SamplingParams) -> SamplingParams:
@@ -199,12 +207,23 @@ class InputProcessor:
         if chat_template is None and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("This tokenizer has no chat template; pass chat_template=...")
         kwargs = dict(chat_template_kwargs or {})
-        reserved = {"conversation", "messages", "tokenize", "chat_template",
-                    "add_generation_prompt", "continue_final_message"} & set(kwargs)
+        # vLLM V1 (vllm/renderers/hf.py resolve_chat_template_kwargs): chat_template and
+        # tokenize inside chat_template_kwargs are refused with its message.
+        unexpected = {"chat_template", "tokenize"} & set(kwargs)
+        if unexpected:
+            raise ValueError(
+                f"Found unexpected chat template kwargs from request: {sorted(unexpected)}"
+            )
+        reserved = {"conversation", "messages"} & set(kwargs)
         if reserved:
             raise ValueError(
                 f"chat_template_kwargs may not set {sorted(reserved)}: they are request fields."
             )
+        # vLLM V1 (ChatCompletionRequest.build_chat_params: merge_kwargs(chat_template_kwargs,
+        # {add_generation_prompt, continue_final_message, ...})): the explicit arguments win
+        # over the same keys in chat_template_kwargs (the seed let the kwargs win; V1 no more).
+        kwargs.pop("add_generation_prompt", None)
+        kwargs.pop("continue_final_message", None)
         try:
             return self.tokenizer.apply_chat_template(
                 [dict(m) for m in messages],

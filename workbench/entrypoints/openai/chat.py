@@ -128,7 +128,8 @@ class ChatFormat(ResponseFormat):
         for state in choices:
             state.started = True
         chunks = [self.chunk([R.ChatStreamChoice(index=s.index,
-                                                 delta={"role": ROLE, "content": self.echo})],
+                                                 delta={"role": ROLE, "content": self.echo},
+                                                 logprobs=None, finish_reason=None)],
                              None) for s in choices]
         if self.req.return_token_ids and chunks:  # vLLM: the prompt's ids in the first chunk
             chunks[0].prompt_token_ids = choices[0].prompt.token_ids
@@ -151,12 +152,14 @@ class ChatFormat(ResponseFormat):
         elif (not delta.text and finish_reason is None and not self.req.logprobs
               and not (ids and delta.token_ids)):
             return None
-        return R.ChatStreamChoice(
+        choice = R.ChatStreamChoice(
             index=state.index, delta=fields,
             logprobs=self._logprobs(delta.token_ids, delta.logprobs or []),
-            finish_reason=finish_reason, stop_reason=delta.stop_reason,
-            token_ids=list(delta.token_ids) if ids else None,
+            finish_reason=finish_reason, token_ids=list(delta.token_ids) if ids else None,
         )
+        if finish_reason is not None:  # vLLM sets stop_reason on the finishing chunk only
+            choice.stop_reason = delta.stop_reason
+        return choice
 
     def _message(self, s: ChoiceState) -> tuple[R.ChatResponseMessage, str | None]:
         reader = self._reader(s.index)
@@ -169,8 +172,12 @@ class ChatFormat(ResponseFormat):
                 reader.finish_reason(s.finish_reason, bool(calls)))
 
     def chunk(self, choices: list, usage: R.UsageInfo | None) -> R.ChatCompletionChunk:
-        return R.ChatCompletionChunk(id=self.response_id, created=self.created,
-                                     model=self.model, choices=choices, usage=usage)
+        """A chunk; ``usage`` only when there is one (a stream leaves unset fields out)."""
+        chunk = R.ChatCompletionChunk(id=self.response_id, object="chat.completion.chunk",
+                                      created=self.created, model=self.model, choices=choices)
+        if usage is not None:
+            chunk.usage = usage
+        return chunk
 
     def response(self, choices: Sequence[ChoiceState], usage: R.UsageInfo
                  ) -> R.ChatCompletionResponse:
@@ -198,9 +205,13 @@ def chat_router(serving: OpenAIServing) -> APIRouter:
 
     @router.post("/v1/chat/completions")
     async def create_chat_completion(req: P.ChatCompletionRequest, raw: Request) -> Response:
+        arrival_time = serving.llm.clock()  # before rendering, as vLLM stamps arrival_time
         base_id = serving.check_request(req, raw)
         readers = reply_reader(serving, req)
-        if req.tool_choice == "auto":  # the parser may need special tokens kept (vLLM)
+        # The parser may need special tokens kept. vLLM (OpenAIServing._preprocess_chat) calls
+        # adjust_request whenever a tool-call parser is configured and tool_choice is not
+        # "none" (named and "required" too), whatever --enable-auto-tool-choice says.
+        if serving.tool_parser is not None and req.tool_choice != "none":
             serving.tool_parser(serving.llm.input_processor.tokenizer).adjust_request(req)
         text = await render(
             serving, req.messages, add_generation_prompt=req.add_generation_prompt,
@@ -219,7 +230,8 @@ def chat_router(serving: OpenAIServing) -> APIRouter:
         response_id = f"chatcmpl-{base_id}"
         prompts = await serving.prepare(req, response_id, [text], params,
                                         requested_max_tokens=requested,
-                                        trace_headers=serving.trace_headers(raw))
+                                        trace_headers=serving.trace_headers(raw),
+                                        numbered=False, arrival_time=arrival_time)
         last = req.messages[-1]
         echo = last.for_template(len(req.messages) - 1)["content"] \
             if req.echo and last.role == ROLE else ""

@@ -50,7 +50,8 @@ class CompletionFormat(ResponseFormat):
                         for k, t in enumerate(prompt.token_ids)]
         entries += list(zip(token_ids, positions))
         as_ids = self.req.return_tokens_as_token_ids
-        lp = R.CompletionLogprobs()
+        # every field set explicitly: a stream chunk leaves unset fields out (exclude_unset)
+        lp = R.CompletionLogprobs(text_offset=[], token_logprobs=[], tokens=[], top_logprobs=[])
         for token_id, pos in entries:
             chosen = None if pos is None else pos.get(token_id)
             if chosen is None and not as_ids:  # the first prompt token: no logprob to name it
@@ -89,8 +90,12 @@ class CompletionFormat(ResponseFormat):
                                   else None)
 
     def chunk(self, choices: list, usage: R.UsageInfo | None) -> R.CompletionResponse:
-        return R.CompletionResponse(id=self.response_id, created=self.created,
-                                    model=self.model, choices=choices, usage=usage)
+        """A chunk; ``usage`` only when there is one (a stream leaves unset fields out)."""
+        chunk = R.CompletionResponse(id=self.response_id, object="text_completion",
+                                     created=self.created, model=self.model, choices=choices)
+        if usage is not None:
+            chunk.usage = usage
+        return chunk
 
     def response(self, choices: Sequence[ChoiceState], usage: R.UsageInfo
                  ) -> R.CompletionResponse:
@@ -117,6 +122,7 @@ def completion_router(serving: OpenAIServing) -> APIRouter:
 
     @router.post("/v1/completions")
     async def create_completion(req: P.CompletionRequest, raw: Request) -> Response:
+        arrival_time = serving.llm.clock()  # before tokenizing, as vLLM stamps arrival_time
         base_id = serving.check_request(req, raw)
         echo_only = req.echo and req.max_tokens == 0  # one token is run, then dropped
         max_tokens = 1 if echo_only else req.max_tokens
@@ -124,9 +130,12 @@ def completion_router(serving: OpenAIServing) -> APIRouter:
         params = serving.sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
                                          prompt_logprobs=echo_logprobs)
         response_id = f"cmpl-{base_id}"
+        # engine requests f"{response_id}-{i}", one per prompt, a single one too (vLLM's
+        # completions: request_id_item = f"{request_id}-{i}")
         prompts = await serving.prepare(req, response_id, req.prompts(), params,
                                         requested_max_tokens=max_tokens,
-                                        trace_headers=serving.trace_headers(raw))
+                                        trace_headers=serving.trace_headers(raw),
+                                        numbered=True, arrival_time=arrival_time)
         if req.echo and req.logprobs is not None and not req.return_tokens_as_token_ids:
             for p in prompts:
                 p.first_token_text = await serving.llm.decode(p.token_ids[:1])

@@ -1,4 +1,5 @@
-"""OpenAI-shaped errors: ``{"object": "error", "error": {"message", "type", "param", "code"}}``.
+"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` (vLLM V1's
+ErrorResponse, which has no top-level ``object``).
 
 Every failure a client can cause becomes one of these with its HTTP status (400 bad input,
 401 API key, 404 unknown model or route, 500 a request that failed inside the engine, 503 the
@@ -61,6 +62,24 @@ def error_response(status: int, message: str, param: str | None = None) -> JSONR
 def error_event(status: int, message: str) -> str:
     """The SSE event a stream sends before ``[DONE]`` when it ends in an error."""
     return f"data: {json.dumps(error_body(status, message))}\n\n"
+
+
+def unexpected_error_event(exc: BaseException) -> str:
+    """The SSE error event of a stream that failed with an exception nothing else named.
+
+    vLLM V1's stream generators catch every Exception and answer
+    ``create_streaming_error_response(e)``, whose ``create_error_response`` classifies it
+    (vllm/entrypoints/openai/engine/serving.py): ValueError, TypeError, RuntimeError and
+    OverflowError are a 400 BadRequestError, NotImplementedError a 501, anything else a 500
+    InternalServerError; the message is the exception's text.
+    """
+    if isinstance(exc, (ValueError, TypeError, RuntimeError, OverflowError)):
+        status = 400
+    elif isinstance(exc, NotImplementedError):
+        status = 501
+    else:
+        status = 500
+    return error_event(status, str(exc) or type(exc).__name__)
 
 
 def param_of(message: str, fields: set[str]) -> str | None:

@@ -602,16 +602,21 @@ class ChatCompletionRequest(_CommonFields):
         return params
 
     def template_kwargs(self) -> dict[str, Any]:
-        """What the chat template receives besides the messages (tools, documents,
-        reasoning_effort; ``chat_template_kwargs`` win)."""
+        """What the chat template receives besides the messages, merged as vLLM V1 does
+        (vllm/entrypoints/openai/chat_completion/protocol.py ``build_chat_params`` and
+        ``OpenAIServing._preprocess_chat``, with vllm/renderers/params.py ``merge_kwargs``):
+        ``tools`` are a default that ``chat_template_kwargs`` may replace; the request's own
+        ``documents`` and ``reasoning_effort``, when set, win over the same keys there (as
+        ``add_generation_prompt`` and ``continue_final_message`` do: see ``render_chat``)."""
         kwargs: dict[str, Any] = {}
         if self.tools:
             kwargs["tools"] = [t.model_dump(exclude_none=True) for t in self.tools]
+        kwargs.update(self.chat_template_kwargs or {})
         if self.documents:
             kwargs["documents"] = self.documents
         if self.reasoning_effort is not None:
             kwargs["reasoning_effort"] = self.reasoning_effort
-        return {**kwargs, **(self.chat_template_kwargs or {})}
+        return kwargs
 
 
 class TokenizeRequest(OpenAIModel):

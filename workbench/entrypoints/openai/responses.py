@@ -23,7 +23,9 @@ class ErrorInfo(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    object: Literal["error"] = "error"
+    """vLLM V1's error body: only ``error`` (vllm/entrypoints/openai/engine/protocol.py
+    ``ErrorResponse(error: ErrorInfo)``, no top-level ``object``), as OpenAI's own."""
+
     error: ErrorInfo
 
 

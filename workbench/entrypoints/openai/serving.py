@@ -35,7 +35,7 @@ from workbench.entrypoints.openai import responses as R
 from workbench.lora.request import LoRARequest
 from workbench.engine.async_llm import AsyncLLM, EngineDeadError, RequestStream
 from workbench.metrics.tracing import extract_trace_headers, log_tracing_disabled_warning
-from workbench.entrypoints.openai.errors import APIError, error_event
+from workbench.entrypoints.openai.errors import APIError, error_event, unexpected_error_event
 from workbench.entrypoints.openai.tool_parsers import ToolParser, ToolParserManager
 from workbench.reasoning import ReasoningParser, ReasoningParserManager
 
@@ -180,8 +180,9 @@ class OpenAIServing:
 
     # ------------------------------------------------------------------ checks
     def check_model(self, model: str | None) -> LoRARequest | None:
-        """The adapter a request's ``model`` names (None: the base model); 404 if unknown."""
-        if model is None or model == self.model_name:
+        """The adapter a request's ``model`` names (None: the base model); 404 if unknown.
+        No name or an empty one is the base model (vLLM's ``_is_model_supported``)."""
+        if not model or model == self.model_name:
             return None
         lora = self.lora_requests.get(model)
         if lora is None:
@@ -230,23 +231,34 @@ class OpenAIServing:
     async def prepare(self, req: P._CommonFields, request_id: str,
                       prompts: Sequence[PromptType], params: SamplingParams, *,
                       requested_max_tokens: int | None,
-                      trace_headers: dict[str, str] | None = None) -> list[PreparedPrompt]:
-        """Process every prompt once on the input thread into engine request ``request_id``
-        (one prompt) or ``{request_id}-{i}``; check each against the context as vLLM's server
-        does; cap max_tokens by the model's generation config, as vLLM."""
+                      trace_headers: dict[str, str] | None = None,
+                      numbered: bool = True,
+                      arrival_time: float | None = None) -> list[PreparedPrompt]:
+        """Process every prompt once on the input thread into the engine request
+        ``{request_id}-{i}`` (``numbered``, as vLLM's completions name each prompt's request)
+        or ``request_id`` (chat's one prompt); check each against the context as vLLM's
+        server does; cap max_tokens by the model's generation config, as vLLM.
+        ``arrival_time`` (:attr:`AsyncLLM.clock`): when the HTTP request arrived.
+
+        Two HTTP requests in flight with the same id are both served, as vLLM V1: AsyncLLM
+        runs the second under a suffixed id (``AsyncLLM.add_request``), the responses and
+        the ``X-Request-Id`` header keep the caller's, and each stream aborts its own."""
         fields = set(type(req).model_fields)
-        single = len(prompts) == 1
+        if not numbered and len(prompts) != 1:
+            raise ValueError("an unnumbered engine request id names one prompt")
         prepared = []
         for i, prompt in enumerate(prompts):
+            engine_id = f"{request_id}-{i}" if numbered else request_id
             if req.cache_salt is not None:  # vLLM's prompt dicts carry the salt
                 key = "prompt" if isinstance(prompt, str) else "prompt_token_ids"
                 prompt = {key: prompt, "cache_salt": req.cache_salt}
             try:
                 request = await self.llm.process_inputs(
-                    request_id if single else f"{request_id}-{i}", prompt, params,
+                    engine_id, prompt, params,
                     priority=req.priority,
                     tokenization_kwargs={"add_special_tokens": req.add_special_tokens},
                     trace_headers=trace_headers, lora_request=self.check_model(req.model),
+                    arrival_time=arrival_time,
                 )
             except (ValueError, TypeError) as exc:
                 raise APIError.bad_request(exc, fields) from exc
@@ -454,7 +466,10 @@ class _Answer:
 
     async def events(self) -> AsyncIterator[str]:
         def sse(model: BaseModel) -> str:
-            return f"data: {json.dumps(R.dump(model), ensure_ascii=False)}\n\n"
+            # vLLM's chunks are model_dump_json(exclude_unset=True): a field the chunk never
+            # set (usage without continuous_usage_stats, say) is left out, not sent as null.
+            body = model.model_dump(mode="json", exclude_unset=True)
+            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
         continuous = self.req.continuous_usage_stats
         try:
@@ -474,6 +489,9 @@ class _Answer:
             yield error_event(exc.status, exc.message)
         except EngineDeadError as exc:
             yield error_event(503, str(exc))
+        except Exception as exc:  # vLLM catches every Exception: an error event, then [DONE]
+            logger.exception("Error in the stream of a %s request.", type(self.req).__name__)
+            yield unexpected_error_event(exc)
         finally:
             self.run.close()
         yield "data: [DONE]\n\n"
