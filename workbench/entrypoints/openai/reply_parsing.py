@@ -1,7 +1,10 @@
 """One chat choice's reply read as vLLM's serving_chat reads it: the reasoning parser first
 (``--reasoning-parser``), then, on the content after the reasoning, the tool-call reader
 ``tool_choice`` asks for (a forced schema's reader, or the ``--tool-call-parser`` for
-"auto"). The same reader serves a finished reply and a stream's deltas, so both agree.
+"auto"), which gets the content's text and token ids (vLLM's ``extract_content_ids``). The
+same readers serve a finished reply and a stream's deltas, so both agree, except where
+vLLM's finished-reply rules read a reply otherwise than its stream (the parsers say where);
+at the stream's end :meth:`ReplyReader.flush` sends what the parsers held back.
 """
 
 from __future__ import annotations
