@@ -30,10 +30,10 @@ def stream(reader: ReplyReader, tok, text: str, cuts=None) -> Streamed:
         cuts = range(1, len(ids))
     bounds = [0, *sorted({c for c in cuts if 0 < c < len(ids)}), len(ids)]
     out, current = Streamed(), ""
-    for a, b in zip(bounds, bounds[1:]):
+    for b in bounds[1:]:
         previous, current = current, tok.decode(ids[:b])
         delta = current[len(previous):]
-        fields = reader.delta(current, delta, ids[:b], ids[a:b]) if delta else {}
+        fields = reader.delta(current, delta, ids[:b]) if delta else {}
         if b == len(ids):
             fields = reader.flush(current, fields)
         out.chunks += bool(fields)

@@ -148,8 +148,7 @@ class ChatFormat(ResponseFormat):
         fields: dict = {"content": delta.text}
         finish_reason = delta.finish_reason
         if reader is not None:
-            fields = reader.delta(state.text, delta.text, state.token_ids,
-                                  delta.token_ids) if delta.text else {}
+            fields = reader.delta(state.text, delta.text, state.token_ids) if delta.text else {}
             if finish_reason is not None:
                 fields = reader.flush(state.text, fields)
                 finish_reason = reader.finish_reason(finish_reason, reader.tools_called)

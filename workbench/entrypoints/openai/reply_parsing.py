@@ -32,6 +32,7 @@ class ReplyReader:
         self._content = ""  # the content so far (what follows the reasoning)
         self._content_ids: list[int] = []  # its token ids (vLLM's extract_content_ids)
         self._reasoning_ended = False
+        self._seen_ids = 0  # how many of the reply's token ids the stream has read
         self._sent = {"reasoning": "", "content": ""}  # what the stream sent of each
 
     @property
@@ -39,12 +40,14 @@ class ReplyReader:
         """Whether the stream sent a tool call."""
         return self.tools is not None and self.tools.tools_called
 
-    def delta(self, current_text: str, delta_text: str,
-              token_ids: Sequence[int] = (), delta_token_ids: Sequence[int] = ()
+    def delta(self, current_text: str, delta_text: str, token_ids: Sequence[int] = ()
               ) -> dict[str, Any]:
         """The stream delta's fields for this new text (``{}``: nothing to send yet);
-        ``token_ids``: the reply's ids so far, ``delta_token_ids`` the last of them."""
-        out = self._delta(current_text, delta_text, list(token_ids), list(delta_token_ids))
+        ``token_ids``: the reply's ids so far (the delta's are those not seen before, so a
+        delta whose text was empty hands its ids on to the next)."""
+        token_ids = list(token_ids)
+        delta_ids, self._seen_ids = token_ids[self._seen_ids:], len(token_ids)
+        out = self._delta(current_text, delta_text, token_ids, delta_ids)
         self._count(out)
         return out
 

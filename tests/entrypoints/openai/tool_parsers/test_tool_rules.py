@@ -28,7 +28,8 @@ SPLITS = settings(max_examples=25, derandomize=True, deadline=None,
 ARGS = '{"city": "Verona", "days": 2}'
 UNCLOSED = f'Good morrow.\n<tool_call>\n{{"name": "get_weather", "arguments": {ARGS}}}\n'
 HERMES = UNCLOSED + '</tool_call>\n<tool_call>{"name": "ring_bell", "arguments": {}}</tool_call>'
-ARRAY = f'[{{"name": "get_weather", "parameters": {ARGS}}}, {{"name": "ring_bell", "parameters": {{}}}}]'
+ARRAY = (f'[{{"name": "get_weather", "parameters": {ARGS}}}, '
+         '{"name": "ring_bell", "parameters": {}}]')
 
 
 @pytest.fixture(scope="module")
