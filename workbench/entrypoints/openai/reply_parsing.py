@@ -125,9 +125,8 @@ class ReplyReader:
         calls: list[ToolCall] = []
         if self.tools is not None and content is not None:
             info = self.tools.extract_tool_calls(content)
-            if info.tools_called:
-                calls, content = info.tool_calls, info.content
-                calls = calls if self.parallel_tool_calls else calls[:1]
+            calls, content = info.tool_calls, info.content  # no call: the parser's content
+            calls = calls if self.parallel_tool_calls else calls[:1]
         fields["content"] = content
         return fields, calls
 

@@ -105,6 +105,7 @@ def test_required_reads_a_hermes_reply_with_the_servers_parser(tok):
     # an array cut short is no call, and the fallback finds none in it either
     cut = ARRAY[:40]
     assert finished(required(tok), cut) == ({"content": cut}, [])
+    assert finished(required(tok), " \n") == ({"content": None}, [])  # blank: no content
 
 
 @SPLITS

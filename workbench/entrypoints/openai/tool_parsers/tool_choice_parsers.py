@@ -86,9 +86,13 @@ class RequiredToolParser(ToolParser):
     def extract_tool_calls(self, model_output: str, request: Any = None
                            ) -> ExtractedToolCallInformation:
         """The array's calls; a reply that is not a valid array of calls goes to the
-        fallback parser when there is one."""
+        fallback parser when there is one (no call there and a blank reply: no content,
+        as vLLM's)."""
         if self.fallback is not None and not _is_call_array(model_output):
-            return self.fallback.extract_tool_calls(model_output, request)
+            info = self.fallback.extract_tool_calls(model_output, request)
+            if not info.tools_called and not model_output.strip():
+                info.content = None
+            return info
         return super().extract_tool_calls(model_output, request)
 
 
