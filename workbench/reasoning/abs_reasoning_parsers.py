@@ -79,10 +79,11 @@ class ReasoningParser:
         at = self.read(text, final=True).content_at
         if at is None or at >= len(text):
             return []
-        for k in range(len(ids)):
-            if len(self.model_tokenizer.decode(ids[:k + 1])) > at:
-                return ids[k:]
-        return []
+        # from the end back (chat serving asks where the content has just begun)
+        k = len(ids) - 1
+        while k > 0 and len(self.model_tokenizer.decode(ids[:k])) > at:
+            k -= 1
+        return ids[k:]
 
     def extract_reasoning(self, model_output: str, request: Any = None
                           ) -> tuple[str | None, str | None]:
