@@ -23,7 +23,7 @@ REPLIES = {
                                                       "It was the nightingale."),
     "<think>Still thinking </thi": ("Still thinking </thi", None),
     "No tags at all < / >": ("No tags at all < / >", None),
-    "<think></think>": (None, None),
+    "<think></think>": ("", None),
     "<thi": ("<thi", None),
 }
 

@@ -117,3 +117,29 @@ def test_reasoning_effort_reaches_the_template(app, async_llm):
                                          reasoning_effort=effort))
         expected = tok(f"{words}:{USER[0]['content']}", add_special_tokens=False).input_ids
         assert r.usage.prompt_tokens == len(expected)
+
+
+def both(app, body):
+    """The reply whole, and its stream's deltas joined: (message, reasoning, content)."""
+    whole = call(app, lambda api: create(api, body))
+
+    async def chunks(api):
+        return [ch async for ch in await create(api, body, stream=True)]
+    deltas = [c.delta for ch in call(app, chunks) for c in ch.choices]
+    return (whole.choices[0].message,
+            "".join(getattr(d, "reasoning", None) or "" for d in deltas),
+            "".join(d.content or "" for d in deltas))
+
+
+def test_empty_reasoning_is_an_empty_string(app, async_llm):
+    """vLLM's rule: a reply with nothing before ``</think>`` reasons ``""`` (not None)."""
+    message, reasoning, content = both(app, forced(async_llm, f"</think>{ANSWER}"))
+    assert message.reasoning == message.reasoning_content == ""
+    assert message.content.startswith(ANSWER)
+    assert (reasoning, content) == ("", message.content)  # nothing to stream for ""
+
+
+def test_the_first_think_tag_after_a_newline_is_dropped(app, async_llm):
+    message, reasoning, content = both(app, forced(async_llm, f"\n<think>{THINK}</think>{ANSWER}"))
+    assert message.reasoning == THINK and message.content.startswith(ANSWER)
+    assert (reasoning, content) == (THINK, message.content)

@@ -160,6 +160,55 @@ def test_auto_tool_choice_with_the_hermes_parser(auto_app):
     assert (stc.function.name, stc.function.arguments) == (tc.function.name, tc.function.arguments)
 
 
+def test_an_unclosed_last_call_is_a_call(auto_app):
+    """vLLM's Hermes rule: the reply ended (here: the forcing grammar ended it) after a
+    complete JSON call and no ``</tool_call>``: still a call, whole and streamed."""
+    reply = HERMES_REPLY[:-len("\n</tool_call>")]
+    r = call(auto_app, lambda api: create(api, max_tokens=200, extra_body=_forced(reply)))
+    message = r.choices[0].message
+    assert message.content == "Good morrow.\n" and r.choices[0].finish_reason == "tool_calls"
+    (tc,) = message.tool_calls
+    assert (tc.function.name, json.loads(tc.function.arguments)) == (
+        "get_weather", {"city": "Verona", "days": 2})
+    chunks = call(auto_app, lambda api: _chunks(api, max_tokens=200, extra_body=_forced(reply)))
+    parts = [p for ch in chunks for c in ch.choices for p in (c.delta.tool_calls or [])]
+    assert parts[0].function.name == "get_weather"
+    assert "".join(p.function.arguments or "" for p in parts) == tc.function.arguments
+    assert "".join(c.delta.content or "" for ch in chunks for c in ch.choices) == "Good morrow.\n"
+    assert [c.finish_reason for ch in chunks for c in ch.choices][-1] == "tool_calls"
+
+
+def test_required_with_the_servers_parser(auto_app, app):
+    """With --tool-call-parser, "required" still reads the array its schema forces (the
+    parser is the fallback for a reply that is not one: see the tool-parser tests), and
+    a cut array is no call there either."""
+    whole = call(app, lambda api: create(api, **ONE_CALL))
+    r = call(auto_app, lambda api: create(api, **ONE_CALL))
+    assert [(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls] \
+        == [(c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls]
+    assert r.choices[0].finish_reason == "tool_calls"
+    cut = call(auto_app, lambda api: create(api, tool_choice="required", max_tokens=30))
+    assert not cut.choices[0].message.tool_calls and cut.choices[0].finish_reason == "length"
+    assert cut.choices[0].message.content.startswith('[{"name": ')
+
+
+def test_a_required_calls_first_delta_has_empty_arguments(app):
+    """vLLM sends ``arguments: ""`` with the name when no argument text is known yet (the
+    raw SSE, not the client's reassembly)."""
+    from serving_support import client, sse_events
+
+    async def go():
+        async with client(app) as http:
+            body = {"model": MODEL, "messages": USER, "tools": TOOLS, "temperature": 0,
+                    "max_tokens": 60, "stream": True, "tool_choice": "required",
+                    "parallel_tool_calls": False, **COMPACT}
+            return sse_events((await http.post("/v1/chat/completions", json=body)).text)
+    parts = [p for e in asyncio.run(go()) for c in e["choices"]
+             for p in c["delta"].get("tool_calls", [])]
+    assert parts[0]["function"] == {"name": parts[0]["function"]["name"], "arguments": ""}
+    assert all("name" not in p["function"] and p["function"]["arguments"] for p in parts[1:])
+
+
 def test_auto_without_a_tool_call_is_plain_content(auto_app):
     text = "Nay, I shall not."
     r = call(auto_app, lambda api: create(api, max_tokens=40, extra_body=_forced(text)))

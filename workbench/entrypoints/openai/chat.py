@@ -62,23 +62,30 @@ async def render(serving: OpenAIServing, messages: list[P.ChatMessage], *,
 def reply_reader(serving: OpenAIServing, req: P.ChatCompletionRequest
                  ) -> Callable[[], ReplyReader] | None:
     """A factory of each choice's ReplyReader (None: the reply is plain content). "auto"
-    without the server's tool-call parser is a 400 with vLLM's message."""
+    without the server's tool-call parser is a 400 with vLLM's message; "required" falls
+    back to that parser for a reply that is not a JSON array (vLLM's). The reasoning parser
+    gets the request's chat template kwargs, as vLLM builds it."""
     tools: Callable[[], ToolParser] | None = None
+    tokenizer = serving.llm.input_processor.tokenizer
+    auto = None
+    if serving.enable_auto_tools and serving.tool_parser is not None:
+        auto = partial(serving.tool_parser, tokenizer)
     choice = "named" if req.named_tool is not None else req.tool_choice
     if choice == "named":
         tools = partial(NamedToolParser, req.named_tool)
     elif choice == "required":
-        tools = RequiredToolParser
+        tools = lambda: RequiredToolParser(tokenizer, auto() if auto else None)  # noqa: E731
     elif choice == "auto":
-        if not (serving.enable_auto_tools and serving.tool_parser is not None):
+        if auto is None:
             raise APIError(400, '"auto" tool choice requires --enable-auto-tool-choice and '
                                 "--tool-call-parser to be set", "tool_choice")
-        tools = partial(serving.tool_parser, serving.llm.input_processor.tokenizer)
+        tools = auto
     reasoning = serving.reasoning_parser
     if tools is None and reasoning is None:
         return None
-    tokenizer = serving.llm.input_processor.tokenizer
-    return lambda: ReplyReader(reasoning(tokenizer) if reasoning else None,
+    template_kwargs = req.template_kwargs()
+    return lambda: ReplyReader(reasoning(tokenizer, chat_template_kwargs=template_kwargs)
+                               if reasoning else None,
                                tools() if tools else None, tool_choice=choice,
                                include_reasoning=req.include_reasoning,
                                parallel_tool_calls=req.parallel_tool_calls is not False)
@@ -142,7 +149,7 @@ class ChatFormat(ResponseFormat):
         fields: dict = {"content": delta.text}
         finish_reason = delta.finish_reason
         if reader is not None:
-            fields = reader.delta(state.text, delta.text) if delta.text else {}
+            fields = reader.delta(state.text, delta.text, state.token_ids) if delta.text else {}
             if finish_reason is not None:
                 fields = reader.flush(state.text, fields)
                 finish_reason = reader.finish_reason(finish_reason, reader.tools_called)

@@ -56,7 +56,13 @@ class ExtractedToolCallInformation:
 
 
 class ToolParser:
-    """Base of the tool parsers; one instance per choice (it keeps what it streamed)."""
+    """Base of the tool parsers; one instance per choice (it keeps what it streamed).
+
+    ``first_arguments``: what a call's first stream part carries as ``arguments`` when none
+    are known yet (None: the field is left out, as vLLM's Hermes parser does; the readers of
+    forced replies send ``""``, as vLLM's)."""
+
+    first_arguments: str | None = None
 
     def __init__(self, tokenizer: Any = None) -> None:
         self.model_tokenizer = tokenizer
@@ -118,7 +124,8 @@ class ToolParser:
             if new:
                 deltas.append(DeltaToolCall(index=index, id=self._ids[index], type="function",
                                             function=DeltaFunctionCall(
-                                                name=call.name, arguments=fragment or None)))
+                                                name=call.name,
+                                                arguments=fragment or self.first_arguments)))
             elif fragment:
                 deltas.append(DeltaToolCall(index=index,
                                             function=DeltaFunctionCall(arguments=fragment)))

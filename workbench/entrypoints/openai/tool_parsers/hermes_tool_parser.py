@@ -1,6 +1,8 @@
 """The Hermes 2 Pro tool-call format (Qwen2.5 and Qwen3 use it too): each call is
 ``<tool_call>{"name": NAME, "arguments": {...}}</tool_call>``; the text before the first
 call is the content (vLLM's ``hermes`` parser; the tags may be split across any tokens).
+The last call may lack its closing tag (the reply ended at EOS): a valid JSON object after
+``<tool_call>`` is a call all the same, finished or streamed, as in vLLM.
 """
 
 from __future__ import annotations
@@ -38,16 +40,17 @@ class Hermes2ProToolParser(ToolParser):
             inner_start = start + len(self.tool_call_start_token)
             end = text.find(self.tool_call_end_token, inner_start)
             inner = text[inner_start:] if end < 0 else text[inner_start:end]
-            reading.tool_calls.append(self._call(inner, closed=end >= 0))
+            reading.tool_calls.append(self._call(inner))
             if end < 0:
                 break
             start = text.find(self.tool_call_start_token, end + len(self.tool_call_end_token))
         return reading
 
     @staticmethod
-    def _call(inner: str, *, closed: bool) -> ToolCallPrefix:
-        """One call's JSON object as far as it goes; complete once its tag closed on a valid
-        object with a string ``name``."""
+    def _call(inner: str) -> ToolCallPrefix:
+        """One call's JSON object as far as it goes; complete once it is a valid object with
+        a string ``name``, closed or not (vLLM reads an unclosed last call to the end of the
+        reply; only a finished reply's reading asks whether a call is complete)."""
         i = json_prefix.skip_ws(inner, 0)
         members = {key: (s, e) for key, s, e in json_prefix.object_members(inner, i)}
         call = ToolCallPrefix()
@@ -56,12 +59,11 @@ class Hermes2ProToolParser(ToolParser):
         if "arguments" in members:
             s, e = members["arguments"]
             call.arguments = inner[s:e]
-        if closed:
-            try:
-                obj = json.loads(inner)
-            except ValueError:
-                return call
-            if isinstance(obj, dict) and isinstance(obj.get("name"), str):
-                call.complete = True
-                call.arguments = call.arguments or "{}"
+        try:
+            obj = json.loads(inner)
+        except ValueError:
+            return call
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
+            call.complete = True
+            call.arguments = call.arguments or "{}"
         return call

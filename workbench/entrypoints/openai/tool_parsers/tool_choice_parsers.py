@@ -1,7 +1,13 @@
 """The readers of a reply that ``tool_choice`` forced through structured outputs, as vLLM
 builds them: ``"required"`` makes the reply a JSON array of ``{"name", "parameters"}``
 objects (:func:`required_tools_schema`), a named function makes it that function's
-arguments (its ``parameters`` schema). Both stream like any ToolParser.
+arguments (its ``parameters`` schema). Both stream like any ToolParser; a call's first part
+carries ``arguments: ""`` when none are known yet (vLLM's).
+
+A "required" reply that is not a JSON array is read by the server's tool-call parser when
+it has one (vLLM's fallback: a Hermes-formatted reply still yields its calls): a stream
+decides by the reply's first character other than a blank, a finished reply by whether it
+is a valid array of calls.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from typing import Any
 
 from workbench.entrypoints.openai.tool_parsers import json_prefix
 from workbench.entrypoints.openai.tool_parsers.abstract_tool_parser import (
+    ExtractedToolCallInformation,
     PrefixReading,
     ToolCallPrefix,
     ToolParser,
@@ -45,9 +52,24 @@ def required_tools_schema(functions: list[dict[str, Any]]) -> dict[str, Any]:
 
 class RequiredToolParser(ToolParser):
     """The reply is ``[{"name": ..., "parameters": {...}}, ...]``; each item is a call whose
-    arguments are its ``parameters`` text."""
+    arguments are its ``parameters`` text. ``fallback``: the server's tool-call parser
+    (``--enable-auto-tool-choice --tool-call-parser``), which reads a reply that is not an
+    array."""
+
+    first_arguments = ""
+
+    def __init__(self, tokenizer: Any = None, fallback: ToolParser | None = None) -> None:
+        super().__init__(tokenizer)
+        self.fallback = fallback
+
+    def _falls_back(self, text: str) -> bool:
+        i = json_prefix.skip_ws(text, 0)
+        return self.fallback is not None and i < len(text) and text[i] != "["
 
     def parse_prefix(self, text: str) -> PrefixReading:
+        if self._falls_back(text):
+            self.first_arguments = self.fallback.first_arguments
+            return self.fallback.parse_prefix(text)
         reading = PrefixReading()
         for start, end in json_prefix.array_items(text, json_prefix.skip_ws(text, 0)):
             members = {k: (s, e) for k, s, e in json_prefix.object_members(text, start)}
@@ -61,9 +83,35 @@ class RequiredToolParser(ToolParser):
             reading.tool_calls.append(call)
         return reading
 
+    def extract_tool_calls(self, model_output: str, request: Any = None
+                           ) -> ExtractedToolCallInformation:
+        """The array's calls; a reply that is not a valid array of calls goes to the
+        fallback parser when there is one (no call there and a blank reply: no content,
+        as vLLM's)."""
+        if self.fallback is not None and not _is_call_array(model_output):
+            info = self.fallback.extract_tool_calls(model_output, request)
+            if not info.tools_called and not model_output.strip():
+                info.content = None
+            return info
+        return super().extract_tool_calls(model_output, request)
+
+
+def _is_call_array(text: str) -> bool:
+    """vLLM's test of a "required" reply: a JSON array of objects, each with a string
+    ``name`` (and ``parameters``, an object, when present)."""
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(items, list) and all(
+        isinstance(item, dict) and isinstance(item.get("name"), str)
+        and isinstance(item.get("parameters", {}), dict | None) for item in items)
+
 
 class NamedToolParser(ToolParser):
     """The reply is the arguments of the one function ``name``."""
+
+    first_arguments = ""
 
     def __init__(self, name: str, tokenizer: Any = None) -> None:
         super().__init__(tokenizer)
