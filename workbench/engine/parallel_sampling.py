@@ -101,8 +101,10 @@ class ParentRequest:
         if delta and not completions:
             return None
         prompt_logprobs = self.sequences[0].prompt_logprobs
-        if delta and prompt_logprobs is not None:  # a delta carries them once, whole
-            prompt_logprobs = None if self._prompt_logprobs_sent else prompt_logprobs
+        if delta and prompt_logprobs is not None:
+            # vLLM's pop_prompt_logprobs: the first delta carries them whole, every later one
+            # [] (None stays the sign that prompt logprobs are off).
+            prompt_logprobs = [] if self._prompt_logprobs_sent else prompt_logprobs
             self._prompt_logprobs_sent = True
         metrics = self.metrics()
         return RequestOutput(
