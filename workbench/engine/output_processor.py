@@ -126,6 +126,7 @@ class OutputProcessor:
         logprobs: Mapping[str, TokenLogprobs] | None = None,
         prompt_logprobs: Mapping[str, tuple[int, list[TokenLogprobs]]] | None = None,
         failed: Mapping[str, str] | None = None,
+        refused: Mapping[str, str] | None = None,
         stats: IterationStats | None = None,
         now: float | None = None,
     ) -> StepOutputs:
@@ -134,7 +135,9 @@ class OutputProcessor:
         ``requests`` got a token this step; ``logprobs`` must cover those that asked for
         them; ``prompt_logprobs[id] = (first prompt index, entries)`` for prefill chunks of
         requests that asked; ``failed`` maps the runner's failed rows (the scheduler already
-        finished them) to the message. ``now`` is the step's output time, the one the
+        finished them) to the message; ``refused`` the requests whose grammar refused this
+        step's token (the scheduler finished them with an error too): as in vLLM, that token
+        is still processed into their final output, which then carries the error. ``now`` is the step's output time, the one the
         scheduler stamped this step's first tokens and finishes with and stamps
         ``reqs_to_abort`` with (default: the clock now).
         """
@@ -185,6 +188,14 @@ class OutputProcessor:
                         result.reqs_to_abort[request.request_id] = RequestStatus.FINISHED_STOPPED
             except Exception as exc:  # noqa: BLE001 - isolate this request
                 fail(state, exc)
+                continue
+            if refused and request.request_id in refused:  # its token is in; then the error
+                fail(state, refused[request.request_id], report=False)
+        for rid, message in (refused or {}).items():  # refused without a token this step
+            parent, state = self._sequences[rid]
+            touched[parent.request_id] = parent
+            if state.finish_reason is None:
+                fail(state, message, report=False)
         for parent in touched.values():
             try:
                 out = parent.make_output()
