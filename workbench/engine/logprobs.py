@@ -58,8 +58,16 @@ class LogprobTokenDecoder:
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = getattr(tokenizer, "backend_tokenizer", tokenizer)
         self._marker = _leading_space_marker(self._tokenizer)
+        self._alone: dict[int, str] = {}  # token id -> decoded alone (a vocabulary at most)
 
     def decode(self, token_ids: Sequence[int]) -> str:
+        if len(token_ids) == 1:
+            token_id = token_ids[0]
+            text = self._alone.get(token_id)
+            if text is None:
+                text = self._alone[token_id] = self._tokenizer.decode(
+                    [token_id], skip_special_tokens=False)
+            return text
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=False)
 
     def token_string(self, token_id: int) -> str:
