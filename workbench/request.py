@@ -83,6 +83,9 @@ class Request:
     #: next step schedules after the last known token for the target to verify. Never part of
     #: ``num_tokens``, never hashed; cleared when scheduled, preempted or finished.
     spec_token_ids: list[int] = field(default_factory=list)
+    #: vLLM's ``is_prefill_chunk``: the chunk last scheduled for it stopped short of its last
+    #: known token (it sampled nothing); drafts handed to it then are dropped.
+    is_prefill_chunk: bool = False
 
     @property
     def lora_name(self) -> str | None:

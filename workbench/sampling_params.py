@@ -16,7 +16,10 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # vLLM's range for seed (torch.int
 _MAX_LOGIT_BIAS = 100.0  # OpenAI's and vLLM's limit on |logit_bias| values
 
 #: vLLM V0's per-request logits processor: ``(output_token_ids, logits[vocab]) -> logits``.
-LogitsProcessor = Callable[[list[int], "torch.Tensor"], "torch.Tensor"]
+#: vLLM's per-request logits processor: ``fn(output_token_ids, logits)`` or, when it takes three
+#: parameters, ``fn(prompt_token_ids, output_token_ids, logits)``; it returns the row's logits.
+LogitsProcessor = (Callable[[list[int], "torch.Tensor"], "torch.Tensor"]
+                   | Callable[[list[int], list[int], "torch.Tensor"], "torch.Tensor"])
 
 
 @dataclass(frozen=True)
@@ -105,10 +108,12 @@ class SamplingParams:
     ``logit_bias`` ({token id: bias in [-100, 100]}) is added to the logits;
     ``allowed_token_ids`` masks every other token; ``bad_words`` bans the last token of each
     word's tokenization when the tokens before it were just generated; ``logits_processors``
-    are called per step as ``fn(output_token_ids, logits) -> logits`` (vLLM V0 style, for
-    notebook experiments). ``prompt_logprobs`` asks for the prompt tokens' logprobs.
-    ``truncate_prompt_tokens`` keeps only the last k prompt tokens (-1: as many as
-    ``max_model_len - max_tokens`` allows, vLLM V1's rule; k above that is a ValueError).
+    are called per step on the request's logits row as vLLM calls them: one that takes three
+    parameters as ``fn(prompt_token_ids, output_token_ids, logits)``, any other as
+    ``fn(output_token_ids, logits)``; each returns the row (for notebook experiments).
+    ``prompt_logprobs`` asks for the prompt tokens' logprobs. ``truncate_prompt_tokens`` keeps
+    only the last k prompt tokens (-1: as many as ``max_model_len - max_tokens`` allows, vLLM
+    V1's rule; k above that is a ValueError).
     ``detokenize=False`` skips detokenization: outputs carry token ids and empty text.
     ``structured_outputs`` constrains every sampled token to a grammar (see
     :mod:`workbench.structured_output`); the request waits in WAITING_FOR_FSM until it is
@@ -247,7 +252,8 @@ class SamplingParams:
         if self.logits_processors is not None and any(
             not callable(fn) for fn in self.logits_processors
         ):
-            raise bad("logits_processors", "a list of callables (output_token_ids, logits)")
+            raise bad("logits_processors", "a list of callables (output_token_ids, logits) or "
+                      "(prompt_token_ids, output_token_ids, logits)")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise bad("extra_args", "a dict or None")
         if self.structured_outputs is not None and not isinstance(

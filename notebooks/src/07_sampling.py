@@ -4,8 +4,8 @@
 # Each step the model gives every request a vector of *logits*, one score per token of the
 # vocabulary. The sampler turns that vector into one token, in a fixed order (vLLM's, spelled
 # out at the top of `workbench/worker/sampler.py`): the request's own logits processors and logit
-# bias, penalties for tokens already seen, temperature, then the truncations top-k, top-p and
-# min-p, then a random draw. This tutorial applies each stage to the real logits of one step
+# bias, penalties for tokens already seen, temperature, then the truncations min-p, top-k and
+# top-p, then a random draw. This tutorial applies each stage to the real logits of one step
 # of the embedded model and draws what it does. You will see:
 #
 # - how to read a step's logits with a per-request logits processor;

@@ -300,6 +300,47 @@ def test_stop_strings_wait_for_min_tokens(tok):
     assert detok.text == "a b a "
 
 
+@pytest.mark.parametrize("min_extra, stops_at_first", [(0, False), (-1, True)])
+def test_stop_strings_count_only_after_more_than_min_tokens(tok, min_extra, stops_at_first):
+    """vLLM checks stop strings only once more than min_tokens tokens are out: a "b" completed
+    by token number min_tokens is ignored, one completed by token min_tokens + 1 stops."""
+    pieces = [ids_of(tok, p) for p in ("a", " b", " a", " b")]
+    ids = [t for p in pieces for t in p]
+    first_b = len(pieces[0]) + len(pieces[1])  # tokens out when the first "b" completes
+    detok = IncrementalDetokenizer(tok, make_request([], stop=["b"], min_tokens=first_b + min_extra))
+    outcomes = [detok.update([i]) for i in ids]
+    stop_at = first_b if stops_at_first else len(ids)
+    assert outcomes == [None] * (stop_at - 1) + ["b"] + [None] * (len(ids) - stop_at)
+    assert detok.text == ("a " if stops_at_first else "a b a ")
+
+
+@pytest.mark.parametrize("kind", [DELTA, FINAL])
+def test_min_tokens_stop_string_rule_in_outputs(tok, kind):
+    """The same rule as the outputs show it: min_tokens = the token that completes the first
+    "b" lets it through; the second "b" stops the request (text and finish streamed alike)."""
+    pieces = [ids_of(tok, p) for p in ("a", " b", " a", " b", " a")]
+    ids = [t for p in pieces for t in p]
+    first_b = len(pieces[0]) + len(pieces[1])
+    proc = OutputProcessor(tok)
+    request = make_request([5], stop=["b"], min_tokens=first_b, max_tokens=len(ids),
+                           output_kind=kind)
+    track(proc, None, request)
+    outs, stopped = [], []
+    for token_id in ids:
+        request.output_token_ids.append(token_id)
+        new, ended = process(proc, [request])
+        outs += new
+        stopped += ended
+        if ended:
+            request.status = RequestStatus.FINISHED_STOPPED  # the scheduler's part
+            break
+    text = "".join(o.outputs[0].text for o in outs) if kind is DELTA else outs[-1].outputs[0].text
+    final = outs[-1].outputs[0]
+    assert stopped == ["r"] and (final.finish_reason, final.stop_reason) == ("stop", "b")
+    assert text == "a b a "
+    assert len(request.output_token_ids) == first_b + len(pieces[2]) + len(pieces[3])
+
+
 # ---------------------------------------------------------------------- finish reasons
 def test_length_and_abort(tok):
     proc = OutputProcessor(tok)

@@ -91,9 +91,18 @@ def test_prompt_logprobs_survive_preemption_and_come_once_in_a_delta_stream(refe
                         SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     outs = run(eng, "p", params)
     assert eng.history.to_dataframe()["preempted"].sum() > 0, "no preemption happened"
-    with_logprobs = [o.prompt_logprobs for o in outs if o.prompt_logprobs is not None]
-    assert len(with_logprobs) == 1 and outs[0].prompt_logprobs is not None
-    assert_matches(with_logprobs[0], reference)
+    # vLLM's DELTA rule (LogprobsProcessor.pop_prompt_logprobs): the first output carries them
+    # whole, every later one an empty list (None only when prompt logprobs are off)
+    assert len(outs) > 1 and all(o.prompt_logprobs == [] for o in outs[1:])
+    assert_matches(outs[0].prompt_logprobs, reference)
+    # FINAL_ONLY and CUMULATIVE keep the whole list in every output they give
+    final = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=K,
+                           output_kind=RequestOutputKind.FINAL_ONLY)
+    (out,) = run(eng, "final", final)
+    assert_matches(out.prompt_logprobs, reference)
+    off = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True,
+                         output_kind=RequestOutputKind.DELTA)
+    assert all(o.prompt_logprobs is None for o in run(eng, "off", off))
 
 
 def test_a_prompt_logprobs_fault_fails_only_its_request(monkeypatch):

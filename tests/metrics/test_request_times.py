@@ -115,3 +115,48 @@ def test_the_timeline_marks_finishes_at_the_tables_steps():
     frame = engine.requests_dataframe().set_index("request_id")
     finishes = {s["request_id"]: (s["start"], s["reason"]) for s in spans if s["kind"] == "finish"}
     assert finishes == {rid: (row.finished_step, row.finish_reason) for rid, row in frame.iterrows()}
+
+
+def test_an_aborted_request_has_no_time_for_the_phases_it_never_reached():
+    """vLLM records no time for a phase a request never reached: aborted while queued, it has
+    no queued_time (nor any later one); aborted mid-prefill, a queued_time but no time to first
+    token, prefill, decode or inference. Reference: the request events' own timestamps."""
+    engine = LLMEngine(device="cpu", dtype="float32", block_size=8, num_kv_blocks=64,
+                       max_num_batched_tokens=8, max_num_seqs=1)
+    collect, prom = Collect(), PrometheusStatLogger("m")
+    engine.add_logger("collect", collect)
+    engine.add_logger("prom", prom)
+    long_prompt = "ROMEO:\nBut soft, what light through yonder window breaks? It is the east"
+    engine.add_request("prefilling", long_prompt, greedy(4))  # more than one 8-token chunk
+    engine.add_request("queued", "LEAR:", greedy(3))  # waits: max_num_seqs is 1
+    engine.step()
+    engine.abort_request("prefilling")
+    engine.abort_request("queued")
+    for _ in range(3):
+        engine.step()
+    times = event_times(engine.history)
+    assert "scheduled" not in times["queued"] and "first_token" not in times["prefilling"]
+    stats = {f.num_prompt_tokens: f for f in collect.finished}
+    queued = stats[len(engine.tokenizer.encode("LEAR:"))]
+    prefilling = stats[len(engine.tokenizer.encode(long_prompt))]
+    assert {queued.finish_reason, prefilling.finish_reason} == {"abort"}
+    t = times["queued"]
+    assert queued.e2e_latency == t["finished"] - t["arrived"]
+    assert (queued.queued_time, queued.time_to_first_token, queued.prefill_time,
+            queued.decode_time, queued.inference_time, queued.mean_time_per_output_token) == (
+        None, None, None, None, None, None)
+    t = times["prefilling"]
+    assert prefilling.e2e_latency == t["finished"] - t["arrived"]
+    assert prefilling.queued_time == t["scheduled"] - t["arrived"]
+    assert (prefilling.time_to_first_token, prefilling.prefill_time, prefilling.decode_time,
+            prefilling.inference_time, prefilling.mean_time_per_output_token) == (
+        None, None, None, None, None)
+
+    def prom_count(name):
+        return prom.registry.get_sample_value(f"vllm:{name}_count", {"model_name": "m"})
+
+    # both ended (e2e), one was ever scheduled (queue time), none reached a token
+    assert prom_count("e2e_request_latency_seconds") == 2
+    assert prom_count("request_queue_time_seconds") == 1
+    assert prom_count("request_prefill_time_seconds") == 0
+    assert prom_count("request_decode_time_seconds") == 0

@@ -121,8 +121,10 @@ def test_structured_outputs_start_when_the_reasoning_ends(llm):
     alone = llm.generate(["JULIET:"], free, use_tqdm=False)[0]
     assert neighbour.outputs[0].token_ids == alone.outputs[0].token_ids
     # without a reasoning parser the grammar reads the request's first token: it refuses
-    # the forced '<', and the request fails there
+    # the forced '<', and the request fails there (as in vLLM, with that token returned)
     plain = LLM(block_size=8, num_kv_blocks=64, device="cpu")
     failed = plain.generate(["ROMEO:"], params, use_tqdm=False)[0]
-    assert failed.outputs[0].finish_reason == "error" and failed.outputs[0].text == ""
+    first = tok.encode(think, add_special_tokens=False)[0]
+    assert failed.outputs[0].finish_reason == "error"
+    assert failed.outputs[0].token_ids == [first] and failed.outputs[0].text == tok.decode([first])
     assert "the grammar does not accept token" in failed.error

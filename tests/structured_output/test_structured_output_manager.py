@@ -11,6 +11,7 @@ from concurrent.futures import Executor, Future
 
 import jsonschema
 import pytest
+import torch
 
 from workbench import LLMEngine, SamplingParams
 from workbench.request import RequestStatus
@@ -213,3 +214,46 @@ def test_a_grammar_that_fails_to_compile_fails_its_request_only(engine):
     assert "the compiler refused it" in outs["bad"].error
     assert outs["free"].outputs[0].finish_reason == "length"
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+
+
+@pytest.mark.parametrize("kind", ["DELTA", "FINAL_ONLY"])
+def test_a_refused_token_ends_the_request_with_an_error_and_is_still_returned(engine, kind):
+    """vLLM's scheduler finishes a request whose grammar refuses its sampled token with
+    FINISHED_ERROR, and that token still reaches the output. A per-request logits processor
+    (applied after the grammar's mask) forces "ay, " and then "X", which the grammar
+    "(ay|nay), (sweet|good) lady" refuses: the output is "ay, X", finish_reason "error"."""
+    from workbench.sampling_params import RequestOutputKind
+
+    tok = engine.tokenizer
+    forced = tok.encode("ay, X", add_special_tokens=False)
+    refused = len(tok.encode("ay, ", add_special_tokens=False))
+    assert forced[:refused] == tok.encode("ay, ", add_special_tokens=False)
+
+    def force(output_ids, logits):
+        logits = torch.full_like(logits, -float("inf"))
+        logits[forced[min(len(output_ids), len(forced) - 1)]] = 0.0
+        return logits
+
+    params = constrained(so=S(regex="(ay|nay), (sweet|good) lady"), temperature=0,
+                         logits_processors=[force], logprobs=0,
+                         output_kind=RequestOutputKind[kind])
+    engine.add_request("refused", PROMPT, params)
+    engine.add_request("free", PROMPT, SamplingParams(temperature=0, max_tokens=4))
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += [o for o in engine.step() if o.request_id == "refused"]
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+    final = outs[-1]
+    if kind == "DELTA":
+        token_ids = [t for o in outs for t in o.outputs[0].token_ids]
+        text = "".join(o.outputs[0].text for o in outs)
+        logprobs = [p for o in outs for p in o.outputs[0].logprobs]
+    else:
+        assert len(outs) == 1
+        token_ids, text = final.outputs[0].token_ids, final.outputs[0].text
+        logprobs = final.outputs[0].logprobs
+    assert token_ids == forced[: refused + 1]  # the refused token is the last one returned
+    assert text == tok.decode(forced[: refused + 1]) == "ay, X"
+    assert len(logprobs) == refused + 1 and forced[refused] in logprobs[-1]
+    assert final.finished and final.outputs[0].finish_reason == "error"
+    assert f"does not accept token {forced[refused]}" in final.error

@@ -50,10 +50,15 @@ def draw(params: dict, n: int, logits=LOGITS, seed: int = 0) -> list[int]:
         ({"min_p": 0.5}, {2, 4}),  # 0.20: drops .15, .10, .05
         ({"min_p": 0.3}, {2, 4, 0}),  # 0.12: keeps .40 .30 .15
         ({"min_p": 0.2}, {2, 4, 0, 1}),  # 0.08
-        # top-k 4 -> {2,4,0,1} renormalised by .95: .421 .316 .158 .105
-        #   mass before: 0 .421 .737 .895
-        # top-p .8 -> {2,4,0}, renormalised by .85: .471 .353 .176; min-p .4 -> .188 drops token 0
+        # vLLM's order: min-p first (threshold .3 * .40 = .12 keeps .40 .30 .15), then top-p on
+        # what is left, renormalised by .85: .471 .353 .176, mass before 0 .471 .824 -> {2, 4}
+        # (top-p first would keep {2, 4, 0}, which min-p .3 then leaves alone: .176 > .141)
+        ({"min_p": 0.3, "top_p": 0.8}, {2, 4}),
+        # min-p .4 (threshold .16) keeps .40 .30; top-k 4 and top-p .8 then keep both
+        # (.571 .429: mass before 0 .571)
         ({"top_k": 4, "top_p": 0.8, "min_p": 0.4}, {2, 4}),
+        # min-p .2 (threshold .08) keeps {2, 4, 0, 1}; top-k 2 then keeps {2, 4}
+        ({"min_p": 0.2, "top_k": 2}, {2, 4}),
         # temperature .5 squares the probabilities: .16 .09 .0225 .01 .0025 (sum .285)
         # -> .561 .316 .079 .035 .009; mass before: 0 .561 .877 -> top-p .8 keeps {2, 4}
         ({"temperature": 0.5, "top_p": 0.8}, {2, 4}),
@@ -65,6 +70,15 @@ def draw(params: dict, n: int, logits=LOGITS, seed: int = 0) -> list[int]:
 def test_truncation_never_emits_excluded_tokens(params, allowed):
     counts = Counter(draw(params, 4000))
     assert set(counts) == allowed  # nothing outside, and every allowed token does occur
+
+
+def test_min_p_comes_before_top_p_as_in_vllm():
+    """The issue's case, as exact probabilities: (.4, .3, .15, .1, .05) with min_p=0.3 and
+    top_p=0.8. min-p (threshold .12) leaves .4 .3 .15 (sum .85); top-p on those, .471 + .353
+    = .824 >= .8, keeps two tokens, renormalised to .4/.7 and .3/.7."""
+    probs = Sampler().target_probs(torch.tensor([LOGITS]), [req(min_p=0.3, top_p=0.8)])[0]
+    expected = [0.0, 0.0, 0.4 / 0.7, 0.0, 0.3 / 0.7]
+    assert probs.tolist() == pytest.approx(expected, abs=1e-6)
 
 
 def test_truncation_per_row_in_one_batch():

@@ -65,6 +65,28 @@ def test_logits_processor_sees_output_tokens_and_rewrites_logits():
     assert out.token_ids == [1] and seen == [[4, 1]] and out.failed == {}
 
 
+def test_three_argument_logits_processor_gets_the_prompt_too():
+    """vLLM calls a per-request processor with three parameters as (prompt_token_ids,
+    output_token_ids, logits); two-parameter ones keep (output_token_ids, logits)."""
+    seen = []
+
+    def prefer_prompt_token(prompt_token_ids, output_token_ids, logits):
+        seen.append((list(prompt_token_ids), list(output_token_ids)))
+        logits = logits.clone()
+        logits[prompt_token_ids[0]] += 10  # token 3 (.05) becomes the argmax
+        return logits
+
+    def two_args(output_token_ids, logits):
+        seen.append(list(output_token_ids))
+        return logits
+
+    r = Request("r", [3, 1], SamplingParams(temperature=0, logits_processors=[
+        prefer_prompt_token, two_args]), eos_token_id=None, output_token_ids=[4])
+    out = sample(r)
+    assert out.failed == {} and out.token_ids == [3]
+    assert seen == [([3, 1], [4]), [4]]
+
+
 def boom(output_token_ids, logits):
     raise RuntimeError("injected fault")
 

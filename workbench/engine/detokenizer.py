@@ -11,6 +11,8 @@ Invariants:
   stream still holds (``flush()`` writes it out, as ``decode`` would, with U+FFFD);
 * once a stop string matched, ``text`` ends just before it (or just after it with
   ``include_stop_str_in_output``) and never changes again;
+* with ``min_tokens``, a stop string counts only when the token that completes it comes after
+  the first ``min_tokens`` output tokens (vLLM checks once more than ``min_tokens`` are out);
 * ``get_delta`` never returns the last ``len(longest stop) - 1`` characters of an
   unfinished request, so a partial stop string that is later cut is never streamed.
 """
@@ -155,8 +157,8 @@ class IncrementalDetokenizer:
         """Append text and look for a stop string ending in it; True when one matched."""
         old_len = len(self._text)
         self._text += chunk
-        if not self.stop_strings or self.num_output_tokens < self._min_tokens:
-            return False
+        if not self.stop_strings or self.num_output_tokens <= self._min_tokens:
+            return False  # vLLM: stop strings count once more than min_tokens tokens are out
         best: tuple[int, int, str] | None = None  # (end, -len, stop)
         for stop in self.stop_strings:
             # Only occurrences that end in the new text: they start at most len - 1 back.

@@ -432,8 +432,9 @@ class LLMEngine:
         ``SamplingParams.output_kind``: CUMULATIVE by default, DELTA, FINAL_ONLY) and the
         final outputs of aborts since the last step. A request whose own processing raises
         (sampling, logits processors, detokenization, stop strings) finishes with
-        finish_reason "error" and ``RequestOutput.error``; the others are unaffected. Only a
-        failure of the whole batch (the forward pass) propagates.
+        finish_reason "error" and ``RequestOutput.error``; the others are unaffected. So does
+        one whose grammar refuses the token it sampled, whose output (as in vLLM) still holds
+        that token. Only a failure of the whole batch (the forward pass) propagates.
         The scheduler writes every finish: the runner's failed rows and eos / length in
         ``update_from_output``, the stop strings and errors the output processor reports in
         ``finish_requests``, all at the step's one output time (``clock()`` after the forward).
@@ -472,7 +473,7 @@ class LLMEngine:
         iteration = IterationStats()
         processed = self.output_processor.process(
             updated, logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs,
-            failed={**grammar_failed, **result.failed, **refused}, stats=iteration, now=now,
+            failed={**grammar_failed, **result.failed}, refused=refused, stats=iteration, now=now,
         )
         for request_id, status in processed.reqs_to_abort.items():
             self.scheduler.finish_requests(request_id, status, now=now)

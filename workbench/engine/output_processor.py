@@ -6,6 +6,7 @@ user added, a :class:`SequenceState` per child sequence. Work on one request tha
 request with finish_reason "error" and the message in ``RequestOutput.error``; the traceback
 is logged once and every other request goes on. It decides no request's status: the stop
 strings and errors it finds go back to the scheduler in ``StepOutputs.reqs_to_abort``.
+Logprob tokens get their strings as vLLM decodes them (:mod:`workbench.engine.logprobs`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workbench.engine.detokenizer import IncrementalDetokenizer
+from workbench.engine.logprobs import LogprobTokenDecoder
 from workbench.outputs import Logprob, RequestOutput
 from workbench.engine.parallel_sampling import ParentRequest
 from workbench.utils.reprs import html_table
@@ -68,6 +70,7 @@ class OutputProcessor:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self._logprob_decoder = LogprobTokenDecoder(tokenizer)
         self.parents: dict[str, ParentRequest] = {}  # by the id given to add_request
         self._sequences: dict[str, tuple[ParentRequest, SequenceState]] = {}  # by child id
         self._aborted_stats: list[FinishedRequestStats] = []
@@ -123,6 +126,7 @@ class OutputProcessor:
         logprobs: Mapping[str, TokenLogprobs] | None = None,
         prompt_logprobs: Mapping[str, tuple[int, list[TokenLogprobs]]] | None = None,
         failed: Mapping[str, str] | None = None,
+        refused: Mapping[str, str] | None = None,
         stats: IterationStats | None = None,
         now: float | None = None,
     ) -> StepOutputs:
@@ -131,7 +135,9 @@ class OutputProcessor:
         ``requests`` got a token this step; ``logprobs`` must cover those that asked for
         them; ``prompt_logprobs[id] = (first prompt index, entries)`` for prefill chunks of
         requests that asked; ``failed`` maps the runner's failed rows (the scheduler already
-        finished them) to the message. ``now`` is the step's output time, the one the
+        finished them) to the message; ``refused`` the requests whose grammar refused this
+        step's token (the scheduler finished them with an error too): as in vLLM, that token
+        is still processed into their final output, which then carries the error. ``now`` is the step's output time, the one the
         scheduler stamped this step's first tokens and finishes with and stamps
         ``reqs_to_abort`` with (default: the clock now).
         """
@@ -182,6 +188,14 @@ class OutputProcessor:
                         result.reqs_to_abort[request.request_id] = RequestStatus.FINISHED_STOPPED
             except Exception as exc:  # noqa: BLE001 - isolate this request
                 fail(state, exc)
+                continue
+            if refused and request.request_id in refused:  # its token is in; then the error
+                fail(state, refused[request.request_id], report=False)
+        for rid, message in (refused or {}).items():  # refused without a token this step
+            parent, state = self._sequences[rid]
+            touched[parent.request_id] = parent
+            if state.finish_reason is None:
+                fail(state, message, report=False)
         for parent in touched.values():
             try:
                 out = parent.make_output()
@@ -293,7 +307,7 @@ class OutputProcessor:
                     "but the step brought none for it."
                 )
             for entry in (lp if isinstance(lp, list) else [lp])[: len(new_ids)]:
-                state.logprobs.append(self._convert_logprobs(entry))
+                state.logprobs.append(self._convert_logprobs(entry, state.logprobs))
                 state.cumulative_logprob += entry.logprob
         if stop is not None:
             state.finish("stop", stop, now)
@@ -314,10 +328,16 @@ class OutputProcessor:
                 f"prompt logprobs of request {state.request.request_id!r} skip positions "
                 f"{len(have)}..{start - 1}."
             )
-        have.extend(self._convert_logprobs(lp) for lp in entries[len(have) - start :])
+        for lp in entries[len(have) - start :]:
+            have.append(self._convert_logprobs(lp, have))
 
-    def _convert_logprobs(self, lp: TokenLogprobs) -> dict[int, Logprob]:
-        """The chosen (or prompt) token first, then the top-k (``TokenLogprobs.ranked``)."""
-        tok = getattr(self.tokenizer, "backend_tokenizer", self.tokenizer)
-        return {token_id: Logprob(value, rank, tok.decode([token_id], skip_special_tokens=False))
-                for token_id, value, rank in lp.ranked()}
+    def _convert_logprobs(self, lp: TokenLogprobs,
+                          before: list[dict[int, Logprob] | None]) -> dict[int, Logprob]:
+        """The chosen (or prompt) token first, then the top-k (``TokenLogprobs.ranked``), each
+        with its string as vLLM decodes it (:mod:`workbench.engine.logprobs`): ``before``
+        holds the positions already converted, whose first tokens are the context."""
+        ranked = lp.ranked()
+        context = [next(iter(d)) for d in before[-4:] if d]
+        strings = self._logprob_decoder.position_strings([t for t, _, _ in ranked], context)
+        return {token_id: Logprob(value, rank, text)
+                for (token_id, value, rank), text in zip(ranked, strings)}

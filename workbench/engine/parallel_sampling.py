@@ -3,8 +3,9 @@
 It is the single owner of ``n``: it names and parameterises the children (fan-out), holds
 back siblings until the first child's prompt is computed (so they share its prompt blocks
 through the prefix cache), and folds the children's outputs into one RequestOutput per
-step according to ``SamplingParams.output_kind`` (aggregation). ``n == 1`` is the same
-object with one child whose id is the request id.
+step according to ``SamplingParams.output_kind`` (aggregation; a DELTA stream carries the
+prompt logprobs whole in its first output and ``[]`` in the later ones, as vLLM). ``n == 1``
+is the same object with one child whose id is the request id.
 """
 
 from __future__ import annotations
@@ -101,8 +102,10 @@ class ParentRequest:
         if delta and not completions:
             return None
         prompt_logprobs = self.sequences[0].prompt_logprobs
-        if delta and prompt_logprobs is not None:  # a delta carries them once, whole
-            prompt_logprobs = None if self._prompt_logprobs_sent else prompt_logprobs
+        if delta and prompt_logprobs is not None:
+            # vLLM's pop_prompt_logprobs: the first delta carries them whole, every later one
+            # [] (None stays the sign that prompt logprobs are off).
+            prompt_logprobs = [] if self._prompt_logprobs_sent else prompt_logprobs
             self._prompt_logprobs_sent = True
         metrics = self.metrics()
         return RequestOutput(

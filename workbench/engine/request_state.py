@@ -79,23 +79,30 @@ class SequenceState:
 
     def finished_stats(self) -> FinishedRequestStats:
         """Latencies from the times the scheduler stamped on the request (those of its request
-        events), so /metrics, RequestOutput.metrics and the requests table agree."""
+        events), so /metrics, RequestOutput.metrics and the requests table agree. A phase the
+        request never reached has no time (None), as in vLLM: an aborted request still queued
+        has no queued_time, one without a token no time to first token, prefill or decode."""
         r = self.request
         end = self.finished_time or 0.0
-        scheduled = r.first_scheduled_time if r.first_scheduled_time is not None else end
-        first = r.first_token_time if r.first_token_time is not None else end
-        last = self.last_token_ts if self.last_token_ts is not None else first
+        scheduled, first, last = r.first_scheduled_time, r.first_token_time, self.last_token_ts
+        if first is not None and last is None:
+            last = first
         n_gen = r.num_output_tokens
-        decode = last - first
+
+        def span(start: float | None, stop: float | None) -> float | None:
+            return None if start is None or stop is None else stop - start
+
+        decode = span(first, last)
         return FinishedRequestStats(
             finish_reason=self.finish_reason or "abort",
             e2e_latency=end - r.arrival_time,
-            time_to_first_token=first - r.arrival_time,
-            queued_time=scheduled - r.arrival_time,
-            prefill_time=first - scheduled,
+            time_to_first_token=span(r.arrival_time, first),
+            queued_time=span(r.arrival_time, scheduled),
+            prefill_time=span(scheduled, first),
             decode_time=decode,
-            inference_time=last - scheduled,
+            inference_time=span(scheduled, last),
             num_prompt_tokens=r.num_prompt_tokens,
             num_generation_tokens=n_gen,
-            mean_time_per_output_token=decode / (n_gen - 1) if n_gen > 1 else 0.0,
+            mean_time_per_output_token=(
+                None if decode is None else decode / (n_gen - 1) if n_gen > 1 else 0.0),
         )

@@ -174,13 +174,16 @@ class PrometheusStatLogger(StatLoggerBase):
         for f in it.finished_requests:
             self.request_success[f.finish_reason].inc()
             self.e2e_request_latency.observe(f.e2e_latency)
-            self.request_queue_time.observe(f.queued_time)
-            self.request_inference_time.observe(f.inference_time)
-            self.request_prefill_time.observe(f.prefill_time)
-            self.request_decode_time.observe(f.decode_time)
             self.request_prompt_tokens.observe(f.num_prompt_tokens)
             self.request_generation_tokens.observe(f.num_generation_tokens)
-            self.request_time_per_output_token.observe(f.mean_time_per_output_token)
+            for series, seconds in ((self.request_queue_time, f.queued_time),
+                                    (self.request_inference_time, f.inference_time),
+                                    (self.request_prefill_time, f.prefill_time),
+                                    (self.request_decode_time, f.decode_time),
+                                    (self.request_time_per_output_token,
+                                     f.mean_time_per_output_token)):
+                if seconds is not None:  # a phase the request never reached: no observation
+                    series.observe(seconds)
 
     def __repr__(self) -> str:
         return f"PrometheusStatLogger(model_name={self.model_name!r})"

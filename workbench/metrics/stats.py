@@ -77,14 +77,16 @@ class FinishedRequestStats:
 
     finish_reason: str
     e2e_latency: float  # arrival -> finished
-    time_to_first_token: float  # arrival -> first token (e2e when none came)
-    queued_time: float  # arrival -> first scheduled
-    prefill_time: float  # first scheduled -> first token
-    decode_time: float  # first token -> last token
-    inference_time: float  # first scheduled -> last token
+    # Each phase below is None when the request never reached its end (vLLM records none):
+    # never scheduled (an abort while queued), no token (an abort or error before the first).
+    time_to_first_token: float | None  # arrival -> first token
+    queued_time: float | None  # arrival -> first scheduled
+    prefill_time: float | None  # first scheduled -> first token
+    decode_time: float | None  # first token -> last token
+    inference_time: float | None  # first scheduled -> last token
     num_prompt_tokens: int
     num_generation_tokens: int
-    mean_time_per_output_token: float  # decode_time / (generation tokens - 1); 0 for one token
+    mean_time_per_output_token: float | None  # decode_time / (tokens - 1); 0 for one token
 
     def __repr__(self) -> str:  # times vary from run to run: counts only
         return (

@@ -8,7 +8,9 @@ Order of operations per row (vLLM v1's order, its default ``logprobs_mode="raw_l
 1. **Logprobs** come from the *raw* logits: ``log_softmax(logits)`` as the model produced them.
    They do not reflect penalties, min_tokens, temperature or top-k/top-p/min-p truncation.
 2. **Per-request logits work**, row by row and isolated: the request's ``logits_processors``
-   (``fn(output_token_ids, logits) -> logits``), then ``allowed_token_ids`` (every other token
+   (called as vLLM calls them: ``fn(prompt_token_ids, output_token_ids, logits)`` when the
+   callable takes three parameters, else ``fn(output_token_ids, logits)``; each returns the
+   row), then ``allowed_token_ids`` (every other token
    -inf), ``bad_words`` and ``logit_bias``. An exception raised there (or by a seeded
    generator, step 7) fails only that row: it samples no token (``token_ids[i] == -1``) and
    ``SamplerOutput.failed`` maps its request id to ``"ExcType: message"``. So does a row these
@@ -25,9 +27,13 @@ Order of operations per row (vLLM v1's order, its default ``logprobs_mode="raw_l
    and ``eos_token_id`` unless ``ignore_eos``, vLLM's ``all_stop_token_ids``) are set to ``-inf``.
 5. **Greedy** rows (``SamplingParams.greedy``) take the argmax here; the others are divided
    by their temperature.
-6. **top-k** (keep the k largest), **top-p** (keep the smallest most-likely set whose
-   probability is ``>= top_p``, at least one token), **min-p** (drop tokens whose probability
-   is below ``min_p`` times the largest), each on the distribution the previous step left.
+6. **min-p** (drop tokens whose probability, after the temperature, is below ``min_p`` times
+   the largest), then **top-k** (keep the k largest of those left) and **top-p** (keep the
+   smallest most-likely set whose probability is ``>= top_p``, at least one token), each on
+   the distribution the previous one left. vLLM's order: min-p is its argmax-invariant
+   built-in logits processor, applied after the temperature and before its top-k/top-p
+   sampler. With probabilities (.4, .3, .15, .1, .05), ``min_p=0.3`` leaves (.4, .3, .15),
+   which ``top_p=0.8`` cuts to the first two (.4/.85 + .3/.85 = .82).
 7. **Sample** by the exponential race: ``argmax(probs / q)`` with ``q ~ Exp(1)`` i.i.d. per
    token, which picks token ``i`` with probability ``probs[i]``. A request with
    ``sampling_params.seed`` draws its ``q`` from its own ``torch.Generator`` (seeded once, kept
@@ -43,6 +49,7 @@ same tokens as the steps above, without their copies.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -139,13 +146,26 @@ def apply_token_bitmask(logits: Tensor, bitmask: Tensor) -> Tensor:
     return logits.masked_fill(~allowed, _NEG_INF)
 
 
+def _takes_prompt_ids(fn) -> bool:
+    """vLLM's rule for a per-request logits processor: one whose signature has exactly three
+    parameters is called ``fn(prompt_token_ids, output_token_ids, logits)``, any other
+    ``fn(output_token_ids, logits)`` (a callable without a readable signature: the latter)."""
+    try:
+        return len(inspect.signature(fn).parameters) == 3
+    except (TypeError, ValueError):
+        return False
+
+
 def _request_logits(row: Tensor, request: Request) -> Tensor:
     """One row after its request's logits processors, allowed_token_ids, bad_words and
     logit_bias (steps in that order); raises if a processor misbehaves."""
     sp = request.sampling_params
     vocab_size = row.shape[0]
     for fn in sp.logits_processors or ():
-        out = fn(list(request.output_token_ids), row)
+        if _takes_prompt_ids(fn):
+            out = fn(list(request.prompt_token_ids), list(request.output_token_ids), row)
+        else:
+            out = fn(list(request.output_token_ids), row)
         if not isinstance(out, Tensor) or out.shape != row.shape:
             raise TypeError(
                 f"logits processor {getattr(fn, '__qualname__', fn)!s} must return a tensor "
@@ -442,7 +462,7 @@ class Sampler:
 
     def target_probs(self, x: Tensor, requests: Sequence[Request]) -> Tensor:
         """Step 6 on processed logits ``x`` of non-greedy rows: the distribution each row
-        samples from (temperature, top-k, top-p, min-p, softmax)."""
+        samples from (temperature, min-p, top-k, top-p, softmax)."""
         device = x.device
         vocab_size = x.shape[1]
         params = [r.sampling_params for r in requests]
@@ -451,13 +471,13 @@ class Sampler:
             return torch.tensor(values, dtype=torch.float32, device=device)
 
         y = x / column([p.temperature for p in params]).unsqueeze(1)
+        if any(p.min_p > 0.0 for p in params):  # vLLM: before top-k/top-p
+            y = apply_min_p(y, column([p.min_p for p in params]))
         if any(0 < p.top_k < vocab_size or p.top_p < 1.0 for p in params):
             top_k = torch.tensor(
                 [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params], device=device
             )
             y = apply_top_k_top_p(y, top_k, column([p.top_p for p in params]))
-        if any(p.min_p > 0.0 for p in params):
-            y = apply_min_p(y, column([p.min_p for p in params]))
         return y.softmax(dim=-1)
 
     def generator(self, request: Request, device: torch.device) -> torch.Generator:
@@ -470,6 +490,6 @@ class Sampler:
     def _sample(
         self, x: Tensor, requests: list[Request], rows: list[int], failed: dict[str, str]
     ) -> Tensor:
-        """Temperature, top-k, top-p, min-p and the exponential race for the ``rows`` of x."""
+        """Temperature, min-p, top-k, top-p and the exponential race for the ``rows`` of x."""
         probs = self.target_probs(x[torch.tensor(rows, device=x.device)], requests)
         return (probs / self._exponentials(requests, x.shape[1], x.device, failed)).argmax(dim=-1)

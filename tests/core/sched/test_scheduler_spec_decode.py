@@ -200,3 +200,41 @@ def test_drafts_are_dropped_before_anyone_is_preempted():
     assert not out.preempted_request_ids and not out.scheduled_spec_decode_tokens
     assert [(c.request_id, c.num_new_tokens) for c in out.scheduled] == [("A", 1), ("B", 1)]
     s.check_invariants(out)
+
+
+def test_drafts_for_a_request_part_way_through_its_prompt_are_dropped():
+    """vLLM's update_draft_token_ids ignores drafts handed to a request whose last chunk did
+    not reach its last known token (is_prefill_chunk). Prompt of 10 tokens, budget 6: the
+    first chunk computes 6 and samples nothing; drafts then are dropped, so the next chunk is
+    the 4 remaining prompt tokens alone. Once it has sampled, drafts are kept again."""
+    kv = KVCacheManager(16, 4)
+    s = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=6, max_model_len=64)
+    r = Request("A", list(range(100, 110)), SamplingParams(max_tokens=20, ignore_eos=True))
+    s.add_request(r)
+    out = s.schedule()
+    assert [(c.num_new_tokens, c.samples) for c in out.scheduled] == [(6, False)]
+    s.update_from_output(out, {})
+    s.update_draft_token_ids({"A": [1, 2, 3]})
+    assert r.spec_token_ids == []
+    out = s.schedule()
+    (c,) = out.scheduled
+    assert (c.num_new_tokens, c.spec_token_ids, c.samples) == (4, (), True)
+    s.update_from_output(out, {"A": 7})
+    s.update_draft_token_ids({"A": [1, 2, 3]})  # a decoding request keeps its drafts
+    out = s.schedule()
+    assert out.scheduled[0].spec_token_ids == (1, 2, 3)
+    s.check_invariants(out)
+
+
+def test_drafts_are_dropped_when_the_chunk_stops_one_token_short():
+    """The chunk stops one token before the prompt's end (6 of 7 computed: as many as right
+    after a sampled token), yet it sampled nothing: vLLM still counts it a prefill chunk."""
+    kv = KVCacheManager(16, 4)
+    s = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=6, max_model_len=64)
+    r = Request("A", list(range(100, 107)), SamplingParams(max_tokens=20, ignore_eos=True))
+    s.add_request(r)
+    s.update_from_output(s.schedule(), {})
+    assert r.num_computed_tokens == r.num_tokens - 1
+    s.update_draft_token_ids({"A": [1, 2]})
+    (c,) = s.schedule().scheduled
+    assert (c.num_new_tokens, c.spec_token_ids) == (1, ())

@@ -28,8 +28,9 @@ finished requests; ``finish_requests`` ends the rest (aborts, and the stop strin
 the output processor reports). The scheduler is the only writer of a request's finish status.
 
 Speculative decoding: a running request's ``spec_token_ids`` (drafts from the proposer,
-``update_draft_token_ids``) are scheduled after its last known token when its chunk reaches
-it, as far as the budget, ``max_tokens`` and ``max_model_len`` allow; they take budget and KV
+``update_draft_token_ids``, which drops those handed to a request whose last chunk stopped
+short of its last known token, as vLLM does) are scheduled after its last known token when its
+chunk reaches it, as far as the budget, ``max_tokens`` and ``max_model_len`` allow; they take budget and KV
 slots like any token (dropped first when the cache is short, before anyone is preempted).
 ``update_from_output`` advances the request by the accepted drafts plus one and frees the
 blocks that held only rejected ones.
@@ -378,6 +379,8 @@ class Scheduler:
         for request in running_chunks:
             request.spec_token_ids = []  # scheduled (or dropped): the next proposal replaces them
         scheduled += [self._chunk(r, n, hit) for r, n, hit in admitted]
+        for chunk in scheduled:
+            self.requests[chunk.request_id].is_prefill_chunk = not chunk.samples
         output = SchedulerOutput(
             step=self.step_count,
             scheduled=tuple(scheduled),
@@ -485,11 +488,14 @@ class Scheduler:
 
     def update_draft_token_ids(self, draft_token_ids: Mapping[str, Sequence[int]]) -> None:
         """vLLM's name: set the drafts the proposer made for running requests (the next
-        ``schedule()`` verifies what fits of them); other ids are ignored."""
+        ``schedule()`` verifies what fits of them); other ids are ignored, and so are drafts
+        for a request whose last chunk stopped part-way through its prompt (vLLM drops those:
+        ``is_prefill_chunk``), which also loses any drafts it held."""
         for rid, drafts in draft_token_ids.items():
             request = self.requests.get(rid)
-            if request is not None and request.status is RequestStatus.RUNNING:
-                request.spec_token_ids = list(drafts)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue
+            request.spec_token_ids = [] if request.is_prefill_chunk else list(drafts)
 
     # -------------------------------------------------------------- helpers
     def _schedulable_spec_tokens(self, request: Request, num_new: int, budget: int) -> tuple[int, ...]:
