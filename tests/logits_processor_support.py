@@ -69,5 +69,16 @@ def force_args(tokenizer, text: str) -> dict:
     return {"force": tokenizer.encode(text, add_special_tokens=False)}
 
 
+def forcing(ids):
+    """A per-request logits processor (``SamplingParams.logits_processors``) that makes the
+    request write ``ids`` first, then leaves the logits alone."""
+    def force(output_ids, logits):
+        if len(output_ids) < len(ids):
+            logits = torch.full_like(logits, -float("inf"))
+            logits[ids[len(output_ids)]] = 0.0
+        return logits
+    return force
+
+
 def unused(x: torch.Tensor) -> torch.Tensor:  # a loadable name that is not a class
     return x

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hypothesis import strategies as st
+
 from workbench.entrypoints.openai.reply_parsing import ReplyReader
 
 
@@ -55,3 +57,9 @@ def stream(reader: ReplyReader, tok, text: str, cuts=None) -> Streamed:
 def finished(reader: ReplyReader, text: str) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     fields, calls = reader.message(text)
     return fields, [(c.function.name, c.function.arguments) for c in calls]
+
+
+def cuts(tok, text: str):
+    """Hypothesis: any set of cut points between ``text``'s tokens (for :func:`stream`)."""
+    n = len(tok.encode(text, add_special_tokens=False))
+    return st.lists(st.integers(1, max(1, n - 1)), max_size=n)

@@ -19,7 +19,7 @@ import json
 import pathlib
 
 import pytest
-import torch
+from logits_processor_support import forcing
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from workbench import LLMEngine, SamplingParams
@@ -35,16 +35,6 @@ EMOJI = "\U0001F600"  # F0 9F 98 80: four bytes, four tokens in the embedded byt
 
 
 # --------------------------------------------------------------- the embedded model, end to end
-
-def forcing(ids):
-    """A per-request logits processor that makes the request write ``ids``."""
-    def force(output_ids, logits):
-        if len(output_ids) < len(ids):
-            logits = torch.full_like(logits, -float("inf"))
-            logits[ids[len(output_ids)]] = 0.0
-        return logits
-    return force
-
 
 @pytest.fixture(scope="module")
 def engine():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
+from logits_processor_support import forcing
 
 from workbench import LLM, SamplingParams
 from workbench.reasoning import ReasoningParserManager
@@ -87,23 +87,12 @@ def test_is_reasoning_end_on_token_ids(llm):
     assert not parser.is_reasoning_end_streaming(ids[:-1], ids[-2:-1])
 
 
-def forcing(tok, text):
-    """A per-request logits processor that writes ``text`` first, then leaves the logits."""
-    ids = tok.encode(text, add_special_tokens=False)
-
-    def force(output_ids, logits):
-        if len(output_ids) < len(ids):
-            logits = torch.full_like(logits, -float("inf"))
-            logits[ids[len(output_ids)]] = 0.0
-        return logits
-    return force
-
-
 def test_structured_outputs_start_when_the_reasoning_ends(llm):
     tok = llm.engine.tokenizer
     think = "<think>Shall I speak?</think>"
     regex = "(ay|nay), (sweet|good) (lady|lord)"
-    params = SamplingParams(temperature=0, max_tokens=40, logits_processors=[forcing(tok, think)],
+    forced = forcing(tok.encode(think, add_special_tokens=False))
+    params = SamplingParams(temperature=0, max_tokens=40, logits_processors=[forced],
                             structured_outputs=StructuredOutputsParams(regex=regex))
     free = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     out, neighbour = llm.generate(["ROMEO:", "JULIET:"], [params, free], use_tqdm=False)

@@ -18,7 +18,7 @@ from workbench.entrypoints.openai.tool_parsers.hermes_tool_parser import Hermes2
 from workbench.reasoning.deepseek_r1_reasoning_parser import DeepSeekR1ReasoningParser
 from workbench.reasoning.qwen3_reasoning_parser import Qwen3ReasoningParser
 
-from reply_support import finished, stream
+from reply_support import cuts, finished, stream
 
 SPLITS = settings(max_examples=25, derandomize=True, deadline=None,
                   suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -28,12 +28,6 @@ NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 @pytest.fixture(scope="module")
 def tok():
     return transformers.AutoTokenizer.from_pretrained(default_model_path())
-
-
-def cuts(tok, text):
-    """Hypothesis: any set of cut points between ``text``'s tokens."""
-    n = len(tok.encode(text, add_special_tokens=False))
-    return st.lists(st.integers(1, max(1, n - 1)), max_size=n)
 
 
 def reader(parser, tools=None, **kw):

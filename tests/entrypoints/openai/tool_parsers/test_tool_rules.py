@@ -21,7 +21,7 @@ from workbench.entrypoints.openai.tool_parsers.tool_choice_parsers import (
     RequiredToolParser,
 )
 
-from reply_support import finished, stream
+from reply_support import cuts, finished, stream
 
 SPLITS = settings(max_examples=25, derandomize=True, deadline=None,
                   suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -35,11 +35,6 @@ ARRAY = (f'[{{"name": "get_weather", "parameters": {ARGS}}}, '
 @pytest.fixture(scope="module")
 def tok():
     return transformers.AutoTokenizer.from_pretrained(default_model_path())
-
-
-def cuts(tok, text):
-    n = len(tok.encode(text, add_special_tokens=False))
-    return st.lists(st.integers(1, max(1, n - 1)), max_size=n)
 
 
 def auto(tok):
