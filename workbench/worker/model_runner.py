@@ -302,6 +302,13 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return peak
 
+    def fork_shared(self) -> list:
+        """What an engine's fork shares with this runner (:mod:`workbench.engine.fork`): the
+        model config and the weights -- the model's parameters and buffers, which no step
+        writes (LoRA slots are not among them: see :mod:`workbench.lora.layers`). The rest
+        (the KV cache, the sampler, the modules themselves) is each engine's own."""
+        return [self.model_config, *self.model.parameters(), *self.model.buffers()]
+
     # ------------------------------------------------------------------ LoRA
     def enable_lora(self, *, max_loras: int, max_lora_rank: int, max_cpu_loras: int) -> None:
         """Wrap the model's projections for batched multi-LoRA (before the first step)."""
