@@ -31,7 +31,6 @@ from workbench import LLMEngine, LoRARequest, SamplingParams, first_divergence, 
 from workbench.config import SpeculativeConfig
 from workbench.engine.async_llm import AsyncLLM
 from workbench.engine.beam_search import BeamSearchInstance
-from workbench.lab.compare import run_workload
 from workbench.lab.workload import Workload, WorkloadRequest
 from workbench.sampling_params import BeamSearchParams, StructuredOutputsParams
 from workbench.model.loader import embedded_lora_path
@@ -325,16 +324,23 @@ def _req(rid, prompt, max_tokens, step, **kw):
 
 
 def test_fork_at_branches_a_lora_run():
+    """A run replayed on a live engine whose adapter slots are filled already: an unchanged
+    branch repeats it, tokens and logprobs."""
     workload = Workload([
-        _req("a", PREFIX + [30, 31, 32], 6, 0, temperature=1.0, logprobs=1),
-        _req("b", PREFIX + [40] * 5, 6, 0, temperature=1.0, seed=5),
-        _req("c", PREFIX + [50, 51], 5, 1, temperature=0.0),
+        _req("a", PREFIX + [30, 31, 32], 6, 0, temperature=0.0, logprobs=0),
+        _req("b", PREFIX + [40] * 5, 6, 0, temperature=1.0, seed=5, logprobs=0),
+        _req("c", PREFIX + [50, 51], 5, 1, temperature=0.0, logprobs=0),
     ]).with_lora_requests([ADAPTERS["errors"], None, ADAPTERS["timon"]])
-    real = run_workload(workload, teaching_config(**BASE, max_loras=1))
-    same = real.fork_at(real.num_steps // 2)
+    engine = make_engine()
+    engine.add_request("warm", "ROMEO:", SamplingParams(max_tokens=3), lora_request=ADAPTERS["timon"])
+    step(engine, {})
+    real = engine.replay(workload, clock="steps", forkable=True)
+    same = real.fork_at(real.history[0].step + 2)
     assert first_divergence(real, same) is None
-    assert {r: o.outputs[0].token_ids for r, o in same.outputs.items()} == \
-        {r: o.outputs[0].token_ids for r, o in real.outputs.items()}
+
+    def outputs(run):
+        return {rid: (o.outputs[0].token_ids, o.outputs[0].logprobs) for rid, o in run.outputs.items()}
+    assert outputs(same) == outputs(real) and len(outputs(real)) == 3
 
 
 def test_a_fork_is_independent_of_its_original():

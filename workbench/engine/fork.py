@@ -11,11 +11,12 @@ draft model's state, generators, detokenizers, grammars' matchers, the clock's s
 Shared, and never written by anyone:
 
 * the weights, as each runner declares them (``fork_shared()``: the model's and the draft
-  model's parameters and buffers, which no step writes). The fork gets its own tensor
-  objects over the same storage, so ``sleep()``, which rebinds an engine's tensors, drops
-  only that engine's references: the storage lives on while the other engine holds it;
-* the tokenizer and the model config (immutable); the compiled grammars and their compile
-  thread (:meth:`StructuredOutputManager.__deepcopy__`); the history's records (immutable).
+  model's parameters and buffers, which no step writes; weights a runner does not declare
+  are copied, which costs memory, never correctness). The fork gets its own tensor objects
+  over the same storage, so ``sleep()``, which rebinds an engine's tensors, drops only that
+  engine's references: the storage lives on while the other engine holds it;
+* the immutable: the tokenizer and the model configs; the compiled grammars and their
+  compile thread (:meth:`StructuredOutputManager.__deepcopy__`); the history's records.
 
 Not state but the original's observers, so a fork starts without them: ``on_step`` hooks,
 stat loggers (a fresh logging one when ``log_stats``), the tracer and the profiler.
