@@ -4,7 +4,7 @@ The reference is a fresh engine given the same inputs. Each example builds two e
 config on deterministic clocks (a counter): ``fresh`` runs the inputs straight through;
 ``original`` runs them to a drawn step and is forked there, both get the same late request,
 and the original runs to the end before the fork does (a fork that shared anything a step
-writes with it would then see it changed). Both must equal the fresh engine: every
+writes with it would then see it changed; a beam search steps the two in turn). Both must equal the fresh engine: every
 StepRecord field but the wall-clock ones, every token, logprob, text and request metric.
 
 The workloads mix the base model and the two shipped adapters (``data/loras``) on one or two
@@ -151,8 +151,8 @@ def check_fork(feature: str, specs: list[dict], late: dict, fork_after: int) -> 
 
 request_spec = st.fixed_dictionaries({
     "prompt": st.builds(lambda shared, tail, twice: (PREFIX if shared else []) + tail * (2 if twice else 1),
-                        st.booleans(), st.lists(st.integers(30, 400), min_size=1, max_size=5), st.booleans()),
-    "max_tokens": st.integers(2, 6),
+                        st.booleans(), st.lists(st.integers(30, 400), min_size=1, max_size=4), st.booleans()),
+    "max_tokens": st.integers(2, 5),
     "temperature": st.sampled_from([0.0, 0.8]),
     "seed": st.one_of(st.none(), st.integers(0, 2**31 - 1)),  # unseeded rows draw from the shared generator
     "logprobs": st.one_of(st.none(), st.integers(0, 2)),
@@ -232,13 +232,13 @@ def beam_search(engine, prompt, width, max_tokens, adapter, fork_after):
 
 @EXAMPLES
 @given(prompt=st.builds(lambda tail: PREFIX + tail, st.lists(st.integers(30, 400), min_size=1, max_size=5)),
-       width=st.integers(2, 3), max_tokens=st.integers(2, 4), adapter=st.sampled_from([None, "errors", "timon"]),
-       fork_after=st.integers(1, 8))
+       width=st.integers(2, 3), max_tokens=st.integers(3, 5), adapter=st.sampled_from([None, "errors", "timon"]),
+       fork_after=st.integers(1, 3))  # a round takes a step or more: the fork comes mid-search
 def test_a_fork_in_the_middle_of_a_beam_search_finishes_it_as_a_fresh_engine(prompt, width, max_tokens, adapter,
                                                                               fork_after):
     [(fresh, best)] = beam_search(make_engine(), prompt, width, max_tokens, adapter, fork_after=-1)
     runs = beam_search(make_engine(), prompt, width, max_tokens, adapter, fork_after)
-    assert len(runs) == 2 or fork_after >= len(fresh.history)
+    assert len(runs) == 2
     for engine, found in runs:
         assert found == best
         assert len(engine.history) == len(fresh.history)
@@ -288,7 +288,7 @@ def test_a_fork_s_sleep_frees_its_own_kv_cache_not_the_weights_its_original_hold
 def test_profiling_the_fork_leaves_the_original_as_a_fresh_engine(tmp_path):
     fresh, original = make_engine(max_loras=2), make_engine(max_loras=2)
     for engine in (fresh, original):
-        for i, spec in enumerate(pinned_specs()[:3]):
+        for i, spec in enumerate(pinned_specs()[:2]):
             add(engine, f"r{i}", dict(spec, max_tokens=4))
     fresh_out, out = step(fresh, {}, 2), step(original, {}, 2)
     original.start_profile(str(tmp_path / "original"))

@@ -61,12 +61,12 @@ _engine_threads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def set_engine_thread(engine: LLMEngine, thread: threading.Thread | None) -> None:
-    """Record that only ``thread`` steps ``engine`` from now on (AsyncLLM's engine thread), or
-    (None) that it no longer does: only that thread may fork it, between two steps."""
-    if thread is None:
-        _engine_threads.pop(engine, None)
-    else:
+    """Record that only ``thread`` steps ``engine`` from now on (AsyncLLM's engine thread), so
+    only it may fork the engine, between two steps; None, from that thread: it stopped."""
+    if thread is not None:
         _engine_threads[engine] = thread
+    elif _engine_threads.get(engine) is threading.current_thread():
+        del _engine_threads[engine]
 
 
 def _own(shared):
