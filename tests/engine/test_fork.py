@@ -344,7 +344,8 @@ def test_fork_at_branches_a_lora_run():
 
 
 def test_a_fork_is_independent_of_its_original():
-    """Aborting and adding on the fork leaves the original's queues, blocks and KV tensors as they were."""
+    """Aborting and adding on the fork leaves the original's queues, blocks, KV tensors and
+    adapter slots as they were (the adapter read into host memory is shared: immutable)."""
     engine = make_engine()
     spec = dict(max_tokens=8, temperature=0.0, seed=None, logprobs=None, adapter="errors", json=False)
     add(engine, "r0", dict(spec, prompt=PREFIX + [40, 41]))
@@ -353,6 +354,7 @@ def test_a_fork_is_independent_of_its_original():
     kv = [t.clone() for t in engine.runner.kv_caches[0]]
     tables = {rid: engine.kv_cache.block_table(rid) for rid in ("r0", "r1")}
     fork = engine.fork()
+    assert fork.runner.lora_manager.manager.registered[1] is engine.runner.lora_manager.manager.registered[1]
     fork.abort_request("r0")
     fork.add_request("x", [60, 61, 62], SamplingParams(max_tokens=4), lora_request=ADAPTERS["timon"])
     for _ in range(3):

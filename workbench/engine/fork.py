@@ -11,10 +11,11 @@ draft model's state, generators, detokenizers, grammars' matchers, the clock's s
 Shared, and never written by anyone:
 
 * the weights, as each runner declares them (``fork_shared()``: the model's and the draft
-  model's parameters and buffers, which no step writes; weights a runner does not declare
-  are copied, which costs memory, never correctness). The fork gets its own tensor objects
-  over the same storage, so ``sleep()``, which rebinds an engine's tensors, drops only that
-  engine's references: the storage lives on while the other engine holds it;
+  model's parameters and buffers, which no step writes, and the LoRA adapters read into
+  host memory; weights a runner does not declare are copied, which costs memory, never
+  correctness). The fork gets its own tensor objects over the weights' storage, so
+  ``sleep()``, which rebinds an engine's tensors, drops only that engine's references: the
+  storage lives on while the other engine holds it;
 * the immutable: the tokenizer and the model configs; the compiled grammars and their
   compile thread (:meth:`StructuredOutputManager.__deepcopy__`); the history's records.
 

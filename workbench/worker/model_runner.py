@@ -305,9 +305,11 @@ class ModelRunner:
     def fork_shared(self) -> list:
         """What an engine's fork shares with this runner (:mod:`workbench.engine.fork`): the
         model config and the weights -- the model's parameters and buffers, which no step
-        writes (LoRA slots are not among them: see :mod:`workbench.lora.layers`). The rest
-        (the KV cache, the sampler, the modules themselves) is each engine's own."""
-        return [self.model_config, *self.model.parameters(), *self.model.buffers()]
+        writes (LoRA slots are not among them: see :mod:`workbench.lora.layers`), and the
+        LoRA adapters read into host memory. The rest (the KV cache, the sampler, the modules
+        themselves, the LoRA slots and their manager) is each engine's own."""
+        adapters = self.lora_manager.fork_shared() if self.lora_manager is not None else []
+        return [self.model_config, *self.model.parameters(), *self.model.buffers(), *adapters]
 
     # ------------------------------------------------------------------ LoRA
     def enable_lora(self, *, max_loras: int, max_lora_rank: int, max_cpu_loras: int) -> None:
