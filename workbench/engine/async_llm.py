@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
 from workbench.engine.engine_core_request import EngineCoreRequest
+from workbench.engine.fork import set_engine_thread
 from workbench.engine.input_processor import PromptType
 from workbench.engine.llm_engine import LLMEngine
 from workbench.lora.request import LoRARequest
@@ -152,6 +153,7 @@ class AsyncLLM:
         #: Set when the engine thread has stopped (shutdown, or an error: see dead_error).
         self.stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="workbench-engine", daemon=True)
+        set_engine_thread(engine, self._thread)  # forking it from elsewhere is refused
         self._thread.start()
         # A program that exits without shutdown() stops the engine thread first: a daemon
         # thread still calling into torch while the interpreter tears down can abort the
@@ -377,6 +379,7 @@ class AsyncLLM:
             for loop, queue in self._streams.values():
                 self._put(loop, queue, dead)
             self._streams.clear()
+            set_engine_thread(engine, None)
             self.stopped.set()
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:

@@ -2,19 +2,34 @@
 scheduling changes a branch may make from its fork on, and ``first_divergence(a, b)``.
 
 A fork is one ``copy.deepcopy`` of the engine's state, so every object keeps its sharing
-(a request is the same object in the scheduler, the KV manager and the output processor):
-the scheduler's queues and step counter, the KV manager with its block tables, free queue
-and prefix cache, the KV tensors, the sampler's generators (each seeded request's, and the
-shared one unseeded rows draw from), the detokenizers, the request tracker, the clock's state
-(a simulated clock is copied), and the history (its records are immutable, so both engines
-hold the same record objects). Shared, not copied: the model weights (read-only), the
-tokenizer and the model config. Each structured-output grammar becomes a new matcher over the
-same compiled grammar, fed the request's output tokens. Started fresh on the fork: ``on_step``
-hooks, stat loggers, the idle waiter; no tracer and no profiler.
+(a request is the same object in the scheduler, the KV manager and the output processor).
+Its independence holds by construction: the copy's memo is seeded with what a fork shares,
+and everything else is copied -- whatever a step or a call writes: the scheduler's queues,
+the KV manager (block tables, free queue, prefix cache), the KV tensors, the model's modules
+with their LoRA slot tensors and the adapter manager that fills them, the sampler's and the
+draft model's state, generators, detokenizers, grammars' matchers, the clock's state.
+Shared, and never written by anyone:
+
+* the weights, as each runner declares them (``fork_shared()``: the model's and the draft
+  model's parameters and buffers, which no step writes, and the LoRA adapters read into
+  host memory; weights a runner does not declare are copied, which costs memory, never
+  correctness). The fork gets its own tensor objects over the weights' storage, so
+  ``sleep()``, which rebinds an engine's tensors, drops only that engine's references: the
+  storage lives on while the other engine holds it;
+* the immutable: the tokenizer and the model configs; the compiled grammars and their
+  compile thread (:meth:`StructuredOutputManager.__deepcopy__`); the history's records.
+
+Not state but the original's observers, so a fork starts without them: ``on_step`` hooks,
+stat loggers (a fresh logging one when ``log_stats``), the tracer and the profiler.
+Refused (RuntimeError naming what to do; nothing copied): a sleeping engine (its KV cache is
+gone), an engine being profiled (the profiler wraps the engine's own methods), an engine
+served by :class:`~workbench.engine.async_llm.AsyncLLM` from any thread but its engine
+thread (a step may be under way).
 
 Invariant (``tests/engine/test_fork.py``): an engine and its fork, both left unchanged, step
-identically -- every StepRecord field but the wall-clock ``timings``, every token, logprob
-and text -- and stepping one never changes the other.
+as a fresh engine given the same inputs does -- every StepRecord field but the wall-clock
+``timings``, every token, logprob and text -- and nothing done to one (stepping, adding,
+aborting, sleeping, profiling) changes the other.
 """
 
 from __future__ import annotations
@@ -22,12 +37,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import html
+import threading
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import torch
+
 from workbench.core.sched.request_queue import get_policy
 from workbench.core.sched.scheduler import WaitingQueue
-from workbench.engine.idle import IdleWaiter
 from workbench.metrics.stats import LoggingStatLogger
 
 if TYPE_CHECKING:
@@ -37,28 +55,59 @@ if TYPE_CHECKING:
 
 #: The scheduling settings a branch may change from its fork on.
 SCHEDULING_CHANGES = ("policy", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill")
-#: Engine attributes a fork starts afresh (hooks and loggers belong to the original's observers).
-_FRESH = ("on_step", "stat_loggers", "idle", "tracer", "profiler", "structured_output")
+#: Engine attributes that observe it rather than hold its state: a fork starts without them.
+OBSERVERS = ("on_step", "stat_loggers", "tracer", "profiler")
+#: The thread that alone steps an engine AsyncLLM serves (see :func:`set_engine_thread`).
+_engine_threads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def set_engine_thread(engine: LLMEngine, thread: threading.Thread | None) -> None:
+    """Record that only ``thread`` steps ``engine`` from now on (AsyncLLM's engine thread), so
+    only it may fork the engine, between two steps; None, from that thread: it stopped."""
+    if thread is not None:
+        _engine_threads[engine] = thread
+    elif _engine_threads.get(engine) is threading.current_thread():
+        del _engine_threads[engine]
+
+
+def _own(shared):
+    """The fork's own object for a shared one: a tensor over the same storage (a parameter
+    stays a parameter), anything else the object itself."""
+    if isinstance(shared, torch.nn.Parameter):
+        return torch.nn.Parameter(shared.data, requires_grad=shared.requires_grad)
+    if isinstance(shared, torch.Tensor):
+        return shared.detach()
+    return shared
+
+
+def _refuse(engine: LLMEngine) -> None:
+    if engine.is_sleeping():
+        raise RuntimeError("fork(): the engine is sleeping (its KV cache is gone); wake_up() first.")
+    if engine.profiler is not None and engine.profiler.is_running:
+        raise RuntimeError("fork(): the engine is being profiled, and the profiler wraps its own methods; "
+                           "stop_profile() first, then fork (and start_profile() on either engine).")
+    thread = _engine_threads.get(engine)
+    if thread is not None and thread is not threading.current_thread():
+        raise RuntimeError(f"fork(): the engine is being served (AsyncLLM's thread {thread.name!r} steps it, "
+                           "e.g. %llm serve), so a step may be under way. Fork it between two steps on "
+                           "that thread, async_llm.submit(engine.fork).result(), or stop serving first "
+                           "(%llm stop).")
 
 
 def fork_engine(engine: LLMEngine) -> LLMEngine:
-    """An independent engine in exactly ``engine``'s state (see the module docstring).
-    RuntimeError while it sleeps (its KV cache is gone)."""
-    if engine.is_sleeping():
-        raise RuntimeError("fork(): the engine is sleeping; wake_up() first.")
-    runner = engine.runner
-    shared = [engine.tokenizer, getattr(engine.tokenizer, "backend_tokenizer", None),
-              engine.model_config, getattr(runner, "model", None), getattr(runner, "model_config", None)]
-    memo: dict = {id(x): x for x in shared if x is not None}
-    state = {k: v for k, v in vars(engine).items() if k not in _FRESH}
-    copied = copy.deepcopy(state, memo)
+    """An independent engine in exactly ``engine``'s state (see the module docstring)."""
+    _refuse(engine)
+    shared = [engine.tokenizer, getattr(engine.tokenizer, "backend_tokenizer", None), engine.model_config]
+    for part in (engine.runner, engine.proposer):
+        if hasattr(part, "fork_shared"):
+            shared += part.fork_shared()
+    memo: dict = {id(x): _own(x) for x in shared if x is not None}
+    state = {k: v for k, v in vars(engine).items() if k not in OBSERVERS}
     fork = object.__new__(type(engine))
-    vars(fork).update(copied)
+    vars(fork).update(copy.deepcopy(state, memo))
     fork.on_step = []
     fork.stat_loggers = {"logging": LoggingStatLogger()} if engine.config.log_stats else {}
-    fork.idle = IdleWaiter(fork.device, engine.config.keep_warm_s)
     fork.tracer = fork.profiler = None
-    fork.structured_output = engine.structured_output.fork(memo)
     return fork
 
 

@@ -560,8 +560,10 @@ class LLMEngine:
     # ------------------------------------------------------------ research layer
     def fork(self) -> LLMEngine:
         """An independent engine in exactly this one's state (queues, block tables, prefix
-        cache, KV tensors, sampling generators, detokenizers, history, clock); the model
-        weights are shared. Left unchanged, both step identically
+        cache, KV tensors, LoRA adapters and slots, sampling generators, detokenizers,
+        grammars, history, clock); only the weights' storage is shared, and nothing writes
+        it. Left unchanged, both step as a fresh engine given the same inputs would.
+        RuntimeError while it sleeps, is being profiled, or is served from another thread
         (see :mod:`workbench.engine.fork`)."""
         return fork_engine(self)
 

@@ -7,6 +7,11 @@ tensors ``lora_a[slot]`` [max_rank, in] and ``lora_b[slot]`` [rows, max_rank]: s
 adapter" and stays zero; an adapter of rank r < max_rank is zero-padded (the padding adds
 exact zeros). ``forward(x) = base(x)``, then each shard's output columns get
 ``ops.add_lora`` with the step's :class:`LoRAMapping`.
+
+The slot tensors are the engine's own state (written whenever an adapter is activated), not
+weights: plain tensor attributes, never parameters or buffers, so the model's parameters and
+buffers are exactly its read-only base weights (what an engine's forks share; see
+:mod:`workbench.engine.fork`).
 """
 
 from __future__ import annotations
@@ -61,12 +66,11 @@ class LinearWithLoRA(nn.Module):
         for name, rows in zip(self.shard_names, base.shards.values()):
             self.columns[name] = slice(start, start + rows)
             start += rows
-        self.lora_a = nn.ParameterDict({n: nn.Parameter(
-            torch.zeros(num_slots, max_rank, in_features, dtype=dt, device=dev), requires_grad=False)
-            for n in self.shard_names})
-        self.lora_b = nn.ParameterDict({n: nn.Parameter(
-            torch.zeros(num_slots, c.stop - c.start, max_rank, dtype=dt, device=dev), requires_grad=False)
-            for n, c in self.columns.items()})
+        self.lora_a: dict[str, torch.Tensor] = {
+            n: torch.zeros(num_slots, max_rank, in_features, dtype=dt, device=dev) for n in self.shard_names}
+        self.lora_b: dict[str, torch.Tensor] = {
+            n: torch.zeros(num_slots, c.stop - c.start, max_rank, dtype=dt, device=dev)
+            for n, c in self.columns.items()}
         #: Slots holding non-zero weights, per shard (a shard no adapter in the batch targets
         #: is skipped).
         self.filled: dict[str, set[int]] = {n: set() for n in self.shard_names}
@@ -86,17 +90,17 @@ class LinearWithLoRA(nn.Module):
     def set_slot(self, slot: int, shard: str, lora_a: torch.Tensor, lora_b: torch.Tensor) -> None:
         """Write one adapter's shard weights (``lora_b`` already scaled) into ``slot``."""
         rank = lora_a.shape[0]
-        self.lora_a[shard].data[slot].zero_()
-        self.lora_b[shard].data[slot].zero_()
-        self.lora_a[shard].data[slot, :rank].copy_(lora_a)
-        self.lora_b[shard].data[slot, :, :rank].copy_(lora_b)
+        self.lora_a[shard][slot].zero_()
+        self.lora_b[shard][slot].zero_()
+        self.lora_a[shard][slot, :rank].copy_(lora_a)
+        self.lora_b[shard][slot, :, :rank].copy_(lora_b)
         self.filled[shard].add(slot)
 
     def clear_slot(self, slot: int) -> None:
         for shard in self.shard_names:
             if slot in self.filled[shard]:
-                self.lora_a[shard].data[slot].zero_()
-                self.lora_b[shard].data[slot].zero_()
+                self.lora_a[shard][slot].zero_()
+                self.lora_b[shard][slot].zero_()
                 self.filled[shard].discard(slot)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -80,6 +80,11 @@ class WorkerLoRAManager:
     def list_adapters(self) -> set[int]:
         return self.manager.list_adapters()
 
+    def fork_shared(self) -> list[LoRAModel]:
+        """What an engine's fork shares: the adapters in host memory (immutable once read).
+        The slots, their LRU order and the mapping are each engine's own."""
+        return list(self.manager.registered.values())
+
     # ------------------------------------------------------------------ per forward
     def set_active_adapters(self, lora_requests: Sequence[LoRARequest | None],
                             num_tokens: Sequence[int], device: torch.device) -> torch.Tensor | None:

@@ -156,6 +156,14 @@ def iterate_safetensors(path: pathlib.Path) -> Iterator[tuple[str, torch.Tensor]
                 yield name, f.get_tensor(name)
 
 
+def load_weights(model: LlamaForCausalLM, model_config: ModelConfig, *, load_format: str, seed: int) -> None:
+    """Fill ``model``'s parameters (allocated at their shapes) as :func:`load_model` does."""
+    if load_format == "dummy":
+        model.init_dummy_weights(seed)
+    else:
+        model.load_weights(iterate_safetensors(pathlib.Path(model_config.path)))
+
+
 def load_model(
     model_config: ModelConfig,
     *,
@@ -171,10 +179,7 @@ def load_model(
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}.")
     model = MODEL_CLASSES[model_config.architecture](model_config, device=device)
-    if load_format == "dummy":
-        model.init_dummy_weights(seed)
-    else:
-        model.load_weights(iterate_safetensors(pathlib.Path(model_config.path)))
+    load_weights(model, model_config, load_format=load_format, seed=seed)
     logger.info(
         "Loaded %s (%s, %s weights) on %s: %.1fM parameters.", model_config.architecture,
         model_config.dtype, load_format, device, sum(p.numel() for p in model.parameters()) / 1e6,

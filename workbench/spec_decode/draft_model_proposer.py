@@ -140,6 +140,10 @@ class DraftModelProposer:
             token_ids=tuple(token_ids), block_ids=self.kv_cache.block_ids(shadow.request_id),
             is_prefill=len(token_ids) > 1, samples=True)
 
+    def fork_shared(self) -> list:
+        """What an engine's fork shares with this proposer: the draft model's config and weights."""
+        return self.runner.fork_shared()
+
     def remove(self, request_ids: Iterable[str]) -> None:
         """Free the draft cache of finished requests."""
         for rid in request_ids:

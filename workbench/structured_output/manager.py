@@ -15,7 +15,7 @@ and forced token -- is :class:`StructuredOutputStep`, kept on the StepRecord.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
@@ -317,31 +317,27 @@ class StructuredOutputManager:
         step.reasoning = tuple(sorted(rid for rid in self._reasoning if rid in requests))
         return step
 
-    def fork(self, fork_requests: Mapping[int, Request]) -> StructuredOutputManager:
-        """This manager for a forked engine, whose request copies ``fork_requests`` gives by
-        ``id()`` of the original: the compile executor, backends and cache are shared (a
-        compiled grammar is immutable), pending compiles go on for the copies, and each active
-        grammar is a new matcher over the same compiled grammar that accepted its copy's tokens
-        (a request the fork does not hold, finished already, is left out)."""
-        new = StructuredOutputManager(self.tokenizer, self.vocab_size, self._executor,
-                                      config=self.config, reasoner=self.reasoner)
-        new._backends, new._cache, new._reported = self._backends, self._cache, set(self._reported)
+    def __deepcopy__(self, memo: dict) -> StructuredOutputManager:
+        """This manager for a forked engine (``copy.deepcopy`` of the engine: ``memo`` gives the
+        requests' copies). Shared, immutable once built: the compile executor, the backends and
+        the compiled grammars; its own: the cache's index (a compile one engine starts is no
+        cache hit in the other), the counters, the pending compiles (going on for the copies)
+        and each grammar's matcher -- a new one over the same compiled grammar, fed the tokens
+        the original's had accepted."""
+        new = StructuredOutputManager(self.tokenizer, self.vocab_size, self._executor, config=self.config,
+                                      reasoner=copy.deepcopy(self.reasoner, memo))
+        memo[id(self)] = new
+        new._backends, new._cache, new._reported = dict(self._backends), dict(self._cache), set(self._reported)
         new.num_compiles, new.num_cache_hits = self.num_compiles, self.num_cache_hits
         new._reasoning = set(self._reasoning)
-        new._pending = {rid: (fork_requests[id(r)], f, key) for rid, (r, f, key) in self._pending.items()
-                        if id(r) in fork_requests}
+        new._pending = {rid: (copy.deepcopy(r, memo), f, key) for rid, (r, f, key) in self._pending.items()}
         for rid, active in self._grammars.items():
-            copy = fork_requests.get(id(active.request))
-            if copy is None:
-                continue
+            request = copy.deepcopy(active.request, memo)
             grammar = self._backends[active.key.backend].make_grammar(self._cache[active.key].result()[0])
-            for token in copy.output_token_ids[active.start:active.start + active.num_accepted]:
+            for token in request.output_token_ids[active.start:active.start + active.num_accepted]:
                 grammar.accept_token(token)
-            new._grammars[rid] = _Active(copy, grammar, active.key, active.start, active.num_accepted)
-        new._step = dataclasses.replace(self._step, compiled=dict(self._step.compiled),
-                                        cache_hits=list(self._step.cache_hits),
-                                        compile_seconds=list(self._step.compile_seconds),
-                                        backends=dict(self._step.backends), rows=dict(self._step.rows))
+            new._grammars[rid] = _Active(request, grammar, active.key, active.start, active.num_accepted)
+        new._step = copy.deepcopy(self._step, memo)
         return new
 
     def __repr__(self) -> str:

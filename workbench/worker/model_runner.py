@@ -302,6 +302,15 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return peak
 
+    def fork_shared(self) -> list:
+        """What an engine's fork shares with this runner (:mod:`workbench.engine.fork`): the
+        model config and the weights -- the model's parameters and buffers, which no step
+        writes (LoRA slots are not among them: see :mod:`workbench.lora.layers`), and the
+        LoRA adapters read into host memory. The rest (the KV cache, the sampler, the modules
+        themselves, the LoRA slots and their manager) is each engine's own."""
+        adapters = self.lora_manager.fork_shared() if self.lora_manager is not None else []
+        return [self.model_config, *self.model.parameters(), *self.model.buffers(), *adapters]
+
     # ------------------------------------------------------------------ LoRA
     def enable_lora(self, *, max_loras: int, max_lora_rank: int, max_cpu_loras: int) -> None:
         """Wrap the model's projections for batched multi-LoRA (before the first step)."""

@@ -3,12 +3,18 @@
 * level 1: the weights go to host memory (copies on the CPU; on a CPU engine the same
   tensors, kept aside) and the KV cache is freed;
 * level 2: the weights and the KV cache are both freed; waking the weights reloads them from
-  the checkpoint (``load_format`` and ``seed`` as the runner was built).
+  the checkpoint into the model's own parameters (``load_format`` and ``seed`` as the runner
+  was built; a LoRA-wrapped model too).
 
 Asleep, every parameter of the model holds an empty tensor and ``runner.kv_caches`` is empty;
 the model's buffers (rotary tables) are kept on the CPU at both levels and put back with the
 weights. ``wake_up(tags)`` wakes "weights", "kv_cache" or both (None), in any order; the runner
 is awake once neither is asleep. The KV cache comes back zeroed: its contents are forgotten.
+
+Sleep rebinds the runner's own tensor objects and never writes their storage, so what it
+frees is the storage no other tensor holds any more: weights an engine's fork shares stay
+(for the other engine; see :mod:`workbench.engine.fork`), and a fork that slept wakes with
+weights of its own (level 1 on a GPU, level 2) or the very ones it kept (level 1 on a CPU).
 """
 
 from __future__ import annotations
@@ -17,14 +23,19 @@ import logging
 import time
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from workbench.model.loader import load_weights
 
 logger = logging.getLogger(__name__)
 
 TAGS = ("weights", "kv_cache")
 
 
-def _nbytes(tensors) -> int:
-    return sum(t.untyped_storage().nbytes() for t in tensors)
+def _storages(tensors) -> dict[int, tuple[StorageWeakRef, int]]:
+    """Each non-empty storage behind ``tensors``, by address: a weak reference and its bytes."""
+    return {s.data_ptr(): (StorageWeakRef(s), s.nbytes())
+            for s in (t.untyped_storage() for t in tensors) if s.nbytes()}
 
 
 class SleepMode:
@@ -38,6 +49,7 @@ class SleepMode:
         self.asleep: set[str] = set()
         self._weights: dict[str, torch.Tensor] = {}  # level 1: parameter name -> host copy
         self._buffers: dict[str, torch.Tensor] = {}  # buffer name -> host copy
+        self._shapes: dict[str, torch.Size] = {}  # parameter name -> its shape awake
 
     @property
     def is_sleeping(self) -> bool:
@@ -45,26 +57,26 @@ class SleepMode:
 
     def sleep(self, level: int) -> int:
         """Free the model's weights and KV cache as ``level`` says; returns the bytes of tensor
-        storage freed on the runner's device (on a CPU engine, less what level 1 keeps aside)."""
+        storage freed on the runner's device: the storage no tensor holds any more (not what
+        level 1 keeps aside on a CPU engine, nor weights a fork of the engine shares)."""
         model, device = self.runner.model, self.runner.device
-        on_device = list(model.parameters()) + list(model.buffers()) + [t for kv in self.runner.kv_caches for t in kv]
-        before = _nbytes(on_device)
+        held = _storages([*model.parameters(), *model.buffers(), *(t for kv in self.runner.kv_caches for t in kv)])
         with torch.no_grad():
             for name, buffer in model.named_buffers():
-                self._buffers[name] = buffer.to("cpu", copy=True)
+                self._buffers[name] = buffer.data.to("cpu")
                 buffer.data = torch.empty(0, dtype=buffer.dtype, device=device)
             for name, param in model.named_parameters():
-                if level == 1:  # on a CPU engine: the very tensor, kept aside
+                self._shapes[name] = param.shape
+                if level == 1:  # on a CPU engine: the very storage, kept aside
                     self._weights[name] = param.data.to("cpu")
                 param.data = torch.empty(0, dtype=param.dtype, device=device)
         self.runner.kv_caches = []
         if device.type == "cuda":
             torch.cuda.empty_cache()
         self.level, self.asleep = level, set(TAGS)
-        kept = _nbytes(list(self._weights.values()) + list(self._buffers.values())) if device.type == "cpu" else 0
-        freed = before - _nbytes(list(model.parameters()) + list(model.buffers())) - kept
+        freed = sum(nbytes for ref, nbytes in held.values() if ref.expired())
         logger.info("Sleep mode freed %.2f GiB memory, %.2f GiB memory is still in use.",
-                    freed / 2**30, (before - freed) / 2**30)
+                    freed / 2**30, (sum(nbytes for _, nbytes in held.values()) - freed) / 2**30)
         return freed
 
     def wake_up(self, tags: list[str] | None = None) -> None:
@@ -82,16 +94,15 @@ class SleepMode:
         logger.info("It took %.6f seconds to wake up tags %s.", time.perf_counter() - start, tags)
 
     def _wake_weights(self) -> None:
-        from workbench.model.loader import load_model
-
         model, device = self.runner.model, self.runner.device
-        if self.level == 2:
-            fresh = load_model(self.runner.model_config, device=device, load_format=self.load_format,
-                               seed=self.seed)
-            self._weights = {name: p.data for name, p in fresh.named_parameters()}
         with torch.no_grad():
             for name, param in model.named_parameters():
-                param.data = self._weights.pop(name).to(device)
+                if self.level == 2:  # the checkpoint, read into the model's own parameters
+                    param.data = torch.empty(self._shapes[name], dtype=param.dtype, device=device)
+                else:
+                    param.data = self._weights.pop(name).to(device)
+            if self.level == 2:
+                load_weights(model, self.runner.model_config, load_format=self.load_format, seed=self.seed)
             for name, buffer in model.named_buffers():
                 buffer.data = self._buffers.pop(name).to(device)
 
