@@ -134,7 +134,7 @@ class EngineDashboard(widgets.VBox):
     def reset(self) -> None:
         """Abort every request, forget the recorded steps and the prefix cache (the model and
         its KV pool stay allocated)."""
-        self.engine.abort_request(self.engine.get_unfinished_request_ids(), report=False)
+        self.engine.abort_request(self.engine.get_unfinished_request_ids())
         self.engine.history.clear()
         self.engine.reset_prefix_cache()
         self.outputs.clear()
