@@ -292,8 +292,7 @@ class LLMEngine:
             self.output_processor.discard(request.request_id)
             raise
         if self.tracer is not None:
-            self.tracer.add_request(request.request_id, [c.request_id for c in parent.children],
-                                    request.sampling_params, request.trace_headers)
+            self.tracer.add_request(request.request_id, parent.children, request.trace_headers)
         elif request.trace_headers:
             log_tracing_disabled_warning()
 
