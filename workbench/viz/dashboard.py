@@ -120,8 +120,8 @@ class EngineDashboard(widgets.VBox):
         """Advance the engine up to ``num_steps`` steps (fewer when it runs dry)."""
         self.updater.paused = True
         try:
-            for _ in range(num_steps):
-                if not self.engine.has_unfinished_requests():
+            for _ in range(num_steps):  # an abort left unrecorded gets its step too
+                if not (self.engine.has_unfinished_requests() or self.engine.has_unrecorded_aborts()):
                     break
                 self.outputs.extend(out for out in self.engine.step() if out.finished)
         finally:
