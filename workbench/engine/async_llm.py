@@ -245,8 +245,8 @@ class AsyncLLM:
         params' ``output_kind`` says (vLLM's default CUMULATIVE: the text so far).
 
         A prompt is processed once, on the input thread; an EngineCoreRequest (processed
-        already: ``params`` and ``priority`` unused) is queued as it is. A ValueError from
-        validation propagates unchanged and nothing is queued (requests already in flight
+        already: ``params`` and ``priority`` unused) is queued as it is. A ValueError (or
+        TypeError: ``params`` must be a SamplingParams, as vLLM) from validation propagates unchanged and nothing is queued (requests already in flight
         are untouched).
         """
         if isinstance(prompt, EngineCoreRequest):
@@ -297,6 +297,7 @@ class AsyncLLM:
             self._deliver(engine._abort(request_id))
             if not engine.has_unfinished_requests() and engine.has_unrecorded_aborts():
                 engine.step()  # nothing else to run: record the abort now (history, /metrics)
+                self._scheduler_stats = engine.scheduler_stats
 
         if self.is_running:
             self.submit(do_abort)

@@ -317,8 +317,8 @@ class InputProcessor:
 
 
 def check_request_id(request_id: object) -> None:
-    """vLLM's rule: a request id is a string (TypeError in vLLM's wording otherwise); here it
-    must also be non-empty (ValueError)."""
+    """vLLM's rule (``LLMEngine.add_request``, the seed's and V1's): a request id is a string,
+    TypeError in vLLM's wording otherwise; here it must also be non-empty (ValueError)."""
     if not isinstance(request_id, str):
         raise TypeError(f"request_id must be a string, got {type(request_id)}")
     if not request_id:

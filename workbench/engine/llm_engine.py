@@ -210,7 +210,9 @@ class LLMEngine:
         cls, engine_args: EngineArgs, stat_loggers: Mapping[str, StatLoggerBase] | None = None
     ) -> LLMEngine:
         """vLLM's constructor: an engine from :class:`~workbench.config.EngineArgs`,
-        with extra stat loggers by name."""
+        with extra stat loggers by name: they join the default one, as vLLM V1's
+        StatLoggerManager adds custom loggers to its own (the V0 seed replaced them); with
+        ``log_stats=False`` they are refused (``add_logger``'s RuntimeError)."""
         engine = cls(engine_args.create_engine_config())
         for name, stat_logger in (stat_loggers or {}).items():
             engine.add_logger(name, stat_logger)
@@ -456,8 +458,9 @@ class LLMEngine:
         """Run one step: schedule -> execute -> update -> process -> record.
 
         Returns a RequestOutput for every request that progressed (per its
-        ``SamplingParams.output_kind``: CUMULATIVE by default, DELTA, FINAL_ONLY); aborted
-        requests give none (vLLM's rule), but this step records their aborts. A request whose own processing raises
+        ``SamplingParams.output_kind``: CUMULATIVE by default, DELTA, FINAL_ONLY); an aborted
+        request gives none (vLLM's rule), but the step records the aborts made since the last
+        one. A request whose own processing raises
         (sampling, logits processors, detokenization, stop strings) finishes with
         finish_reason "error" and ``RequestOutput.error``; the others are unaffected. Only a
         failure of the whole batch (the forward pass) propagates.
