@@ -237,7 +237,11 @@ class EngineArgs:
         None, "split replies into reasoning and content with this parser ('deepseek_r1', "
         "'qwen3': <think>...</think>); structured outputs then start after the reasoning")
     max_history: int = option(10_000, "StepRecords kept in engine.history")
-    log_stats: bool = option(False, "log vLLM's periodic stats line")
+    log_stats: bool = option(
+        True, "stat logging (vLLM's default for an engine: disable_log_stats=False): the periodic "
+        "stats line every log_stats_interval seconds while steps run (the 'workbench' logger, "
+        "at INFO) and the stat loggers (add_logger, the server's /metrics); LLM() turns it off "
+        "unless told, as vLLM's LLM does")
     log_stats_interval: float = option(5.0, "seconds between two stats lines")
     otlp_traces_endpoint: str | None = option(
         None, "send an OpenTelemetry span per finished request (vLLM's llm_request) to this OTLP "

@@ -196,9 +196,9 @@ with client.chat.completions.create(**long_request) as stream:
     received = [chunk.choices[0].delta.content for chunk, _ in zip(stream, range(3))]
 print("received:", received)
 
-deadline = time.monotonic() + 30
-while engine.has_unfinished_requests() and time.monotonic() < deadline:
-    time.sleep(0.05)
+deadline = time.monotonic() + 30  # as vLLM, an aborted request is no longer unfinished; the
+while (engine.has_unfinished_requests() or engine.has_unrecorded_aborts()) and time.monotonic() < deadline:
+    time.sleep(0.05)  # engine records the abort (history, metrics) in the step that follows it
 print("unfinished requests:", engine.get_num_unfinished_requests())
 print("free blocks:", engine.kv_cache.num_free_blocks, "of", engine.kv_cache.num_blocks)
 requests = engine.requests_dataframe().set_index("request_id")

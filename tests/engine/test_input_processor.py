@@ -46,8 +46,8 @@ def test_max_tokens_filled_and_not_capped_offline(ip, tok):
 
 @pytest.mark.parametrize("prompt, params, message", [
     ([], SamplingParams(), "The decoder prompt cannot be empty"),
-    ([1] * CTX, SamplingParams(), f"maximum context length is {CTX} tokens. However, your "
-                                  f"request has {CTX} input tokens"),
+    ([1] * CTX, SamplingParams(), f"The decoder prompt (length {CTX}) plus the number of "
+                                  f"requested output tokens (at least 1)"),
     ([1, VOCAB], SamplingParams(), f"Token id {VOCAB} is out of vocabulary"),
     ([1, -1], SamplingParams(), f"prompt_token_ids must be integers in [0, {VOCAB})"),
     ([1, True], SamplingParams(), "prompt_token_ids must be integers, got True"),

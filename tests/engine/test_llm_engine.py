@@ -12,8 +12,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8)
 
 
 @pytest.fixture(scope="module")
-def llm():
-    return LLM(device="cpu", block_size=8, num_kv_blocks=64, max_num_batched_tokens=64)
+def llm():  # stat logging on: LLM() turns it off unless told (vLLM's rule)
+    return LLM(device="cpu", block_size=8, num_kv_blocks=64, max_num_batched_tokens=64, log_stats=True)
 
 
 def drain(engine):
@@ -41,9 +41,15 @@ def test_context_length_errors_use_vllm_wording_and_lose_nothing(llm):
     engine = llm.engine
     limit = engine.model_config.max_model_len
     engine.add_request("keep", "ROMEO:", SamplingParams(temperature=0, max_tokens=4))
-    too_long = list(range(5, 5 + limit))
-    with pytest.raises(ValueError, match=f"maximum context length is {limit} tokens. However, your request has {limit} input tokens"):
+    too_long = list(range(5, 5 + limit))  # vLLM V1: the prompt must leave room for one token
+    with pytest.raises(ValueError, match=rf"The decoder prompt \(length {limit}\) plus the number of "
+                                         rf"requested output tokens \(at least 1\) is longer than the "
+                                         rf"maximum model length of {limit}\."):
         engine.add_request("long", {"prompt_token_ids": too_long}, GREEDY)
+    with pytest.raises(ValueError, match=rf"The decoder prompt \(length {limit + 1}\) is longer than "
+                                         rf"the maximum model length of {limit}\. Make sure that "
+                                         r"`max_model_len` is no smaller than the number of text tokens\."):
+        engine.add_request("long", {"prompt_token_ids": too_long + [5]}, GREEDY)
     with pytest.raises(ValueError, match="already in flight"):
         engine.add_request("keep", "JULIET:", GREEDY)
     outs = drain(engine)
@@ -63,15 +69,18 @@ def test_bad_prompts_are_rejected_with_the_field_named(llm):
     assert not llm.engine.has_unfinished_requests()
 
 
-def test_abort_any_time_frees_blocks_and_reports_abort(llm):
+def test_abort_any_time_frees_blocks_and_gives_no_output(llm):
     engine = llm.engine
     engine.add_request("a", "KING HENRY:\nOnce more unto the breach", SamplingParams(max_tokens=50))
     engine.add_request("b", "ROMEO:", SamplingParams(temperature=0, max_tokens=3))
     engine.step()
     engine.abort_request("a")
+    assert engine.get_unfinished_request_ids() == ["b"] and engine.has_unrecorded_aborts()
     outs = drain(engine)
-    assert outs["a"].outputs[0].finish_reason == "abort"
+    assert "a" not in outs  # vLLM's rule: an aborted request produces no output
     assert outs["b"].outputs[0].finish_reason in ("stop", "length")
+    assert not engine.has_unrecorded_aborts()  # the next step recorded it
+    assert [e.reason for e in engine.history.request_log("a") if type(e).__name__ == "RequestFinished"] == ["abort"]
 
 
 def test_parallel_samples_share_prompt_blocks(llm):
@@ -104,7 +113,7 @@ def test_same_seed_same_tokens_whatever_the_batch(llm):
 def test_history_dataframe_and_stats_line(llm, caplog):
     engine = llm.engine
     engine.history.clear()
-    engine.add_logger("logging", LoggingStatLogger())
+    assert isinstance(engine.stat_loggers["logging"], LoggingStatLogger)  # log_stats=True's
     llm.generate(["ROMEO:", "ROMEO:"], GREEDY, use_tqdm=False)
     frame = engine.history.to_dataframe()
     assert len(frame) == len(engine.history) > 0
@@ -113,7 +122,6 @@ def test_history_dataframe_and_stats_line(llm, caplog):
     with caplog.at_level(logging.INFO, logger="workbench"):
         engine.do_log_stats()
     line = engine.stat_loggers["logging"].last_line
-    engine.remove_logger("logging")
     assert "Avg prompt throughput" in line and "Running: 0 reqs" in line and line in caplog.text
     assert "0x" not in repr(engine.history[-1])
 

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from workbench import LLM, EngineConfig, LLMEngine, SamplingParams
 from workbench.config import EngineArgs
+from workbench.core.request_events import RequestFinished
 from workbench.metrics.prometheus import PrometheusStatLogger
 from workbench.sampling_params import RequestOutputKind
 from workbench.metrics.stats import IterationStats, SchedulerStats, StatLoggerBase
@@ -29,7 +30,7 @@ def greedy(max_tokens=8, **kw):
 @pytest.fixture(scope="module")
 def llm():
     return LLM(device="cpu", dtype="float32", block_size=8, num_kv_blocks=64,
-               max_num_batched_tokens=32)
+               max_num_batched_tokens=32, log_stats=True)  # LLM() turns them off (vLLM's)
 
 
 def drain(engine, check=True):
@@ -93,7 +94,7 @@ def test_add_request_takes_vllms_positional_order(llm):
     assert engine.scheduler.requests["t"].priority == 0
     for bad, match in [
         (dict(lora_request=object()), "lora_request"),
-        (dict(priority=1), r"priority: got 1, but the scheduling policy 'fcfs' ignores"),
+        (dict(priority=1), r"^Got priority 1 but Priority scheduling is not enabled\.$"),  # vLLM's
         (dict(tokenization_kwargs={"truncation": True}), r"unsupported keys \['truncation'\]"),
         (dict(trace_headers={"traceparent": 1}), "trace_headers must be a mapping of header names to strings"),
     ]:
@@ -147,9 +148,12 @@ def test_abort_many_and_the_accessors(llm):
     engine.step()
     engine.abort_request(iter(["a", "b", "never-added"]))
     assert engine.get_num_unfinished_requests() == 1 and engine.has_unfinished_requests()
+    assert engine.get_unfinished_request_ids() == ["c"]
     outs = drain(engine)
-    aborted = {o.request_id for o in outs if o.outputs[0].finish_reason == "abort"}
-    assert aborted == {"a", "b"}
+    assert {o.request_id for o in outs} == {"c"}  # an aborted request gives no output (vLLM's rule)
+    finished = {e.request_id: e.reason for rec in engine.history for e in rec.request_events
+                if isinstance(e, RequestFinished)}
+    assert finished["a"] == finished["b"] == "abort"  # the history records the aborts
     assert engine.get_model_config() is engine.model_config
     assert engine.get_tokenizer() is engine.tokenizer
     assert engine.get_engine_config().block_size == 8 and llm.llm_engine is engine
@@ -187,7 +191,8 @@ def test_engine_args_round_trip_through_the_command_line():
     engine = LLMEngine.from_engine_args(EngineArgs(device="cpu", block_size=8, num_kv_blocks=16),
                                         stat_loggers={"mine": mine})
     assert (engine.kv_cache.num_blocks, engine.kv_cache.block_size) == (16, 8)
-    assert engine.stat_loggers == {"mine": mine}
+    # vLLM V1's StatLoggerManager: custom loggers join the default ones (stat logging is on).
+    assert engine.stat_loggers["mine"] is mine and set(engine.stat_loggers) == {"logging", "mine"}
 
 
 def test_max_logprobs_reaches_the_input_processor():
@@ -226,18 +231,21 @@ def test_stat_loggers_see_every_step_and_prometheus_uses_vllm_names(llm):
         for i, (prompt, p) in enumerate(zip(PROMPTS, params)):
             engine.add_request(f"s{i}", prompt, p)
         engine.add_request("gone", PROMPTS[0], greedy(30, ignore_eos=True))
-        engine.step()
-        engine.abort_request("gone")
+        seen = {o.request_id: o for o in engine.step()}
+        engine.abort_request("gone")  # no output from now on (vLLM's rule); the stats count it
         outs = [o for o in drain(engine) if o.finished]
+        logged = mine.logged  # steps also log every log_stats_interval (vLLM's)
         engine.do_log_stats()
     finally:
         engine.remove_logger("mine")
         engine.remove_logger("prom")
     with pytest.raises(KeyError, match="does not exist"):
         engine.remove_logger("mine")
-    assert mine.logged == 1 and len(mine.steps) == len(engine.history) - steps_before
+    assert mine.logged == logged + 1 and len(mine.steps) == len(engine.history) - steps_before
     iters = [it for _, it in mine.steps]
     done = {o.request_id: o for o in outs}
+    if "gone" in seen:  # its tokens before the abort
+        done["gone"] = seen["gone"]
     n_tokens = {rid: len(o.outputs[0].token_ids) for rid, o in done.items()}
     n_prompt = {rid: len(o.prompt_token_ids) for rid, o in done.items()}
     got_a_token = [rid for rid in done if n_tokens[rid]]
@@ -248,7 +256,7 @@ def test_stat_loggers_see_every_step_and_prometheus_uses_vllm_names(llm):
     assert len(itls) == sum(n_tokens.values()) - len(got_a_token) and min(itls) >= 0
     finished = [f for it in iters for f in it.finished_requests]
     assert sorted(f.finish_reason for f in finished) == sorted(
-        o.outputs[0].finish_reason for o in outs)
+        [o.outputs[0].finish_reason for o in outs] + ["abort"])
     for f in finished:
         assert f.e2e_latency >= f.queued_time >= 0 and f.e2e_latency >= f.inference_time >= 0
         assert f.e2e_latency >= f.time_to_first_token >= f.queued_time
@@ -262,12 +270,12 @@ def test_stat_loggers_see_every_step_and_prometheus_uses_vllm_names(llm):
             samples[(s.name, s.labels.get("finished_reason"))] = s.value
     assert samples[("vllm:generation_tokens_total", None)] == sum(n_tokens.values())
     assert samples[("vllm:prompt_tokens_total", None)] == sum(n_prompt[r] for r in got_a_token)
-    reasons = [o.outputs[0].finish_reason for o in outs]
+    reasons = [o.outputs[0].finish_reason for o in outs] + ["abort"]
     for reason in ("stop", "length", "abort"):
         assert samples[("vllm:request_success_total", reason)] == reasons.count(reason)
     assert samples[("vllm:time_to_first_token_seconds_count", None)] == len(got_a_token)
     assert samples[("vllm:inter_token_latency_seconds_count", None)] == len(itls)
-    assert samples[("vllm:e2e_request_latency_seconds_count", None)] == len(outs)
+    assert samples[("vllm:e2e_request_latency_seconds_count", None)] == len(outs) + 1
     assert samples[("vllm:num_requests_running", None)] == 0
     for name in ("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",

@@ -69,7 +69,7 @@ def test_line_and_cell_generate_print_the_prompt_and_continuation(shell, capsys)
 
 def test_add_step_run_show(shell, capsys):
     engine = shell.user_ns["eng"]
-    with pytest.raises(UsageError, match="priority: got 2, but the scheduling policy 'fcfs'"):
+    with pytest.raises(UsageError, match=r"Got priority 2 but Priority scheduling is not enabled\.$"):
         shell.run_line_magic("llm", "add JULIET: --id q1 --priority 2")  # as vLLM: fcfs has no priorities
     assert not engine.has_unfinished_requests()
     shell.run_line_magic("llm", "add JULIET: --id q1 --max-tokens 5 --temperature 0.7")

@@ -96,6 +96,32 @@ def test_detailed_traces_add_each_scheduling_decision_and_the_model_times(spans)
     assert preempted == engine.requests_dataframe()["num_preemptions"].sum() > 0
 
 
+def test_span_attributes_and_count_follow_vllm_v1(spans):
+    """vLLM V1's OutputProcessor.do_tracing (not the V0 seed's create_trace_span): the request
+    parameters are set only when truthy (temperature 0 is left out), no num_sequences or
+    time_in_scheduler attribute, and one span per finished request state: n > 1 gives a span
+    per child, each under the request's own id with the child's n=1."""
+    engine = LLMEngine(**ENGINE)
+    engine.add_request("greedy", "ROMEO:", SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    engine.add_request("pair", "JULIET:", SamplingParams(n=2, temperature=0.8, top_p=0.5, seed=3,
+                                                         max_tokens=4, ignore_eos=True))
+    drain(engine)
+    got = spans.get_finished_spans()
+    by_id = {}
+    for span in got:
+        by_id.setdefault(span.attributes["gen_ai.request.id"], []).append(span.attributes)
+    assert sorted((rid, len(v)) for rid, v in by_id.items()) == [("greedy", 1), ("pair", 2)]
+    (greedy,) = by_id["greedy"]
+    assert "gen_ai.request.temperature" not in greedy  # falsy: left out, as V1
+    assert (greedy["gen_ai.request.max_tokens"], greedy["gen_ai.request.n"], greedy["gen_ai.request.top_p"]) == (3, 1, 1.0)
+    for child in by_id["pair"]:
+        assert (child["gen_ai.request.temperature"], child["gen_ai.request.top_p"],
+                child["gen_ai.request.n"], child["gen_ai.usage.completion_tokens"]) == (0.8, 0.5, 1, 4)
+    for attributes in (a for v in by_id.values() for a in v):
+        assert "gen_ai.usage.num_sequences" not in attributes
+        assert "gen_ai.latency.time_in_scheduler" not in attributes
+
+
 def test_options_are_vllms_flags_and_bad_ones_are_refused():
     import argparse
 
@@ -109,7 +135,7 @@ def test_options_are_vllms_flags_and_bad_ones_are_refused():
         EngineArgs(otlp_traces_endpoint="http://x", collect_detailed_traces="everything")
     engine = LLMEngine(device="cpu", block_size=8, num_kv_blocks=8)
     with pytest.raises(ValueError, match="trace_headers must be a mapping"):
-        engine.add_request("r", "ROMEO:", trace_headers={"traceparent": 1})
+        engine.add_request("r", "ROMEO:", SamplingParams(max_tokens=2), trace_headers={"traceparent": 1})
     assert not engine.has_unfinished_requests() and not engine.is_tracing_enabled()
 
 

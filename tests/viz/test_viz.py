@@ -145,7 +145,8 @@ def test_dashboard_buttons_drive_the_engine_and_report_errors():
     dashboard.prompt.value, dashboard.request_id.value = "ROMEO:", "mine"
     dashboard.max_tokens.value, dashboard.temperature.value, dashboard.priority.value = 5, 0.5, 3
     buttons["Add request"].click()  # fcfs refuses priorities (vLLM's rule): an error in the panel
-    assert "priority: got 3" in dashboard.status.value and not engine.has_unfinished_requests()
+    assert "Got priority 3 but Priority scheduling is not enabled." in dashboard.status.value
+    assert not engine.has_unfinished_requests()
     dashboard.priority.value = 0
     buttons["Add request"].click()
     request = engine.scheduler.requests["mine"]

@@ -199,13 +199,15 @@ class AsyncLLM:
         priority: int = 0, tokenization_kwargs: dict[str, Any] | None = None,
         trace_headers: Mapping[str, str] | None = None, lora_request: LoRARequest | None = None,
         arrival_time: float | None = None,
+        serving: bool = False,
     ) -> EngineCoreRequest:
-        """``InputProcessor.process_inputs`` on the input thread (raises its ValueError);
-        ``arrival_time`` in :attr:`clock` seconds (None: when the engine queues it)."""
+        """``InputProcessor.process_inputs`` on the input thread (raises its ValueError or
+        TypeError); ``arrival_time`` in :attr:`clock` seconds (None: when the engine queues
+        it); ``serving``: the OpenAI server's prompt-length rule and wording."""
         return await self.run_input(
             self.input_processor.process_inputs, request_id, prompt, params,
             priority=priority, tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
-            lora_request=lora_request, arrival_time=arrival_time,
+            lora_request=lora_request, arrival_time=arrival_time, serving=serving,
         )
 
     async def sleep(self, level: int = 1) -> None:
@@ -252,8 +254,8 @@ class AsyncLLM:
         params' ``output_kind`` says (vLLM's default CUMULATIVE: the text so far).
 
         A prompt is processed once, on the input thread; an EngineCoreRequest (processed
-        already: ``params`` and ``priority`` unused) is queued as it is. A ValueError from
-        validation propagates unchanged and nothing is queued (requests already in flight
+        already: ``params`` and ``priority`` unused) is queued as it is. A ValueError (or
+        TypeError: ``params`` must be a SamplingParams, as vLLM) from validation propagates unchanged and nothing is queued (requests already in flight
         are untouched).
 
         A ``request_id`` already in flight does not refuse the request: it runs as
@@ -316,10 +318,17 @@ class AsyncLLM:
 
     def abort(self, request_id: str) -> None:
         """Abort a request (no-op when unknown or finished); its blocks are freed on the
-        engine thread before its next step. Safe from any thread, does not wait."""
+        engine thread before its next step, and its stream ends with a final output whose
+        finish_reason is "abort" (vLLM V1's AsyncLLM). Safe from any thread, does not wait."""
 
-        def do_abort() -> None:  # the final "abort" output reaches the stream next step
-            self.engine.abort_request(request_id)
+        def do_abort() -> None:
+            # vLLM V1's AsyncLLM: the stream gets a final "abort" output at once (the output
+            # processor puts it on the request's queue); LLMEngine.step() never returns one.
+            engine = self.engine
+            self._deliver(engine._abort(request_id))
+            if not engine.has_unfinished_requests() and engine.has_unrecorded_aborts():
+                engine.step()  # nothing else to run: record the abort now (history, /metrics)
+                self._scheduler_stats = engine.scheduler_stats
 
         if self.is_running:
             self.submit(do_abort)
@@ -363,7 +372,9 @@ class AsyncLLM:
                         engine.abort_request(list(self._streams))
                         engine.step()
                     break
-                if engine.has_unfinished_requests():
+                # An abort that left nothing to run is still recorded by one more step (the
+                # history, the request tracker and /metrics' "abort" count see it).
+                if engine.has_unfinished_requests() or engine.has_unrecorded_aborts():
                     self._deliver(engine.step())
                     self._scheduler_stats = engine.scheduler_stats
         except BaseException as exc:

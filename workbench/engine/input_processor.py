@@ -73,12 +73,21 @@ class InputProcessor:
         tokenization_kwargs: Mapping[str, Any] | None = None,
         trace_headers: Mapping[str, str] | None = None,
         priority: int = 0,
+        serving: bool = False,
     ) -> EngineCoreRequest:
         """The request processed once (vLLM's ``process_inputs``): tokenized, truncated,
-        validated and completed. Raises ValueError (TypeError for a prompt of the wrong type)
-        naming the field; ``tokenization_kwargs`` may hold ``add_special_tokens``."""
-        if not isinstance(request_id, str) or not request_id:
-            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}.")
+        validated and completed. Raises ValueError naming the field, TypeError for an argument
+        of the wrong type (``request_id`` not a string, ``params`` not a SamplingParams, the
+        prompt); ``tokenization_kwargs`` may hold ``add_special_tokens``. ``serving``: the
+        OpenAI server's prompt-length rule and wording instead of the engine's (see
+        :meth:`validate`)."""
+        check_request_id(request_id)
+        # vLLM V1's InputProcessor._validate_params: params must be SamplingParams or
+        # PoolingParams, else TypeError (the seed's LLMEngine said ValueError; V1 says TypeError).
+        # There is no pooling here, so SamplingParams it is: never a silent default.
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams (PoolingParams are not supported "
+                            f"here), got {type(params).__name__}.")
         if lora_request is not None:
             if not self.enable_lora:
                 raise ValueError(f"Got lora_request {lora_request} but LoRA is not enabled!")
@@ -87,12 +96,8 @@ class InputProcessor:
         trace_headers = check_trace_headers(trace_headers)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}.")
-        if priority != 0 and not self.policy.uses_priority:
-            raise ValueError(
-                f"priority: got {priority}, but the scheduling policy {self.policy.name!r} "
-                "ignores priority (Priority scheduling is not enabled); create the engine "
-                "with policy='priority'."
-            )
+        if priority != 0 and not self.policy.uses_priority:  # vLLM's check and wording
+            raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled.")
         kwargs = dict(tokenization_kwargs or {})
         unknown = sorted(set(kwargs) - {"add_special_tokens"})
         if unknown:
@@ -100,12 +105,12 @@ class InputProcessor:
                              "only 'add_special_tokens' is.")
         cache_salt = prompt.get("cache_salt") if isinstance(prompt, Mapping) else None
         check_cache_salt(cache_salt)
-        if params is not None and params.structured_outputs is not None:
+        if params.structured_outputs is not None:
             try:  # before the engine sees it: a bad schema never reaches the compiler thread
                 grammar_key(params.structured_outputs, self.structured_outputs_config)
             except ValueError as exc:
                 raise ValueError(f"structured_outputs: {exc}") from None
-        text, token_ids, params = self.process(prompt, params or SamplingParams(), **kwargs)
+        text, token_ids, params = self.process(prompt, params, serving=serving, **kwargs)
         if not params.ignore_eos and self._extra_eos_ids:
             params = dataclasses.replace(
                 params, stop_token_ids=params.stop_token_ids + self._extra_eos_ids
@@ -116,7 +121,8 @@ class InputProcessor:
                                  lora_request=lora_request)
 
     def process(
-        self, prompt: PromptType, params: SamplingParams, *, add_special_tokens: bool = True
+        self, prompt: PromptType, params: SamplingParams, *, add_special_tokens: bool = True,
+        serving: bool = False,
     ) -> tuple[str | None, list[int], SamplingParams]:
         """Return (prompt text or None, prompt token ids, params completed and validated).
 
@@ -140,16 +146,41 @@ class InputProcessor:
             if len(token_ids) > keep:  # keep the last tokens (vLLM's left truncation)
                 token_ids = token_ids[len(token_ids) - keep:]
                 text = None if text is None else self.tokenizer.decode(token_ids)
-        return text, token_ids, self.validate(token_ids, params)
+        return text, token_ids, self.validate(token_ids, params, serving=serving)
 
-    def validate(self, token_ids: list[int], params: SamplingParams) -> SamplingParams:
+    def validate(self, token_ids: list[int], params: SamplingParams, *,
+                 serving: bool = False) -> SamplingParams:
+        """``params`` completed and checked against ``token_ids`` (ValueError naming the field).
+
+        The prompt's length: a generating request needs ``len < max_model_len`` (a position for
+        its first output token). Offline (the engine's rule, vLLM V1's
+        ``InputProcessor._validate_prompt_len``): longer than ``max_model_len`` gets the seed's
+        "The decoder prompt (length N) is longer than the maximum model length of M. ..."; exactly
+        ``max_model_len`` gets V1's "... plus the number of requested output tokens (at least 1)
+        is longer than ..." (V1 rejects it: the seed let it through). ``serving``: the OpenAI
+        server's rule (``OpenAIServing._validate_input``: ``>= max_model_len``, "This model's
+        maximum context length is ...").
+        """
         n, limit = len(token_ids), self.max_model_len
         if n == 0:
             raise ValueError("The decoder prompt cannot be empty")  # vLLM's wording
-        if n >= limit:
+        if serving and n >= limit:
             raise ValueError(
                 f"This model's maximum context length is {limit} tokens. However, your request "
                 f"has {n} input tokens. Please reduce the length of the input messages."
+            )
+        if n > limit:
+            raise ValueError(
+                f"The decoder prompt (length {n}) is longer than the maximum model length of "
+                f"{limit}. Make sure that `max_model_len` is no smaller than the number of text "
+                "tokens."
+            )
+        if n == limit:  # V1: a generating request needs room for one output token
+            raise ValueError(
+                f"The decoder prompt (length {n}) plus the number of requested output tokens "
+                f"(at least 1) is longer than the maximum model length of {limit}. Make sure "
+                "that `max_model_len` is no smaller than the number of text tokens (prompt + "
+                "requested output tokens)."
             )
         if max(token_ids) >= self.vocab_size:  # vLLM's wording (negative ids: the caller's type)
             raise ValueError(f"Token id {max(token_ids)} is out of vocabulary")
@@ -302,6 +333,15 @@ class InputProcessor:
                 if ids and ids not in out:
                     out.append(ids)
         return out
+
+
+def check_request_id(request_id: object) -> None:
+    """vLLM's rule (``LLMEngine.add_request``, the seed's and V1's): a request id is a string,
+    TypeError in vLLM's wording otherwise; here it must also be non-empty (ValueError)."""
+    if not isinstance(request_id, str):
+        raise TypeError(f"request_id must be a string, got {type(request_id)}")
+    if not request_id:
+        raise ValueError("request_id must be a non-empty string, got ''.")
 
 
 _CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")

@@ -23,7 +23,7 @@ from workbench.engine.history import StepHistory, StepRecord
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.engine.fork import fork_engine
 from workbench.engine.idle import IdleWaiter
-from workbench.engine.input_processor import InputProcessor, PromptType
+from workbench.engine.input_processor import InputProcessor, PromptType, check_request_id
 from workbench.model.loader import resolve_model_path
 from workbench.model.model_config import ModelConfig
 from workbench.engine.output_processor import OutputProcessor
@@ -190,7 +190,7 @@ class LLMEngine:
             num_free_blocks=num_blocks, kv_cache_usage=self.kv_cache.usage
         )
         self._last_log_time = time.monotonic()
-        self._pending_outputs: list[RequestOutput] = []  # aborts reported by the next step
+        self._unrecorded_aborts = False  # aborts since the last step (abort_request)
         self._step_end: float | None = None  # when the last step left unfinished work (perf_counter)
         #: How a driver waits for requests: keeping a CPU's worker threads awake (workbench.engine.idle).
         self.idle = IdleWaiter(self.device, config.keep_warm_s)
@@ -210,7 +210,9 @@ class LLMEngine:
         cls, engine_args: EngineArgs, stat_loggers: Mapping[str, StatLoggerBase] | None = None
     ) -> LLMEngine:
         """vLLM's constructor: an engine from :class:`~workbench.config.EngineArgs`,
-        with extra stat loggers by name."""
+        with extra stat loggers by name: they join the default one, as vLLM V1's
+        StatLoggerManager adds custom loggers to its own (the V0 seed replaced them); with
+        ``log_stats=False`` they are refused (``add_logger``'s RuntimeError)."""
         engine = cls(engine_args.create_engine_config())
         for name, stat_logger in (stat_loggers or {}).items():
             engine.add_logger(name, stat_logger)
@@ -240,7 +242,8 @@ class LLMEngine:
         priority: int = 0,
     ) -> None:
         """Process and queue a request (vLLM's signature). Raises ValueError, with nothing
-        queued, on bad input.
+        queued, on bad input; TypeError (vLLM's) when ``request_id`` is not a string or
+        ``params`` is not a SamplingParams (required, as vLLM: no default is made up).
 
         ``prompt`` may be an :class:`~workbench.engine.engine_core_request.EngineCoreRequest`
         processed already (``InputProcessor.process_inputs``): it is queued as it is, the
@@ -252,6 +255,7 @@ class LLMEngine:
         ``lora_request`` runs it under that LoRA adapter (``enable_lora``), loaded here first
         if it is not yet: a bad adapter raises ValueError naming the file, nothing queued.
         """
+        check_request_id(request_id)  # first, as vLLM's add_request
         if self.is_sleeping():
             raise ValueError("The engine is sleeping: wake_up() before adding requests.")
         if isinstance(prompt, EngineCoreRequest):
@@ -290,8 +294,7 @@ class LLMEngine:
             self.output_processor.discard(request.request_id)
             raise
         if self.tracer is not None:
-            self.tracer.add_request(request.request_id, [c.request_id for c in parent.children],
-                                    request.sampling_params, request.trace_headers)
+            self.tracer.add_request(request.request_id, parent.children, request.trace_headers)
         elif request.trace_headers:
             log_tracing_disabled_warning()
 
@@ -330,23 +333,42 @@ class LLMEngine:
         self.scheduler.pinned_loras.add(lora.lora_name)
         return pinned
 
-    def abort_request(self, request_id: str | Iterable[str], *, report: bool = True) -> None:
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Abort requests (by the id given to add_request) in any state; frees their blocks.
 
-        Their final outputs (finish_reason "abort") come out of the next ``step()``, unless
-        ``report=False`` (a rollback of requests nobody has seen).
+        vLLM's rule: an aborted request is gone at once and produces no output;
+        ``has_unfinished_requests()`` no longer counts it. Unknown or finished ids are ignored.
+        The abort itself (its RequestFinished event, the freed blocks, the "abort" count of the
+        stat loggers) is recorded by the next ``step()``, as every change made between steps:
+        a driver that wants ``history`` and the views to show it while nothing else is left
+        to run steps once more (:meth:`has_unrecorded_aborts` says when).
         """
+        self._abort(request_id)
+
+    def _abort(self, request_id: str | Iterable[str]) -> list[RequestOutput]:
+        """Abort; return the final outputs (finish_reason "abort") nobody else gets. AsyncLLM
+        hands them to the requests' streams, as vLLM V1's output processor puts a final abort
+        output on an AsyncLLM request's queue (``OutputProcessor.abort_requests``) while
+        LLMEngine's ``step()`` returns none."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        if any(rid in self.output_processor.parents for rid in ids):
+            # Set before the requests leave: a reader on another thread (a notebook polling a
+            # served engine) sees them unfinished or unrecorded, never neither.
+            self._unrecorded_aborts = True
         now = self.clock()
         child_ids, outputs = self.output_processor.abort(ids, now)
         self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED, now=now)
         if self.proposer is not None:
             self.proposer.remove(child_ids)
-        if report:
-            self._pending_outputs.extend(outputs)
+        return outputs
+
+    def has_unrecorded_aborts(self) -> bool:
+        """Whether requests were aborted since the last ``step()``, which has not recorded them
+        yet (in its StepRecord's events and the stat loggers); see :meth:`abort_request`."""
+        return self._unrecorded_aborts
 
     def has_unfinished_requests(self) -> bool:
-        return self.output_processor.has_unfinished_requests() or bool(self._pending_outputs)
+        return self.output_processor.has_unfinished_requests()
 
     def get_num_unfinished_requests(self) -> int:
         return self.output_processor.get_num_unfinished_requests()
@@ -365,10 +387,9 @@ class LLMEngine:
         """vLLM's sleep mode (``enable_sleep_mode``): level 1 keeps the weights in host memory
         and frees the KV cache, level 2 frees both (see :mod:`workbench.worker.sleep_mode`).
         The prefix cache is reset first, which needs every request finished or aborted
-        (RuntimeError otherwise, nothing changed). Asleep already: a warning, nothing done."""
-        if not self.config.enable_sleep_mode:
-            raise ValueError("Sleep mode is not enabled: create the engine with enable_sleep_mode=True "
-                             "(--enable-sleep-mode).")
+        (RuntimeError otherwise, nothing changed). Asleep already: a warning, nothing done.
+        Without ``enable_sleep_mode``: AssertionError, vLLM's (see :meth:`_check_sleep_mode`)."""
+        self._check_sleep_mode()
         if level not in (1, 2):
             raise ValueError(f"level must be 1 or 2, got {level!r}.")
         if self.is_sleeping():
@@ -384,7 +405,9 @@ class LLMEngine:
         self.sleep_mode.sleep(level)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        """Wake what sleeps: ``tags`` "weights", "kv_cache" or both (None), in any order."""
+        """Wake what sleeps: ``tags`` "weights", "kv_cache" or both (None), in any order.
+        Without ``enable_sleep_mode``: AssertionError, as :meth:`sleep`."""
+        self._check_sleep_mode()
         unknown = sorted(set(tags or ()) - set(SLEEP_TAGS))
         if unknown:
             raise ValueError(f"tags: unknown {unknown}; known: {list(SLEEP_TAGS)}.")
@@ -393,6 +416,12 @@ class LLMEngine:
 
     def is_sleeping(self) -> bool:
         return self.sleep_mode is not None and self.sleep_mode.is_sleeping
+
+    def _check_sleep_mode(self) -> None:
+        """vLLM's LLMEngine asserts ``enable_sleep_mode`` in both ``sleep`` and ``wake_up``;
+        raised explicitly here, so that ``python -O`` keeps the check."""
+        if not self.config.enable_sleep_mode:
+            raise AssertionError("Sleep mode is not enabled in the model config")
 
     def start_profile(self, directory: str | None = None) -> None:
         """Start ``torch.profiler`` over the following steps, the engine's stages as ranges
@@ -429,8 +458,9 @@ class LLMEngine:
         """Run one step: schedule -> execute -> update -> process -> record.
 
         Returns a RequestOutput for every request that progressed (per its
-        ``SamplingParams.output_kind``: CUMULATIVE by default, DELTA, FINAL_ONLY) and the
-        final outputs of aborts since the last step. A request whose own processing raises
+        ``SamplingParams.output_kind``: CUMULATIVE by default, DELTA, FINAL_ONLY); an aborted
+        request gives none (vLLM's rule), but the step records the aborts made since the last
+        one. A request whose own processing raises
         (sampling, logits processors, detokenization, stop strings) finishes with
         finish_reason "error" and ``RequestOutput.error``; the others are unaffected. So does
         one whose grammar refuses the token it sampled, whose output (as in vLLM) still holds
@@ -480,7 +510,7 @@ class LLMEngine:
         for sibling in self.output_processor.release_siblings():
             self.scheduler.add_request(sibling)
             so_manager.add_request(sibling)
-        outputs, self._pending_outputs = self._pending_outputs + processed.outputs, []
+        outputs = processed.outputs
         t3 = time.perf_counter()
         timings["output"] = t3 - t2
         if self.proposer is not None:  # drafts for the next step, from this step's tokens
@@ -495,6 +525,7 @@ class LLMEngine:
         iteration.num_grammar_cache_hits = len(record.structured_output.cache_hits)
         for stat_logger in self.stat_loggers.values():
             stat_logger.record(record.scheduler_stats, iteration)
+        self._unrecorded_aborts = False  # recorded: history, request tracker, stat loggers
         if self.config.log_stats and time.monotonic() - self._last_log_time >= self.config.log_stats_interval:
             self.do_log_stats()
         for hook in list(self.on_step):
@@ -590,15 +621,25 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ stat loggers
     def add_logger(self, logger_name: str, logger: StatLoggerBase) -> None:
-        """Register a stat logger (vLLM's API); it sees every following step."""
+        """Register a stat logger (vLLM's API); it sees every following step. RuntimeError
+        when stat logging is off (``log_stats=False``), KeyError for a name taken (vLLM's)."""
+        self._check_log_stats()
         if logger_name in self.stat_loggers:
             raise KeyError(f"Logger with name {logger_name} already exists.")
         self.stat_loggers[logger_name] = logger
 
     def remove_logger(self, logger_name: str) -> None:
+        """Unregister a stat logger; RuntimeError when stat logging is off, KeyError for an
+        unknown name (vLLM's)."""
+        self._check_log_stats()
         if logger_name not in self.stat_loggers:
             raise KeyError(f"Logger with name {logger_name} does not exist.")
         del self.stat_loggers[logger_name]
+
+    def _check_log_stats(self) -> None:
+        if not self.config.log_stats:  # vLLM's rule; its flag is disable_log_stats
+            raise RuntimeError("Stat logging is disabled. Set `log_stats=True` (vLLM's "
+                               "`disable_log_stats=False`) argument to enable.")
 
     def do_log_stats(self) -> None:
         """Ask every stat logger to emit (the periodic line logs what it saw since the last)."""

@@ -416,7 +416,8 @@ class Driver:
                 now = self.step if clock == "steps" else self.timer() - self.t0
                 while pending and _arrival(pending[0], clock) <= now:
                     self._add(pending.popleft())
-                if not engine.has_unfinished_requests():
+                # An abort (a fork's edit) that left nothing to run is recorded by one more step.
+                if not engine.has_unfinished_requests() and not engine.has_unrecorded_aborts():
                     if not pending:
                         break
                     if clock == "wall":

@@ -27,6 +27,9 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **kwargs) -> None:
+        # vLLM's LLM turns stat logging off unless told (disable_log_stats=True): offline
+        # batches need no periodic stats line. An engine built directly logs them (vLLM's).
+        kwargs.setdefault("log_stats", False)
         self.engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
         self._num_added = 0  # request ids are gen-0, gen-1, ... in the order of adding
 
@@ -157,7 +160,7 @@ class LLM:
                 engine.add_request(request.request_id, request)
                 ids.append(request.request_id)
         except ValueError:
-            engine.abort_request(ids, report=False)
+            engine.abort_request(ids)
             raise
         wanted = set(ids)
         results: dict[str, RequestOutput] = {}

@@ -298,8 +298,8 @@ class WorkbenchMagics(Magics):
 
     def _cmd_step(self, options):
         engine = self.engine
-        for _ in range(options.n):
-            if not engine.has_unfinished_requests():
+        for _ in range(options.n):  # an abort left unrecorded gets its step too
+            if not (engine.has_unfinished_requests() or engine.has_unrecorded_aborts()):
                 break
             for out in engine.step():
                 if out.finished:
@@ -308,7 +308,7 @@ class WorkbenchMagics(Magics):
 
     def _cmd_run(self, options):
         engine = self.engine
-        while engine.has_unfinished_requests():
+        while engine.has_unfinished_requests() or engine.has_unrecorded_aborts():
             for out in engine.step():
                 if out.finished:
                     print(out)

@@ -7,7 +7,7 @@ folds): queue = first scheduled - arrival, time to first token = first token - a
 prefill = first token - first scheduled, decode = last token - first token, inference = last
 token - first scheduled, e2e = finished - arrival (the last token is the finishing step's).
 Requests aborted by the caller get no span (vLLM traces the requests its output processor
-finishes). ``collect_detailed_traces`` ("model", "worker", "all") adds one span event per
+finishes); with n > 1 each child gets its own span (vLLM V1's rule: one per request state). ``collect_detailed_traces`` ("model", "worker", "all") adds one span event per
 scheduling decision (``scheduled``, ``preempted``, ``resumed``) and, for "model"/"all", the
 model forward time, for "worker"/"all" the model execute time, summed over the request's steps.
 
@@ -153,10 +153,14 @@ class RequestTracer:
         return cls(provider.get_tracer("workbench.engine.llm_engine"), model_name, clock,
                    collect_detailed_traces=collect_detailed_traces, provider=provider)
 
-    def add_request(self, parent_id: str, child_ids: Iterable[str], params, trace_headers) -> None:
-        """Follow the scheduler requests ``child_ids`` of request ``parent_id``."""
-        for child_id in child_ids:
-            self._requests[child_id] = _Traced(parent_id, params, trace_headers)
+    def add_request(self, parent_id: str, children: Iterable, trace_headers) -> None:
+        """Follow the scheduler requests ``children`` (Requests) of request ``parent_id``.
+
+        vLLM V1 traces each request state its output processor finishes: with n > 1 that is
+        one span per child (``{i}_{id}``), each naming the parent's id and carrying the child's
+        own parameters (n=1), not one span per request as the V0 seed did."""
+        for child in children:
+            self._requests[child.request_id] = _Traced(parent_id, child.sampling_params, trace_headers)
 
     def consume(self, record) -> None:
         """Fold one StepRecord's request events; end the spans of requests that finished."""
@@ -213,9 +217,13 @@ class RequestTracer:
             A.GEN_AI_LATENCY_TIME_IN_MODEL_DECODE: finished.time - first_token,
             A.GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE: finished.time - scheduled,
         }
+        # vLLM V1's rule (OutputProcessor.do_tracing, "optional request parameters"): top_p,
+        # max_tokens, temperature and n are set only when truthy, so temperature 0 (greedy) is
+        # left out; V1 sets neither gen_ai.usage.num_sequences nor time_in_scheduler (the V0
+        # seed's create_trace_span set all of them). Not the seed's: V1 is what vLLM runs.
         for name, value in ((A.GEN_AI_REQUEST_TOP_P, params.top_p), (A.GEN_AI_REQUEST_MAX_TOKENS, params.max_tokens),
                             (A.GEN_AI_REQUEST_TEMPERATURE, params.temperature), (A.GEN_AI_REQUEST_N, params.n)):
-            if value:  # vLLM sets the request parameters that are set
+            if value:
                 attributes[name] = value
         if self.detailed in ("model", "all"):
             attributes[A.GEN_AI_LATENCY_TIME_IN_MODEL_FORWARD] = traced.forward_s

@@ -120,8 +120,8 @@ class EngineDashboard(widgets.VBox):
         """Advance the engine up to ``num_steps`` steps (fewer when it runs dry)."""
         self.updater.paused = True
         try:
-            for _ in range(num_steps):
-                if not self.engine.has_unfinished_requests():
+            for _ in range(num_steps):  # an abort left unrecorded gets its step too
+                if not (self.engine.has_unfinished_requests() or self.engine.has_unrecorded_aborts()):
                     break
                 self.outputs.extend(out for out in self.engine.step() if out.finished)
         finally:
@@ -134,7 +134,7 @@ class EngineDashboard(widgets.VBox):
     def reset(self) -> None:
         """Abort every request, forget the recorded steps and the prefix cache (the model and
         its KV pool stay allocated)."""
-        self.engine.abort_request(self.engine.get_unfinished_request_ids(), report=False)
+        self.engine.abort_request(self.engine.get_unfinished_request_ids())
         self.engine.history.clear()
         self.engine.reset_prefix_cache()
         self.outputs.clear()

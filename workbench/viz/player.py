@@ -214,7 +214,8 @@ class StepPlayer(widgets.VBox):
                 self.updater.paused = True
             try:
                 count = 0
-                while engine.has_unfinished_requests() and (num_steps is None or count < num_steps):
+                while ((engine.has_unfinished_requests() or engine.has_unrecorded_aborts())
+                       and (num_steps is None or count < num_steps)):
                     self.outputs.extend(out for out in engine.step() if out.finished)
                     count += 1
             finally:

@@ -272,7 +272,8 @@ def test_async_llm_validation_error_propagates(async_llm):
         ok = async_llm.generate("HAMLET:", SamplingParams(temperature=0, max_tokens=100,
                                                            ignore_eos=True), "ok-1")
         first = await ok.__anext__()
-        with pytest.raises(ValueError, match="maximum context length is 1024"):
+        with pytest.raises(ValueError, match=r"The decoder prompt \(length 1024\) plus the number of "
+                                             r"requested output tokens \(at least 1\)"):  # the engine's (V1)
             await async_llm.add_request({"prompt_token_ids": [5] * 1024}, SamplingParams(), "bad-1")
         # an id in flight is served too, as vLLM V1's AsyncLLM: under a suffixed id
         twin = await async_llm.add_request("x", SamplingParams(max_tokens=2), "ok-1")

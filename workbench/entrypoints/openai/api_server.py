@@ -23,7 +23,7 @@ from typing import Any
 
 from fastapi import Body, FastAPI, Query
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from workbench.metrics.prometheus import PrometheusStatLogger
 from workbench.engine.async_llm import AsyncLLM
@@ -109,7 +109,8 @@ def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | list[str] 
                             tool_parser=tool_call_parser)
     for name, path in (lora_modules or {}).items():
         serving.add_lora_module(name, path)
-    metrics = prometheus_logger(async_llm, model_name)
+    # Stat logging off (log_stats=False, vLLM's --disable-log-stats): no vllm: series to serve.
+    metrics = prometheus_logger(async_llm, model_name) if async_llm.config.log_stats else None
     app = FastAPI(title="llm-workbench OpenAI-compatible server")
     app.state.serving = serving
     install_error_handlers(app)
@@ -133,8 +134,8 @@ def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | list[str] 
 
     @app.get("/metrics")
     async def show_metrics() -> Response:
-        return PlainTextResponse(generate_latest(metrics.registry),
-                                 media_type=CONTENT_TYPE_LATEST)
+        registry = metrics.registry if metrics is not None else CollectorRegistry()
+        return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     if os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
         _add_dev_endpoints(app, async_llm)
@@ -200,7 +201,7 @@ def _add_dev_endpoints(app: FastAPI, async_llm: AsyncLLM) -> None:
     async def sleep(level: int = 1) -> Response:
         try:
             await async_llm.sleep(level)
-        except (ValueError, RuntimeError) as exc:
+        except (ValueError, RuntimeError, AssertionError) as exc:  # no sleep mode: vLLM asserts
             return error_response(400, str(exc))
         return Response(status_code=200)
 
@@ -208,7 +209,7 @@ def _add_dev_endpoints(app: FastAPI, async_llm: AsyncLLM) -> None:
     async def wake_up(tags: list[str] | None = Query(None)) -> Response:
         try:
             await async_llm.wake_up(tags)
-        except ValueError as exc:
+        except (ValueError, AssertionError) as exc:
             return error_response(400, str(exc))
         return Response(status_code=200)
 

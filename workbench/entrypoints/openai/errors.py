@@ -89,6 +89,8 @@ def param_of(message: str, fields: set[str]) -> str | None:
         return "prompt"
     if m and m.group(1) in fields:
         return m.group(1)
+    if message.startswith("Got priority ") and "priority" in fields:  # vLLM's wording
+        return "priority"
     if message.startswith(("This model's maximum context length", "The decoder prompt",
                            "Token id ")):
         return "messages" if "messages" in fields else "prompt"

@@ -259,6 +259,7 @@ class OpenAIServing:
                     tokenization_kwargs={"add_special_tokens": req.add_special_tokens},
                     trace_headers=trace_headers, lora_request=self.check_model(req.model),
                     arrival_time=arrival_time,
+                    serving=True,  # OpenAIServing's prompt-length rule and wording
                 )
             except (ValueError, TypeError) as exc:
                 raise APIError.bad_request(exc, fields) from exc
