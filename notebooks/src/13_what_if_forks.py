@@ -131,9 +131,12 @@ ComparisonView(comparison)
 #
 # `engine.fork()` copies a live engine's whole state -- queues, block tables, prefix cache,
 # KV tensors, each request's detokenizer and the sampling generators (the per-request ones of
-# seeded requests, and the engine's own, which unseeded requests draw from) -- and shares only
-# the read-only weights. Two requests sampled at temperature 1, one seeded and one not, are
-# forked after four steps; both engines then finish them:
+# seeded requests, and the engine's own, which unseeded requests draw from), the LoRA adapters
+# and their device slots, the draft model's cache -- and shares only the weights' storage,
+# which nothing writes: sleeping, profiling or stepping one engine leaves the other as it was.
+# An engine that sleeps, is being profiled, or is being served (`%llm serve`) is not forked:
+# the error says what to do instead. Two requests sampled at temperature 1, one seeded and one
+# not, are forked after four steps; both engines then finish them:
 
 # %%
 engine = LLMEngine(config)
