@@ -255,8 +255,8 @@ class AsyncLLM:
 
         A prompt is processed once, on the input thread; an EngineCoreRequest (processed
         already: ``params`` and ``priority`` unused) is queued as it is. A ValueError (or
-        TypeError: ``params`` must be a SamplingParams, as vLLM) from validation propagates unchanged and nothing is queued (requests already in flight
-        are untouched).
+        TypeError: ``params`` must be a SamplingParams, as vLLM) from validation propagates
+        unchanged and nothing is queued (requests already in flight are untouched).
 
         A ``request_id`` already in flight does not refuse the request: it runs as
         ``f"{request_id}-{8 hex}"`` (the stream's ``request_id``, which its abort names),
