@@ -460,9 +460,9 @@ class LLMEngine:
         Returns a RequestOutput for every request that progressed (per its
         ``SamplingParams.output_kind``: CUMULATIVE by default, DELTA, FINAL_ONLY); an aborted
         request gives none (vLLM's rule), but the step records the aborts made since the last
-        one. A request whose own processing raises
-        (sampling, logits processors, detokenization, stop strings) finishes with
-        finish_reason "error" and ``RequestOutput.error``; the others are unaffected. So does
+        one. A request whose own processing raises (sampling, logits processors,
+        detokenization, stop strings) finishes with finish_reason "error" and
+        ``RequestOutput.error``; the others are unaffected. So does
         one whose grammar refuses the token it sampled, whose output (as in vLLM) still holds
         that token. Only a failure of the whole batch (the forward pass) propagates.
         The scheduler writes every finish: the runner's failed rows and eos / length in
