@@ -75,8 +75,11 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(ip, tok):
         ids[-(CTX - 3):]
     with pytest.raises(ValueError, match="cannot be greater than max_model_len - max_tokens"):
         ip.process(ids, SamplingParams(truncate_prompt_tokens=CTX - 2, max_tokens=3))
-    with pytest.raises(ValueError, match="maximum context length"):  # 0 left to generate
+    # 0 left to generate: refused by the length check, in the engine's words or the server's
+    with pytest.raises(ValueError, match="plus the number of requested output tokens"):
         ip.process(ids, SamplingParams(truncate_prompt_tokens=-1, max_tokens=None))
+    with pytest.raises(ValueError, match="maximum context length"):
+        ip.process(ids, SamplingParams(truncate_prompt_tokens=-1, max_tokens=None), serving=True)
     text = "ROMEO:\nBut soft, what light through yonder window breaks?"
     got_text, got, _ = ip.process(text, SamplingParams(truncate_prompt_tokens=4))
     assert got == tok(text).input_ids[-4:] and got_text == tok.decode(got)
