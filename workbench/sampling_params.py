@@ -342,7 +342,7 @@ class BeamSearchParams:
 
     Each of ``max_tokens`` steps keeps the ``beam_width`` likeliest continuations by
     cumulative logprob; finished beams are ranked by ``cum_logprob / len ** length_penalty``
-    (:func:`workbench.engine.beam_search.get_beam_search_score`). ``temperature`` is the
+    (:func:`workbench.entrypoints.beam_search.get_beam_search_score`). ``temperature`` is the
     per-beam requests' (their logprobs are raw, so it only changes which sampled token joins
     the candidates). ``ignore_eos`` keeps EOS as an ordinary token: every beam runs
     ``max_tokens`` steps. Bad values raise ValueError naming the field.

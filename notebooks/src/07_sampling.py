@@ -255,7 +255,7 @@ print("seeded request unchanged by the crowd:", alone["romeo"].token_ids == crow
 #
 # Greedy decoding commits to the likeliest token at each step; beam search keeps the
 # `beam_width` likeliest *sequences*. vLLM runs it above the engine, and so does
-# `LLM.beam_search` here (`workbench/engine/beam_search.py`): each step adds one ordinary
+# `LLM.beam_search` here (`workbench/entrypoints/beam_search.py`): each step adds one ordinary
 # request per live beam, its prompt the beam's tokens, with `max_tokens=1` and
 # `logprobs=2 * beam_width`. Every beam-plus-token candidate is ranked by its cumulative
 # logprob and the best `beam_width` live on; a candidate ending in EOS is finished. At the
@@ -265,7 +265,7 @@ print("seeded request unchanged by the crowd:", alone["romeo"].token_ids == crow
 
 # %%
 from workbench import LLM, BlockMap
-from workbench.engine.beam_search import get_beam_search_score
+from workbench.entrypoints.beam_search import get_beam_search_score
 from workbench.sampling_params import BeamSearchParams
 
 beam_llm = LLM(block_size=4, num_kv_blocks=64)

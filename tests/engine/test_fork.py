@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from workbench import LLMEngine, LoRARequest, SamplingParams, first_divergence, teaching_config
 from workbench.config import SpeculativeConfig
 from workbench.engine.async_llm import AsyncLLM
-from workbench.engine.beam_search import BeamSearchInstance
+from workbench.entrypoints.beam_search import BeamSearchInstance
 from workbench.lab.workload import Workload, WorkloadRequest
 from workbench.sampling_params import BeamSearchParams, StructuredOutputsParams
 from workbench.model.loader import embedded_lora_path

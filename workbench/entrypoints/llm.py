@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from workbench.engine.beam_search import BeamSearchOutput, beam_search, check_beam_width
+from workbench.entrypoints.beam_search import BeamSearchOutput, beam_search, check_beam_width
 from workbench.engine.llm_engine import LLMEngine
 from workbench.config import EngineArgs
 from workbench.utils.heap import frozen_heap
@@ -107,7 +107,7 @@ class LLM:
         return value
 
     def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams) -> list[BeamSearchOutput]:
-        """vLLM's beam search (:mod:`workbench.engine.beam_search`), driven above the engine:
+        """vLLM's beam search (:mod:`workbench.entrypoints.beam_search`), driven above the engine:
         each step runs one ``max_tokens=1`` request per live beam of every prompt, so
         ``engine.history`` shows the steps and the prefix cache the beams' shared blocks.
         A prompt is a string, ``{"prompt": ...}`` or ``{"prompt_token_ids": [...]}``; each

@@ -25,7 +25,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
-from workbench.engine.beam_search import beam_search_async, check_beam_width
+from workbench.entrypoints.beam_search import beam_search_async, check_beam_width
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.engine.input_processor import PromptType
 from workbench.outputs import CompletionOutput, Logprob, RequestOutput
@@ -374,7 +374,7 @@ class _Run:
 
 
 class _BeamRun(_Run):
-    """``use_beam_search``: one beam search per prompt (:mod:`workbench.engine.beam_search`,
+    """``use_beam_search``: one beam search per prompt (:mod:`workbench.entrypoints.beam_search`,
     its requests named after the prompt's), each answered by one finished RequestOutput with
     a choice per beam, best first. ``close()`` cancels the searches (aborting their requests)."""
 

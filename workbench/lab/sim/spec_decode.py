@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workbench.engine.spec_stats import acceptance_by_position
+from workbench.metrics.spec_stats import acceptance_by_position
 from workbench.lab.sim.measurements import records_of
 from workbench.request import Request
 

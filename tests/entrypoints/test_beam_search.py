@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from workbench import LLM, BlockMap, default_model_path
-from workbench.engine.beam_search import (
+from workbench.entrypoints.beam_search import (
     BeamSearchInstance,
     beam_search,
     get_beam_search_score,
