@@ -15,7 +15,7 @@
 %matplotlib inline
 
 from workbench import ComparisonView, Workload, compare_runs, teaching_config
-from workbench.core.sched.request_queue import SchedulingPolicy
+from workbench.core.sched.policies import SchedulingPolicy
 from workbench.viz.comparison import aligned_timelines
 
 workload = Workload.burst(num_requests=10, num_bursts=2, interval=10, input_len=(8, 64),

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from workbench.core.sched.request_queue import get_policy
-from workbench.core.sched.scheduler import WaitingQueue
+from workbench.core.sched.policies import get_policy
+from workbench.core.sched.request_queue import WaitingQueue
 from workbench.metrics.stats import LoggingStatLogger
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
-from workbench.core.sched.request_queue import FCFSPolicy, SchedulingPolicy
+from workbench.core.sched.policies import FCFSPolicy, SchedulingPolicy
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.lora.request import LoRARequest
 from workbench.metrics.tracing import check_trace_headers

@@ -376,7 +376,7 @@ class LLMEngine:
     @property
     def uses_priority(self) -> bool:
         """Whether the scheduling policy reads ``Request.priority`` (its
-        :attr:`~workbench.core.sched.request_queue.SchedulingPolicy.uses_priority`)."""
+        :attr:`~workbench.core.sched.policies.SchedulingPolicy.uses_priority`)."""
         return self.scheduler.policy.uses_priority
 
     def get_unfinished_request_ids(self) -> list[str]:

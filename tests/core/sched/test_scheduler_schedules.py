@@ -10,7 +10,7 @@ Each chunk is written as (request, first token, new tokens, block table, samples
 import pytest
 
 from workbench.core.kv_cache_manager import KVCacheManager
-from workbench.core.sched.request_queue import SchedulingPolicy
+from workbench.core.sched.policies import SchedulingPolicy
 from workbench.core.sched.scheduler import Scheduler
 from workbench.request import Request, RequestStatus
 from workbench.sampling_params import SamplingParams
@@ -378,7 +378,7 @@ def test_reprs_are_deterministic():
 
 
 def test_policy_victims_and_names():
-    from workbench.core.sched.request_queue import FCFSPolicy, PriorityPolicy, ShortestPromptFirstPolicy, get_policy
+    from workbench.core.sched.policies import FCFSPolicy, PriorityPolicy, ShortestPromptFirstPolicy, get_policy
 
     def r(rid, arrival, priority=0, n=4):
         return Request(rid, list(range(n)), priority=priority, arrival_time=arrival)

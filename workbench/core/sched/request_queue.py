@@ -1,107 +1,83 @@
-"""Scheduling policies: who waits first and who is preempted.
-
-A policy is a small object with two decisions, both overridable in a notebook::
-
-    class LongestPromptFirst(SchedulingPolicy):
-        name = "lpf"
-        def sort_key(self, request):          # waiting order: smaller key is served first
-            return (-request.num_prompt_tokens, request.arrival_time)
-
-    engine = LLMEngine(EngineConfig(..., policy=LongestPromptFirst()))
-
-* ``sort_key(request)`` orders the waiting queue. ``None`` (the base class, FCFS) keeps
-  queue order: arrivals join the back, preempted requests go back to the front. A key
-  turns the waiting queue into a heap on ``(key, insertion number)``; a preempted request
-  re-enters at its key's place (as vLLM's priority scheduling does).
-* ``pick_victim(running)`` names the running request to preempt (by recompute) when a
-  running request cannot get KV blocks. The default takes the running request with the
-  largest ``sort_key`` -- the one the policy would serve last -- ties (and FCFS) going to
-  the newest arrival.
-
-Built-ins: ``fcfs`` (arrival order; victim: newest arrival), ``priority`` (smaller
-``priority`` value first, then arrival; victim: largest priority value, ties newest, as
-vLLM), ``spf`` shortest prompt first (then arrival; victim: the longest prompt).
-The scheduler only asks; it never inspects the policy otherwise.
-"""
+"""The waiting queue: requests in the order the scheduling policy serves them
+(:mod:`workbench.core.sched.policies` says who goes first; the queue keeps that order)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterator
 
+from workbench.core.sched.policies import SchedulingPolicy
 from workbench.request import Request
 
 
-class SchedulingPolicy:
-    """Base policy = first come, first served. Override ``sort_key`` and/or ``pick_victim``."""
+class WaitingQueue:
+    """Waiting (and preempted) requests in the order the policy serves them.
 
-    name = "fcfs"
+    Without a policy key: a deque, arrivals at the back, preempted requests at the front.
+    With one: a heap on ``(sort_key(request), insertion number)``, the key taken when the
+    request enters. Front access is O(1), insertion O(1) / O(log n); ``remove`` (aborts)
+    is O(n). Iteration yields the serving order.
+    """
 
-    def sort_key(self, request: Request) -> Any | None:
-        """Waiting-queue key (smaller first), or None for plain queue order."""
-        return None
+    def __init__(self, policy: SchedulingPolicy):
+        self._policy = policy
+        self._keyed = type(policy).sort_key is not SchedulingPolicy.sort_key
+        self._deque: deque[Request] = deque()
+        self._heap: list[tuple[object, int, Request]] = []
+        self._seq = itertools.count()
+        self._skipped: list = []  # heap entries or requests set aside during one pass
 
-    def pick_victim(self, running: Sequence[Request]) -> Request:
-        """The running request to preempt. ``running`` is non-empty, in scheduling order."""
-        def rank(item: tuple[int, Request]) -> tuple:
-            i, r = item
-            key = self.sort_key(r)
-            return ((0,) if key is None else (1, key)), r.arrival_time, i
+    def add(self, request: Request) -> None:
+        if self._keyed:
+            heapq.heappush(self._heap, (self._policy.sort_key(request), next(self._seq), request))
+        else:
+            self._deque.append(request)
 
-        return max(enumerate(running), key=rank)[1]
+    def add_preempted(self, request: Request) -> None:
+        """Front of the queue (FCFS order), or the key's place for keyed policies."""
+        if self._keyed:
+            self.add(request)
+        else:
+            self._deque.appendleft(request)
 
-    @property
-    def uses_priority(self) -> bool:
-        """The one priority rule (offline and over HTTP): False for the built-ins that ignore
-        ``Request.priority`` (fcfs, spf and this base class), where a non-zero priority is
-        refused as vLLM refuses it without its priority policy; True for ``priority`` and for
-        any policy class of your own."""
-        return type(self) not in _PRIORITY_BLIND
+    def peek(self) -> Request:
+        return self._heap[0][2] if self._keyed else self._deque[0]
+
+    def skip_front(self) -> None:
+        """Set the front request aside (it keeps its place: see ``restore_skipped``)."""
+        self._skipped.append(heapq.heappop(self._heap) if self._keyed else self._deque.popleft())
+
+    def restore_skipped(self) -> None:
+        """Put the requests set aside back where they were, in their order."""
+        if self._keyed:
+            for entry in self._skipped:
+                heapq.heappush(self._heap, entry)
+        else:
+            self._deque.extendleft(reversed(self._skipped))
+        self._skipped = []
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[2] if self._keyed else self._deque.popleft()
+
+    def remove(self, request: Request) -> None:
+        if self._keyed:
+            self._heap = [e for e in self._heap if e[2] is not request]
+            heapq.heapify(self._heap)
+        else:
+            self._deque.remove(request)
+
+    def __len__(self) -> int:
+        return len(self._heap) if self._keyed else len(self._deque)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __iter__(self) -> Iterator[Request]:
+        if self._keyed:
+            return (e[2] for e in sorted(self._heap, key=lambda e: e[:2]))
+        return iter(self._deque)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-
-class FCFSPolicy(SchedulingPolicy):
-    """First come, first served; the newest arrival is preempted first."""
-
-    name = "fcfs"
-
-
-class PriorityPolicy(SchedulingPolicy):
-    """Smaller ``request.priority`` first (vLLM's convention), then earlier arrival."""
-
-    name = "priority"
-
-    def sort_key(self, request: Request) -> tuple[int, float]:
-        return (request.priority, request.arrival_time)
-
-
-class ShortestPromptFirstPolicy(SchedulingPolicy):
-    """Fewest prompt tokens first, then earlier arrival; the longest prompt is preempted."""
-
-    name = "spf"
-
-    def sort_key(self, request: Request) -> tuple[int, float]:
-        return (request.num_prompt_tokens, request.arrival_time)
-
-
-#: The built-in policies that never read ``Request.priority``.
-_PRIORITY_BLIND = (SchedulingPolicy, FCFSPolicy, ShortestPromptFirstPolicy)
-
-POLICIES: dict[str, type[SchedulingPolicy]] = {
-    "fcfs": FCFSPolicy,
-    "priority": PriorityPolicy,
-    "spf": ShortestPromptFirstPolicy,
-}
-
-
-def get_policy(policy: str | SchedulingPolicy) -> SchedulingPolicy:
-    """A policy object from a name ("fcfs", "priority", "spf") or the object itself."""
-    if isinstance(policy, SchedulingPolicy):
-        return policy
-    if isinstance(policy, str) and policy.lower() in POLICIES:
-        return POLICIES[policy.lower()]()
-    raise ValueError(
-        f"policy must be one of {sorted(POLICIES)} or a SchedulingPolicy instance, got {policy!r}."
-    )
+        return f"WaitingQueue([{', '.join(r.request_id for r in self)}])"

@@ -49,15 +49,13 @@ hits, preemptions, resumes, first token, finish: :mod:`workbench.core.request_ev
 
 from __future__ import annotations
 
-import heapq
 import html
-import itertools
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from workbench.core.kv_cache_manager import KVCacheManager
-from workbench.core.sched.request_queue import SchedulingPolicy, get_policy
+from workbench.core.sched.policies import SchedulingPolicy, get_policy
+from workbench.core.sched.request_queue import WaitingQueue
 from workbench.core.request_events import (
     RequestArrived,
     RequestEvent,
@@ -70,77 +68,6 @@ from workbench.core.request_events import (
 )
 from workbench.core.sched.output import ScheduledRequest, SchedulerOutput, SpecDecodeResult
 from workbench.request import Request, RequestStatus
-
-
-class WaitingQueue:
-    """Waiting (and preempted) requests in the order the policy serves them.
-
-    Without a policy key: a deque, arrivals at the back, preempted requests at the front.
-    With one: a heap on ``(sort_key(request), insertion number)``, the key taken when the
-    request enters. Front access is O(1), insertion O(1) / O(log n); ``remove`` (aborts)
-    is O(n). Iteration yields the serving order.
-    """
-
-    def __init__(self, policy: SchedulingPolicy):
-        self._policy = policy
-        self._keyed = type(policy).sort_key is not SchedulingPolicy.sort_key
-        self._deque: deque[Request] = deque()
-        self._heap: list[tuple[object, int, Request]] = []
-        self._seq = itertools.count()
-        self._skipped: list = []  # heap entries or requests set aside during one pass
-
-    def add(self, request: Request) -> None:
-        if self._keyed:
-            heapq.heappush(self._heap, (self._policy.sort_key(request), next(self._seq), request))
-        else:
-            self._deque.append(request)
-
-    def add_preempted(self, request: Request) -> None:
-        """Front of the queue (FCFS order), or the key's place for keyed policies."""
-        if self._keyed:
-            self.add(request)
-        else:
-            self._deque.appendleft(request)
-
-    def peek(self) -> Request:
-        return self._heap[0][2] if self._keyed else self._deque[0]
-
-    def skip_front(self) -> None:
-        """Set the front request aside (it keeps its place: see ``restore_skipped``)."""
-        self._skipped.append(heapq.heappop(self._heap) if self._keyed else self._deque.popleft())
-
-    def restore_skipped(self) -> None:
-        """Put the requests set aside back where they were, in their order."""
-        if self._keyed:
-            for entry in self._skipped:
-                heapq.heappush(self._heap, entry)
-        else:
-            self._deque.extendleft(reversed(self._skipped))
-        self._skipped = []
-
-    def pop(self) -> Request:
-        return heapq.heappop(self._heap)[2] if self._keyed else self._deque.popleft()
-
-    def remove(self, request: Request) -> None:
-        if self._keyed:
-            self._heap = [e for e in self._heap if e[2] is not request]
-            heapq.heapify(self._heap)
-        else:
-            self._deque.remove(request)
-
-    def __len__(self) -> int:
-        return len(self._heap) if self._keyed else len(self._deque)
-
-    def __bool__(self) -> bool:
-        return len(self) > 0
-
-    def __iter__(self) -> Iterator[Request]:
-        if self._keyed:
-            return (e[2] for e in sorted(self._heap, key=lambda e: e[:2]))
-        return iter(self._deque)
-
-    def __repr__(self) -> str:
-        return f"WaitingQueue([{', '.join(r.request_id for r in self)}])"
 
 
 class Scheduler:
