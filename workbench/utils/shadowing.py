@@ -26,8 +26,8 @@ def hand_over(name: str, init_file: str) -> None:
     is ``init_file``) by the one found on ``sys.path`` without the checkout's root, or raise
     ModuleNotFoundError. Call it from that ``__init__.py`` only: the import statement returns
     ``sys.modules[name]``, which this sets."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(init_file)))
-    path = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != root]
+    root = os.path.dirname(os.path.dirname(os.path.realpath(init_file)))
+    path = [entry for entry in sys.path if os.path.realpath(entry or os.curdir) != root]
     spec = importlib.machinery.PathFinder.find_spec(name, path)
     if spec is None:
         raise ModuleNotFoundError(
