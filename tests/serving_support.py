@@ -24,20 +24,21 @@ NUM_BLOCKS = 64
 GOOD = {"model": MODEL, "prompt": "ROMEO:", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
 
 
-def serving_fixtures(num_blocks: int = NUM_BLOCKS):
-    """Module-scoped ``async_llm`` (an engine of ``num_blocks`` KV blocks of 8 tokens, shut
-    down after the module) and ``app`` fixtures: ``async_llm, app = serving_fixtures()``."""
+def serving_fixtures(num_blocks: int = NUM_BLOCKS, engine: dict | None = None, **app_options):
+    """Module-scoped ``async_llm`` (an engine of ``num_blocks`` KV blocks of 8 tokens and the
+    ``engine`` options, shut down after the module) and ``app`` fixtures (``build_app`` with
+    ``app_options``): ``async_llm, app = serving_fixtures()``."""
 
     @pytest.fixture(scope="module")
     def async_llm():
-        llm = AsyncLLM(LLMEngine(device="cpu", block_size=8, num_kv_blocks=num_blocks))
+        llm = AsyncLLM(LLMEngine(device="cpu", block_size=8, num_kv_blocks=num_blocks, **(engine or {})))
         yield llm
         asyncio.run(llm.shutdown())
         assert not llm._thread.is_alive()
 
     @pytest.fixture(scope="module")
     def app(async_llm):
-        return build_app(async_llm, model_name=MODEL)
+        return build_app(async_llm, model_name=MODEL, **app_options)
 
     return async_llm, app
 

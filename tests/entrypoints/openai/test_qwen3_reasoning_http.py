@@ -8,16 +8,9 @@ streams one token per delta)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
-import pytest
-
-from workbench import LLMEngine
-from workbench.engine.async_llm import AsyncLLM
-from workbench.entrypoints.openai.api_server import build_app
-
-from serving_support import MODEL, call
+from serving_support import MODEL, call, serving_fixtures
 
 USER = [{"role": "user", "content": "What weather in Verona?"}]
 PLAN = "Let me look at the sky."
@@ -27,19 +20,9 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
     "type": "object", "properties": {"city": {"type": "string"}}}}}]
 
 
-@pytest.fixture(scope="module")
-def async_llm():
-    llm = AsyncLLM(LLMEngine(device="cpu", block_size=8, num_kv_blocks=64,
-                             reasoning_parser="qwen3",
-                             logits_processors=["logits_processor_support:ForceTokens"]))
-    yield llm
-    asyncio.run(llm.shutdown())
-
-
-@pytest.fixture(scope="module")
-def app(async_llm):
-    return build_app(async_llm, model_name=MODEL, enable_auto_tool_choice=True,
-                     tool_call_parser="hermes")
+async_llm, app = serving_fixtures(
+    engine={"reasoning_parser": "qwen3", "logits_processors": ["logits_processor_support:ForceTokens"]},
+    enable_auto_tool_choice=True, tool_call_parser="hermes")
 
 
 def forced(async_llm, text, **extra):

@@ -7,36 +7,20 @@ reaching the template."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 
 import openai
 import pytest
-
-from workbench import LLMEngine
-from workbench.engine.async_llm import AsyncLLM
-from workbench.entrypoints.openai.api_server import build_app
-
 from logits_processor_support import force_args
-from serving_support import MODEL, call
+from serving_support import MODEL, call, serving_fixtures
 
 USER = [{"role": "user", "content": "Wilt thou be gone?"}]
 THINK, ANSWER = "Is it the lark?", "It was the nightingale."
 
 
-@pytest.fixture(scope="module")
-def async_llm():
-    llm = AsyncLLM(LLMEngine(device="cpu", block_size=8, num_kv_blocks=64,
-                             reasoning_parser="deepseek_r1",
-                             logits_processors=["logits_processor_support:ForceTokens"]))
-    yield llm
-    asyncio.run(llm.shutdown())
-
-
-@pytest.fixture(scope="module")
-def app(async_llm):
-    return build_app(async_llm, model_name=MODEL)
+async_llm, app = serving_fixtures(
+    engine={"reasoning_parser": "deepseek_r1", "logits_processors": ["logits_processor_support:ForceTokens"]})
 
 
 def forced(async_llm, text, **extra):
