@@ -126,7 +126,7 @@ engine.add_request("line-again", "JULIET:", SamplingParams(temperature=0, max_to
 for request_id in ("verdict", "line-again"):
     print(request_id, engine.scheduler.requests[request_id].status.name)
 outs = run({})
-print(engine.structured_output)
+print(engine.scheduler.structured_output_manager)
 
 # %% [markdown]
 # The timeline draws the wait as a hatched bar (when the compile outlasted a step) and names

@@ -79,7 +79,7 @@ class InlineExecutor(Executor):
 
 def make_engine(feature: str = "lora", **overrides) -> LLMEngine:
     engine = LLMEngine(teaching_config(**{**BASE, **CONFIGS[feature], **overrides}), clock=Tick())
-    engine.structured_output = StructuredOutputManager(
+    engine.scheduler.structured_output_manager = StructuredOutputManager(
         engine.tokenizer, engine.model_config.vocab_size, InlineExecutor(),
         config=engine.config.structured_outputs_config)
     return engine
@@ -108,9 +108,10 @@ def step(engine: LLMEngine, outputs: dict, n: int | None = None) -> dict:
 
 
 def assert_same_record(a, b) -> None:
-    """Equal but for the wall clock: ``timings``, and a grammar compile's seconds."""
+    """Equal but for the wall clock: ``timings``, the step's latencies (``iteration_stats``) and
+    a grammar compile's seconds."""
     for f in dataclasses.fields(a):
-        if f.name == "timings":
+        if f.name in ("timings", "iteration_stats"):
             continue
         x, y = getattr(a, f.name), getattr(b, f.name)
         if f.name == "batch" and x is not None:
@@ -396,9 +397,9 @@ def test_a_fork_continues_a_constrained_request_on_its_own_grammar():
     while not engine.scheduler.requests["json"].num_output_tokens >= 3:
         engine.step()
     fork = engine.fork()
-    grammar = fork.structured_output._grammars["json"]
+    grammar = fork.scheduler.structured_output_manager._grammars["json"]
     assert grammar.request is fork.scheduler.requests["json"]
-    assert grammar.grammar is not engine.structured_output._grammars["json"].grammar
+    assert grammar.grammar is not engine.scheduler.structured_output_manager._grammars["json"].grammar
     a, b = step(engine, {}), step(fork, {})
     assert a == b and a["json"][4] == "stop"
     assert json.loads(a["json"][3])["lines"] in range(100)

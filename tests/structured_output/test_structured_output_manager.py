@@ -64,7 +64,7 @@ def constrained(**kw):
 
 def test_waiting_for_fsm_until_compiled_others_run_and_the_cache_skips_the_wait(engine):
     held = HeldExecutor()
-    engine.structured_output = StructuredOutputManager(engine.tokenizer,
+    engine.scheduler.structured_output_manager = StructuredOutputManager(engine.tokenizer,
                                                        engine.model_config.vocab_size, held)
     json_so = S(json=SCHEMA, disable_any_whitespace=True)
     engine.add_request("json", PROMPT, constrained(so=json_so, temperature=0))
@@ -177,7 +177,7 @@ def test_an_id_used_again_after_its_request_ended_gets_its_own_grammar(engine):
 def test_a_step_with_only_compiling_grammars_waits_on_them_instead_of_spinning(engine):
     held = HeldExecutor()
     manager = StructuredOutputManager(engine.tokenizer, engine.model_config.vocab_size, held)
-    engine.structured_output = manager
+    engine.scheduler.structured_output_manager = manager
     waits = []
     real_wait = manager.wait_for_compile
     manager.wait_for_compile = lambda timeout: waits.append(timeout) or real_wait(0)
@@ -203,7 +203,7 @@ class FailingExecutor(Executor):
 
 
 def test_a_grammar_that_fails_to_compile_fails_its_request_only(engine):
-    engine.structured_output = StructuredOutputManager(
+    engine.scheduler.structured_output_manager = StructuredOutputManager(
         engine.tokenizer, engine.model_config.vocab_size, FailingExecutor())
     engine.add_request("bad", PROMPT, constrained(so=S(regex="a+"), temperature=0))
     engine.add_request("free", PROMPT, SamplingParams(temperature=0, max_tokens=4))

@@ -47,7 +47,7 @@ def engine():
     engine = LLMEngine(device="cpu", block_size=8, num_kv_blocks=64)
     engine.add_logger("prometheus", PrometheusStatLogger("tiny"))
     held = HeldExecutor()
-    engine.structured_output = StructuredOutputManager(
+    engine.scheduler.structured_output_manager = StructuredOutputManager(
         engine.tokenizer, engine.model_config.vocab_size, held)
     engine.add_request("free", "JULIET:", SamplingParams(temperature=0, max_tokens=6))
     engine.add_request("forced", "ROMEO:", SamplingParams(
@@ -142,5 +142,5 @@ def test_prometheus_counts_compiles_compile_times_and_cache_hits(engine):
     assert value("workbench:grammar_compile_seconds_count") == 2
     assert value("workbench:grammar_compile_seconds_sum") > 0
     assert value("workbench:grammar_cache_hits_total") == 1  # "again"
-    assert engine.structured_output.num_compiles == 2
-    assert engine.structured_output.num_cache_hits == 1
+    assert engine.scheduler.structured_output_manager.num_compiles == 2
+    assert engine.scheduler.structured_output_manager.num_cache_hits == 1

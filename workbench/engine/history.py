@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import html
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,14 +19,36 @@ from workbench.core.kv_state import KVReplay, KVState
 from workbench.core.request_events import RequestEvent
 from workbench.core.sched.output import SchedulerOutput, SpecDecodeResult
 from workbench.metrics.perfetto import write_trace
-from workbench.metrics.stats import SchedulerStats
+from workbench.metrics.stats import IterationStats, SchedulerStats
 from workbench.structured_output.manager import StructuredOutputStep
 
-#: The stages of a step whose wall time a StepRecord keeps (seconds); together they are the
-#: whole of ``LLMEngine.step()``. ``propose``: the speculative proposer's drafts for the next
-#: step (0 without speculative decoding). ``record``: keeping this record, the stats, the stat
-#: loggers and the ``on_step`` hooks (set after the hooks ran, so they see the stages before it).
+#: The stages of a step whose wall time a StepRecord keeps (seconds); together they are
+#: ``LLMEngine.step()`` up to its record. ``propose``: the speculative proposer's drafts for the
+#: next step (0 without speculative decoding). ``record``: building this record and its stats.
+#: The record's observers (history, stat loggers, tracer, ``on_step`` hooks) run after it is
+#: complete: their time is in the next record's ``driver`` entry, with the caller's own work
+#: between the two steps.
 TIMING_STAGES = ("schedule", "prepare", "forward", "sample", "output", "propose", "record")
+
+
+class StageTimer:
+    """Times a step's stages (``time.perf_counter``): each ``lap(stage)`` is the time since
+    the previous lap; ``add`` takes stages timed elsewhere (the runner's) and restarts the lap.
+    ``previous_end``: when the step before ended with work left (None: after idle, or the
+    first step), which makes the ``driver`` entry."""
+
+    def __init__(self, previous_end: float | None) -> None:
+        self._last = time.perf_counter()
+        self.timings: dict[str, float] = {} if previous_end is None else {"driver": self._last - previous_end}
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.timings[stage] = now - self._last
+        self._last = now
+
+    def add(self, timings: dict[str, float]) -> None:
+        self.timings.update(timings)
+        self._last = time.perf_counter()
 
 
 @dataclass(frozen=True)
@@ -56,6 +79,8 @@ class StepRecord:
     #: Speculative decoding: per speculating request, the drafts it verified this step and
     #: how many the target accepted (``SpecDecodeResult``); empty without speculation.
     spec_decode: dict[str, SpecDecodeResult] = field(default_factory=dict)
+    #: What the stat loggers were fed for this step (wall-clock latencies: not compared).
+    iteration_stats: IterationStats | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_running(self) -> int:

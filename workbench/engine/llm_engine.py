@@ -19,7 +19,7 @@ from workbench.config import EngineConfig, default_max_num_batched_tokens, defau
 from workbench.core.kv_cache_manager import KVCacheManager
 from workbench.core.sched.scheduler import Scheduler
 from workbench.core.sched.output import SchedulerOutput
-from workbench.engine.history import StepHistory, StepRecord
+from workbench.engine.history import StageTimer, StepHistory, StepRecord
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.engine.fork import fork_engine
 from workbench.engine.idle import IdleWaiter
@@ -50,8 +50,6 @@ if TYPE_CHECKING:
     from workbench.config import EngineArgs
 
 logger = logging.getLogger(__name__)
-#: The longest a step with only compiling grammars to wait for blocks on them.
-_COMPILE_WAIT_S = 0.05
 
 
 def _load_tokenizer(path):
@@ -147,6 +145,11 @@ class LLMEngine:
         self.kv_cache = KVCacheManager(
             num_blocks, config.block_size, config.enable_prefix_caching, record_events=True
         )
+        # The grammars of constrained requests (structured outputs), compiled off this thread:
+        # the scheduler owns them, as in vLLM V1.
+        structured_output_manager = StructuredOutputManager(
+            self.tokenizer, self.model_config.vocab_size,
+            config=config.structured_outputs_config, reasoner=reasoner)
         self.scheduler = Scheduler(
             self.kv_cache,
             max_num_seqs=max_num_seqs,
@@ -157,6 +160,7 @@ class LLMEngine:
             record_events=True,
             clock=self.clock,
             max_loras=config.max_loras if config.enable_lora else None,
+            structured_output_manager=structured_output_manager,
         )
         #: Speculative decoding's proposer (``speculative_config``), else None.
         self.proposer = make_proposer(config.speculative_config, self.model_config, self.tokenizer,
@@ -171,11 +175,8 @@ class LLMEngine:
             enable_lora=config.enable_lora,
             structured_outputs_config=config.structured_outputs_config,
         )
-        self.output_processor = OutputProcessor(self.tokenizer)
-        #: Grammars of the constrained requests (structured outputs), compiled off this thread.
-        self.structured_output = StructuredOutputManager(
-            self.tokenizer, self.model_config.vocab_size,
-            config=config.structured_outputs_config, reasoner=reasoner)
+        self.output_processor = OutputProcessor(self.tokenizer,
+                                                finish_request=self.scheduler.finish_from_output)
         self.history = StepHistory(config.max_history, initial_kv_state=self.kv_cache.snapshot())
         self.request_tracker = RequestTracker()
         #: Callables ``fn(record)`` run after every step, in order; one that raises is logged
@@ -289,7 +290,6 @@ class LLMEngine:
             # Raises (nothing queued) if it can never fit. Its siblings join once it computed
             # the prompt, to share the prompt's blocks through the prefix cache.
             self.scheduler.add_request(parent.children[0])
-            self.structured_output.add_request(parent.children[0])
         except ValueError:
             self.output_processor.discard(request.request_id)
             raise
@@ -355,12 +355,11 @@ class LLMEngine:
             # Set before the requests leave: a reader on another thread (a notebook polling a
             # served engine) sees them unfinished or unrecorded, never neither.
             self._unrecorded_aborts = True
-        now = self.clock()
-        child_ids, outputs = self.output_processor.abort(ids, now)
-        self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED, now=now)
+        child_ids = self.output_processor.child_ids(ids)
+        self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED, now=self.clock())
         if self.proposer is not None:
             self.proposer.remove(child_ids)
-        return outputs
+        return self.output_processor.abort(ids)
 
     def has_unrecorded_aborts(self) -> bool:
         """Whether requests were aborted since the last ``step()``, which has not recorded them
@@ -455,76 +454,112 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
-        """Run one step: schedule -> execute -> update -> process -> record.
+        """Run one step, as vLLM's ``EngineCore.step``: schedule (with the grammar bitmask) ->
+        execute and sample -> update the requests -> process the outputs -> record.
 
         Returns a RequestOutput for every request that progressed (per its
         ``SamplingParams.output_kind``: CUMULATIVE by default, DELTA, FINAL_ONLY); an aborted
         request gives none (vLLM's rule), but the step records the aborts made since the last
         one. A request whose own processing raises (sampling, logits processors,
         detokenization, stop strings) finishes with finish_reason "error" and
-        ``RequestOutput.error``; the others are unaffected. So does
-        one whose grammar refuses the token it sampled, whose output (as in vLLM) still holds
-        that token. Only a failure of the whole batch (the forward pass) propagates.
-        The scheduler writes every finish: the runner's failed rows and eos / length in
-        ``update_from_output``, the stop strings and errors the output processor reports in
-        ``finish_requests``, all at the step's one output time (``clock()`` after the forward).
-        ``history[-1]`` records the step; its timings (TIMING_STAGES) add up to the whole
-        call, and its ``timings["driver"]`` is the caller's time since
-        the previous step returned (adding arrivals, reading outputs), kept only when that
-        step left unfinished work, so it holds no idle wait.
+        ``RequestOutput.error``; the others are unaffected. So does one whose grammar refuses
+        the token it sampled, whose output (as in vLLM) still holds that token. Only a failure
+        of the whole batch (the forward pass) propagates, after its step is recorded.
+        The scheduler writes every finish, at the step's one output time (``clock()`` after
+        the forward). ``history[-1]`` records the step (see :meth:`_record` for its timings).
         """
-        t0 = time.perf_counter()
-        so_manager = self.structured_output
-        if so_manager.compiling and not self.scheduler.running and all(  # wait, not spin
-                r.status is RequestStatus.WAITING_FOR_FSM for r in self.scheduler.waiting):
-            so_manager.wait_for_compile(timeout=_COMPILE_WAIT_S)
-        grammar_failed = so_manager.update_waiting(self.scheduler.requests)
-        self.scheduler.finish_requests(grammar_failed, RequestStatus.FINISHED_ERROR)
-        so = self.scheduler.schedule()
-        so_manager.remove(so.finished_request_ids)
-        bitmask = so_manager.grammar_bitmask(so)
-        t1 = time.perf_counter()
-        timings = {"schedule": t1 - t0}
-        if self._step_end is not None:
-            timings["driver"] = t0 - self._step_end
+        timer = StageTimer(self._step_end)
+        scheduler_output = self.scheduler.schedule()
+        grammar_bitmask = self.scheduler.get_grammar_bitmask(scheduler_output)
+        timer.lap("schedule")
         try:
-            result = self.runner.execute(so, self.scheduler.requests, bitmask)
+            runner_output = self.runner.execute(scheduler_output, self.scheduler.requests, grammar_bitmask)
         except BaseException:  # the batch as a whole failed: record the step, nothing sampled
-            self._record(so, timings)
+            self._observe(self._record(scheduler_output, timer))
             raise
-        timings.update(result.timings)
-        t2 = time.perf_counter()
+        timer.add(runner_output.timings)
         now = self.clock()
-        updated = self.scheduler.update_from_output(so, result.sampled_token_ids, result.failed,
-                                                    spec_decode=result.spec_decode, now=now)
-        ended, refused = so_manager.accept_tokens(updated)  # a grammar that ended ends its request
-        self.scheduler.finish_requests(ended, RequestStatus.FINISHED_STOPPED, now=now)
-        self.scheduler.finish_requests(refused, RequestStatus.FINISHED_ERROR, now=now)
-        iteration = IterationStats()
+        updated = self.scheduler.update_from_output(
+            scheduler_output, runner_output.sampled_token_ids, runner_output.failed,
+            spec_decode=runner_output.spec_decode, now=now)
         processed = self.output_processor.process(
-            updated, logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs,
-            failed={**grammar_failed, **result.failed}, refused=refused, stats=iteration, now=now,
-        )
-        for request_id, status in processed.reqs_to_abort.items():
-            self.scheduler.finish_requests(request_id, status, now=now)
-        for sibling in self.output_processor.release_siblings():
+            updated, logprobs=runner_output.logprobs, prompt_logprobs=runner_output.prompt_logprobs,
+            errors=self.scheduler.finished_request_errors, now=now)
+        for sibling in self.output_processor.release_siblings():  # n > 1: the prompt is cached
             self.scheduler.add_request(sibling)
-            so_manager.add_request(sibling)
-        outputs = processed.outputs
-        t3 = time.perf_counter()
-        timings["output"] = t3 - t2
-        if self.proposer is not None:  # drafts for the next step, from this step's tokens
+        timer.lap("output")
+        self._propose_drafts(updated)
+        timer.lap("propose")
+        self._observe(self._record(scheduler_output, timer, runner_output, processed.stats))
+        return processed.outputs
+
+    def _propose_drafts(self, updated: list) -> None:
+        """Speculative decoding: drafts for the next step from this step's tokens (the
+        scheduler keeps a constrained request's grammar-valid prefix)."""
+        if self.proposer is not None:
             self.proposer.remove(self.scheduler.finished_request_ids)  # finished in this step
-            drafts = self.proposer.propose([r for r in updated if r.status is RequestStatus.RUNNING])
-            self.scheduler.update_draft_token_ids(  # a constrained one keeps its grammar-valid prefix
-                {rid: d[:so_manager.validate_tokens(rid, d)] for rid, d in drafts.items()})
-        timings["propose"] = time.perf_counter() - t3
-        t3 += timings["propose"]
-        record = self._record(so, timings, result)
-        iteration.grammar_compile_seconds = list(record.structured_output.compile_seconds)
-        iteration.num_grammar_cache_hits = len(record.structured_output.cache_hits)
+            running = [r for r in updated if r.status is RequestStatus.RUNNING]
+            self.scheduler.update_draft_token_ids(self.proposer.propose(running))
+
+    def _record(self, scheduler_output: SchedulerOutput, timer: StageTimer, result=None,
+                iteration_stats: IterationStats | None = None) -> StepRecord:
+        """The complete record of step ``scheduler_output`` (``result``: the runner's output,
+        None when it raised): the step's one SchedulerStats, the requests the scheduler
+        finished in it, the block and request events since the previous record (so the
+        history replays without gaps), its IterationStats and its timings.
+
+        The timings' stages (TIMING_STAGES) add up to the call up to this record ("record":
+        building it); what runs after -- the observers: history, request tracker, tracer, stat
+        loggers and ``on_step`` hooks -- lands in the next step's ``driver`` time, with the
+        caller's own work between the two steps (kept only when this step left work to do)."""
+        scheduler, kv = self.scheduler, self.kv_cache
+        kv_stats = scheduler_output.kv_cache_stats + kv.make_stats()  # since the previous record
+        self.scheduler_stats = SchedulerStats(
+            num_running_reqs=len(scheduler.running),
+            num_waiting_reqs=len(scheduler.waiting),
+            kv_cache_usage=kv.usage,
+            num_free_blocks=kv.num_free_blocks,
+            prefix_cache_queries=kv_stats.prefix_cache_queries,
+            prefix_cache_hits=kv_stats.prefix_cache_hits,
+            num_preemptions=len(scheduler_output.preempted_request_ids),
+            num_blocks_allocated=kv_stats.num_blocks_allocated,
+            num_blocks_freed=kv_stats.num_blocks_freed,
+            num_blocks_evicted=kv_stats.num_blocks_evicted,
+            **(self._lora_stats() if self.config.enable_lora else {}),
+            spec_decoding_stats=SpecDecodingStats.of(result.spec_decode.values()) if result is not None else None,
+        )
+        grammar_step = scheduler.take_grammar_step()
+        iteration_stats = iteration_stats or IterationStats()
+        iteration_stats.grammar_compile_seconds = list(grammar_step.compile_seconds)
+        iteration_stats.num_grammar_cache_hits = len(grammar_step.cache_hits)
+        events = kv.take_events(), scheduler.take_events()
+        timer.lap("record")
+        self._step_end = time.perf_counter() if self.has_unfinished_requests() else None
+        return StepRecord(
+            step=scheduler_output.step,
+            scheduler_output=scheduler_output,
+            batch=result.batch if result is not None else None,
+            sampled_token_ids=result.sampled_token_ids if result is not None else {},
+            finished_request_ids=scheduler.finished_request_ids,
+            scheduler_stats=self.scheduler_stats,
+            timings=timer.timings,
+            kv_events=events[0],
+            request_events=events[1],
+            structured_output=grammar_step,
+            spec_decode=result.spec_decode if result is not None else {},
+            iteration_stats=iteration_stats,
+        )
+
+    def _observe(self, record: StepRecord) -> None:
+        """Hand the complete record to every observer, once, in order: the history, the
+        request tracker, the tracer, the stat loggers, then the ``on_step`` hooks (one that
+        raises is logged and skipped, never breaking the step)."""
+        self.history.append(record)
+        self.request_tracker.consume(record.request_events)
+        if self.tracer is not None:
+            self.tracer.consume(record)
         for stat_logger in self.stat_loggers.values():
-            stat_logger.record(record.scheduler_stats, iteration)
+            stat_logger.record(record.scheduler_stats, record.iteration_stats)
         self._unrecorded_aborts = False  # recorded: history, request tracker, stat loggers
         if self.config.log_stats and time.monotonic() - self._last_log_time >= self.config.log_stats_interval:
             self.do_log_stats()
@@ -533,50 +568,7 @@ class LLMEngine:
                 hook(record)
             except Exception:
                 logger.exception("on_step hook %r failed at step %d", hook, record.step)
-        t4 = time.perf_counter()
-        timings["record"] = t4 - t3  # set after the hooks ran: they see the stages before it
-        self._step_end = t4 if self.has_unfinished_requests() else None
         self.idle.mark_busy()
-        return outputs
-
-    def _record(self, so: SchedulerOutput, timings: dict[str, float], result=None) -> StepRecord:
-        """Record step ``so`` (``result``: the runner's output, None when it raised) with the
-        step's one SchedulerStats, the requests the scheduler finished in it, and the block
-        and request events since the previous record (so the history replays without gaps)."""
-        scheduler, kv = self.scheduler, self.kv_cache
-        kv_stats = so.kv_cache_stats + kv.make_stats()  # since the previous record
-        self.scheduler_stats = SchedulerStats(
-            num_running_reqs=len(scheduler.running),
-            num_waiting_reqs=len(scheduler.waiting),
-            kv_cache_usage=kv.usage,
-            num_free_blocks=kv.num_free_blocks,
-            prefix_cache_queries=kv_stats.prefix_cache_queries,
-            prefix_cache_hits=kv_stats.prefix_cache_hits,
-            num_preemptions=len(so.preempted_request_ids),
-            num_blocks_allocated=kv_stats.num_blocks_allocated,
-            num_blocks_freed=kv_stats.num_blocks_freed,
-            num_blocks_evicted=kv_stats.num_blocks_evicted,
-            **(self._lora_stats() if self.config.enable_lora else {}),
-            spec_decoding_stats=SpecDecodingStats.of(result.spec_decode.values()) if result is not None else None,
-        )
-        record = StepRecord(
-            step=so.step,
-            scheduler_output=so,
-            batch=result.batch if result is not None else None,
-            sampled_token_ids=result.sampled_token_ids if result is not None else {},
-            finished_request_ids=scheduler.finished_request_ids,
-            scheduler_stats=self.scheduler_stats,
-            timings=timings,
-            kv_events=kv.take_events(),
-            request_events=scheduler.take_events(),
-            structured_output=self.structured_output.take_step(scheduler.requests),
-            spec_decode=result.spec_decode if result is not None else {},
-        )
-        self.history.append(record)
-        self.request_tracker.consume(record.request_events)
-        if self.tracer is not None:
-            self.tracer.consume(record)
-        return record
 
     def _lora_stats(self) -> dict[str, dict[str, int]]:
         """Requests per adapter, running and waiting (vLLM's lora_requests_info labels)."""

@@ -4,8 +4,11 @@ It is the registry of the requests in flight: a :class:`ParentRequest` per reque
 user added, a :class:`SequenceState` per child sequence. Work on one request that raises
 (detokenization, stop strings, logprob conversion, building its output) finishes that
 request with finish_reason "error" and the message in ``RequestOutput.error``; the traceback
-is logged once and every other request goes on. It decides no request's status: the stop
-strings and errors it finds go back to the scheduler in ``StepOutputs.reqs_to_abort``.
+is logged once and every other request goes on. It writes no request: the stop strings and
+errors it finds are the scheduler's input (``StepOutputs.reqs_to_abort``, vLLM's name), handed
+to ``finish_request`` (the scheduler's ``finish_from_output``) the moment they are found, so
+the scheduler -- the one writer of a request's status, tokens and finish time -- has finished a
+request before its output is built.
 Logprob tokens get their strings as vLLM decodes them (:mod:`workbench.engine.logprobs`).
 """
 
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,11 +39,13 @@ logger = logging.getLogger("workbench")
 @dataclass
 class StepOutputs:
     """``outputs`` for the caller; ``reqs_to_abort``: the requests this step's processing
-    ended that the scheduler still holds, in the order found, with the status to finish them
-    with (FINISHED_STOPPED: a stop string; FINISHED_ERROR: their processing raised)."""
+    ended that the scheduler still held, in the order found, with the status they were
+    finished with (FINISHED_STOPPED: a stop string; FINISHED_ERROR: their processing raised);
+    ``stats``: the step's IterationStats (the ones passed in, or new)."""
 
     outputs: list[RequestOutput] = field(default_factory=list)
     reqs_to_abort: dict[str, RequestStatus] = field(default_factory=dict)
+    stats: IterationStats = field(default_factory=IterationStats)
 
 
 class _NoText:
@@ -68,8 +73,12 @@ _NO_TEXT = _NoText()
 class OutputProcessor:
     """Builds each step's RequestOutputs (see module docstring); owns no scheduling state."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, finish_request: Callable[..., None] | None = None) -> None:
+        """``finish_request(request_id, status, *, num_output_tokens, error, now)`` finishes a
+        request the processing ended (the scheduler's ``finish_from_output``); None: nobody
+        is told (a test playing the scheduler reads ``reqs_to_abort``)."""
         self.tokenizer = tokenizer
+        self.finish_request = finish_request
         self._logprob_decoder = LogprobTokenDecoder(tokenizer)
         self.parents: dict[str, ParentRequest] = {}  # by the id given to add_request
         self._sequences: dict[str, tuple[ParentRequest, SequenceState]] = {}  # by child id
@@ -125,8 +134,7 @@ class OutputProcessor:
         *,
         logprobs: Mapping[str, TokenLogprobs] | None = None,
         prompt_logprobs: Mapping[str, tuple[int, list[TokenLogprobs]]] | None = None,
-        failed: Mapping[str, str] | None = None,
-        refused: Mapping[str, str] | None = None,
+        errors: Mapping[str, str] | None = None,
         stats: IterationStats | None = None,
         now: float | None = None,
     ) -> StepOutputs:
@@ -134,18 +142,18 @@ class OutputProcessor:
 
         ``requests`` got a token this step; ``logprobs`` must cover those that asked for
         them; ``prompt_logprobs[id] = (first prompt index, entries)`` for prefill chunks of
-        requests that asked; ``failed`` maps the runner's failed rows (the scheduler already
-        finished them) to the message; ``refused`` the requests whose grammar refused this
-        step's token (the scheduler finished them with an error too): as in vLLM, that token
-        is still processed into their final output, which then carries the error. ``now`` is the step's output time, the one the
-        scheduler stamped this step's first tokens and finishes with and stamps
-        ``reqs_to_abort`` with (default: the clock now).
+        requests that asked; ``errors`` maps the requests the scheduler finished with an error
+        this step (``Scheduler.finished_request_errors``: a failed grammar compile or runner
+        row, a token the grammar refused) to the message: their new tokens, if any, are
+        processed first (as in vLLM, a refused token is still in the final output), then the
+        error ends their output. ``now`` is the step's output time, the one the scheduler
+        stamped this step's first tokens and finishes with (default: the clock now).
         """
         now = time.monotonic() if now is None else now
         stats = IterationStats() if stats is None else stats
         stats.finished_requests.extend(self._aborted_stats)
         self._aborted_stats = []
-        result = StepOutputs()
+        result = StepOutputs(stats=stats)
         touched: dict[str, ParentRequest] = {}
 
         def fail(state: SequenceState, error: BaseException | str, *, report: bool = True) -> None:
@@ -156,9 +164,9 @@ class OutputProcessor:
                              "go on", state.request.request_id, exc_info=error)
                 error = describe(error)
             state.error = error
-            state.finish("error", None, now)
+            state.finish("error", None)
             if report:
-                result.reqs_to_abort[state.request.request_id] = RequestStatus.FINISHED_ERROR
+                self._report(result, state.request, RequestStatus.FINISHED_ERROR, now, error=error)
 
         for rid, (start, entries) in (prompt_logprobs or {}).items():
             parent, state = self._sequences[rid]
@@ -167,11 +175,6 @@ class OutputProcessor:
             except Exception as exc:  # noqa: BLE001 - isolate this request
                 fail(state, exc)
                 touched[parent.request_id] = parent
-        for rid, message in (failed or {}).items():
-            parent, state = self._sequences[rid]
-            touched[parent.request_id] = parent
-            if state.finish_reason is None:
-                fail(state, message, report=False)
         for request in requests:
             entry = self._sequences.get(request.request_id)
             if entry is None:
@@ -183,18 +186,15 @@ class OutputProcessor:
             if state.finish_reason is not None:
                 continue
             try:
-                if self._update(state, request, logprobs or {}, stats, now):
-                    if not request.is_finished:
-                        result.reqs_to_abort[request.request_id] = RequestStatus.FINISHED_STOPPED
+                if self._update(state, request, logprobs or {}, stats, now) and not request.is_finished:
+                    self._report(result, request, RequestStatus.FINISHED_STOPPED, now,
+                                 num_output_tokens=state.num_seen)
             except Exception as exc:  # noqa: BLE001 - isolate this request
                 fail(state, exc)
-                continue
-            if refused and request.request_id in refused:  # its token is in; then the error
-                fail(state, refused[request.request_id], report=False)
-        for rid, message in (refused or {}).items():  # refused without a token this step
+        for rid, message in (errors or {}).items():  # after their tokens, if any
             parent, state = self._sequences[rid]
             touched[parent.request_id] = parent
-            if state.finish_reason is None:
+            if state.error is None:
                 fail(state, message, report=False)
         for parent in touched.values():
             try:
@@ -217,17 +217,17 @@ class OutputProcessor:
                 self._forget(parent)
         return result
 
-    def abort(
-        self, request_ids: Iterable[str], now: float | None = None
-    ) -> tuple[list[str], list[RequestOutput]]:
-        """Finish requests (the ids given to add_request) with finish_reason "abort" at time
-        ``now`` (the one the scheduler finishes them with; default: the clock now).
+    def child_ids(self, request_ids: Iterable[str]) -> list[str]:
+        """The child sequences' ids of these requests in flight (unknown ids are ignored)."""
+        return [s.request.request_id for rid in request_ids if rid in self.parents
+                for s in self.parents[rid].sequences]
 
-        Returns (their child ids, for the scheduler to free; their final outputs).
-        Unknown or finished ids are ignored.
+    def abort(self, request_ids: Iterable[str]) -> list[RequestOutput]:
+        """Finish requests (the ids given to add_request) with finish_reason "abort", after
+        the scheduler finished their children (see :meth:`child_ids`). Returns their final
+        outputs. Unknown or finished ids are ignored.
         """
-        now = time.monotonic() if now is None else now
-        child_ids: list[str] = []
+        outputs: list[RequestOutput] = []
         outputs: list[RequestOutput] = []
         for rid in request_ids:
             parent = self.parents.get(rid)
@@ -235,17 +235,16 @@ class OutputProcessor:
                 continue
             parent.deferred = []
             for state in parent.sequences:
-                child_ids.append(state.request.request_id)
                 if state.finish_reason is None:
                     state.detokenizer.flush()
-                    state.finish(RequestStatus.FINISHED_ABORTED.finish_reason, None, now)
+                    state.finish(RequestStatus.FINISHED_ABORTED.finish_reason, None)
                     state.stats_recorded = True
                     self._aborted_stats.append(state.finished_stats())
             out = parent.make_output()
             if out is not None:
                 outputs.append(out)
             self._forget(parent)
-        return child_ids, outputs
+        return outputs
 
     def __repr__(self) -> str:
         return f"OutputProcessor(unfinished={len(self.parents)})"
@@ -255,6 +254,14 @@ class OutputProcessor:
                           {rid: repr(p) for rid, p in self.parents.items()} or {"none": ""})
 
     # ------------------------------------------------------------------ internals
+    def _report(self, result: StepOutputs, request: Request, status: RequestStatus, now: float,
+                *, num_output_tokens: int | None = None, error: str | None = None) -> None:
+        """Hand the scheduler a request this processing ended (vLLM's reqs_to_abort)."""
+        result.reqs_to_abort[request.request_id] = status
+        if self.finish_request is not None:
+            self.finish_request(request.request_id, status, num_output_tokens=num_output_tokens,
+                                error=error, now=now)
+
     def _forget(self, parent: ParentRequest) -> None:
         del self.parents[parent.request_id]
         self._deferring.pop(parent.request_id, None)
@@ -272,8 +279,8 @@ class OutputProcessor:
         """Feed the request's new tokens; True when a stop string ended its text.
 
         A step may bring several tokens (speculative decoding); a stop string completed by
-        one of them drops the tokens after it from the request (nothing past a stop is
-        emitted), as one token at a time would have."""
+        one of them leaves the tokens after it unseen (``num_seen`` stops there, and the
+        scheduler drops them from the request), as one token at a time would have."""
         new_ids = request.output_token_ids[state.num_seen :]
         detok = state.detokenizer
         params = request.sampling_params
@@ -283,11 +290,9 @@ class OutputProcessor:
         hide_last = stopped_by_token and new_ids and not params.include_stop_str_in_output
         fed = detok.num_output_tokens
         stop = detok.update(new_ids[:-1] if hide_last else new_ids)
-        if stop is not None and len(new_ids) > 1:  # cut the tokens after the one that stopped it
-            kept = detok.num_output_tokens - fed
-            del request.output_token_ids[state.num_seen + kept :]
-            new_ids = new_ids[:kept]
-        state.num_seen = len(request.output_token_ids)
+        if stop is not None and len(new_ids) > 1:  # the tokens after the one that stopped it
+            new_ids = new_ids[:detok.num_output_tokens - fed]
+        state.num_seen += len(new_ids)
         if new_ids:
             if state.last_token_ts is None:
                 first = request.first_token_time if request.first_token_time is not None else now
@@ -310,9 +315,9 @@ class OutputProcessor:
                 state.logprobs.append(self._convert_logprobs(entry, state.logprobs))
                 state.cumulative_logprob += entry.logprob
         if stop is not None:
-            state.finish("stop", stop, now)
+            state.finish("stop", stop)
         elif request.is_finished:
-            state.finish(request.status.finish_reason, request.stop_reason, now)
+            state.finish(request.status.finish_reason, request.stop_reason)
         state.num_processed, state.text_processed = state.num_seen, len(detok.text)
         return stop is not None
 

@@ -26,7 +26,6 @@ class SequenceState:
     final_sent: bool = False  # DELTA: the output carrying finish_reason went out
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    finished_time: float | None = None
     error: str | None = None
     last_token_ts: float | None = None  # the output time of the step that brought the last token
     stats_recorded: bool = False  # its FinishedRequestStats went into an IterationStats
@@ -44,7 +43,7 @@ class SequenceState:
         """The sequence so far, or (``delta``) what is new since the last delta; None when a
         delta has nothing new."""
         done = self.finish_reason is not None
-        token_ids = self.request.output_token_ids
+        token_ids = self.request.output_token_ids[: self.num_seen]  # a stop's later tokens unseen
         failed = self.error is not None
         if failed:  # only what was processed before the failure
             token_ids = token_ids[: self.num_processed]
@@ -71,11 +70,18 @@ class SequenceState:
             stop_reason=self.stop_reason,
         )
 
-    def finish(self, reason: str, stop_reason: int | str | None, now: float) -> None:
-        """``now``: the finish time the scheduler writes when it finishes the request later
-        in this step (a stop string, an error); one it already finished keeps its own."""
+    def finish(self, reason: str, stop_reason: int | str | None) -> None:
+        """The output's finish (the scheduler, told, writes the request's own status and time)."""
         self.finish_reason, self.stop_reason = reason, stop_reason
-        self.finished_time = now if self.request.finished_time is None else self.request.finished_time
+
+    @property
+    def finished_time(self) -> float | None:
+        """The time the scheduler finished the request; a deferred n > 1 sibling that never
+        reached the scheduler has none of its own and ends with its last token (or arrival)."""
+        r = self.request
+        if r.finished_time is not None or self.finish_reason is None:
+            return r.finished_time
+        return self.last_token_ts if self.last_token_ts is not None else r.arrival_time
 
     def finished_stats(self) -> FinishedRequestStats:
         """Latencies from the times the scheduler stamped on the request (those of its request
@@ -83,7 +89,7 @@ class SequenceState:
         request never reached has no time (None), as in vLLM: an aborted request still queued
         has no queued_time, one without a token no time to first token, prefill or decode."""
         r = self.request
-        end = self.finished_time or 0.0
+        end = self.finished_time
         scheduled, first, last = r.first_scheduled_time, r.first_token_time, self.last_token_ts
         if first is not None and last is None:
             last = first

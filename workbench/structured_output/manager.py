@@ -1,14 +1,14 @@
-"""StructuredOutputManager (vLLM's name): owned by the engine; compiles each constrained
-request's grammar on its own thread, and per step fills the token bitmask of the constrained
-rows that sample and advances their grammars on the tokens they got. With speculative
+"""StructuredOutputManager (vLLM's name): owned by the scheduler, as in vLLM V1; compiles each
+constrained request's grammar on its own thread, and per step fills the token bitmask of the
+constrained rows that sample and advances their grammars on the tokens they got. With speculative
 decoding a constrained request's drafts are cut to the prefix its grammar accepts
 (``validate_tokens``), and a verifying request gets one mask row per verified position.
 
-A constrained request enters WAITING_FOR_FSM unless its grammar is already compiled (the
-cache is keyed by :func:`~workbench.structured_output.backends.grammar_key`, which names the
-backend: xgrammar or guidance, per the engine's StructuredOutputsConfig);
-``update_waiting`` (before each schedule) sets it WAITING once its compile is done, or reports
-it failed. What it did in a step -- who waits, who still reasons (with a reasoning parser,
+A constrained request waits (the scheduler holds it in WAITING_FOR_FSM) unless its grammar is
+already compiled (the cache is keyed by :func:`~workbench.structured_output.backends.grammar_key`,
+which names the backend: xgrammar or guidance, per the engine's StructuredOutputsConfig);
+``update_waiting`` (at the start of each ``schedule()``) says whose compile is done and whose
+failed. The manager reads requests and never writes them: the scheduler owns their status. What it did in a step -- who waits, who still reasons (with a reasoning parser,
 a grammar starts once its request's reasoning ends), compile times, each row's allowed-token count
 and forced token -- is :class:`StructuredOutputStep`, kept on the StepRecord.
 """
@@ -26,7 +26,7 @@ import torch
 from workbench.config import StructuredOutputsConfig
 from workbench.core.sched.output import SchedulerOutput
 from workbench.reasoning import ReasoningParser
-from workbench.request import Request, RequestStatus
+from workbench.request import Request
 from workbench.structured_output.backends import grammar_key
 from workbench.structured_output.request import GrammarKey
 from workbench.worker.sampler import unpack_bitmask
@@ -141,12 +141,13 @@ class StructuredOutputManager:
             if future.exception() is None:
                 self._step.compile_seconds.append(future.result()[1])
 
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request) -> bool:
         """Start the grammar of a constrained request (others are left alone): a cached one
-        is ready at once; else the request goes WAITING_FOR_FSM while it compiles."""
+        is ready at once. Returns whether the request must wait for its compile (the scheduler
+        then holds it in WAITING_FOR_FSM)."""
         params = request.sampling_params.structured_outputs
         if params is None:
-            return
+            return False
         if self.reasoner is not None and not self.reasoner.is_reasoning_end(
                 request.prompt_token_ids):
             self._reasoning.add(request.request_id)
@@ -159,14 +160,15 @@ class StructuredOutputManager:
             if not cached:  # compiled before we looked: still a compile
                 self._count_compile(key, future)
             self._ready(request, key, future, 0.0 if cached else future.result()[1])
-        else:
-            request.status = RequestStatus.WAITING_FOR_FSM
-            self._pending[request.request_id] = (request, future, key)
+            return False
+        self._pending[request.request_id] = (request, future, key)
+        return True
 
-    def update_waiting(self, requests: Mapping[str, Request]) -> dict[str, str]:
-        """Set WAITING the requests whose grammar compiled; returns {id: the compiler's
-        message} of those whose grammar failed (the caller finishes them with an error)."""
-        failed = {}
+    def update_waiting(self, requests: Mapping[str, Request]) -> tuple[list[str], dict[str, str]]:
+        """Poll the pending compiles of ``requests``' grammars. Returns the ids whose grammar
+        is now ready (the scheduler sets them WAITING) and {id: the compiler's message} of
+        those whose grammar failed (the scheduler finishes them with an error)."""
+        ready, failed = [], {}
         for rid, (request, future, key) in list(self._pending.items()):
             if not future.done():
                 continue
@@ -178,9 +180,8 @@ class StructuredOutputManager:
                 failed[rid] = f"structured_outputs: {future.exception()}"
                 continue
             self._ready(request, key, future, future.result()[1])
-            if request.status is RequestStatus.WAITING_FOR_FSM:
-                request.status = RequestStatus.WAITING
-        return failed
+            ready.append(rid)
+        return ready, failed
 
     @property
     def compiling(self) -> bool:

@@ -25,7 +25,16 @@ iff the chunk holds a prompt token or more than one token; a decode chunk is exa
 generated token. ``update_from_output`` finishes the rows the runner failed, appends sampled
 tokens, caches newly full blocks, applies the stop conditions that need no text and frees
 finished requests; ``finish_requests`` ends the rest (aborts, and the stop strings and errors
-the output processor reports). The scheduler is the only writer of a request's finish status.
+the output processor reports). The scheduler is the only writer of a request's status.
+
+Structured outputs (vLLM V1's split): the scheduler owns the ``StructuredOutputManager``. A
+constrained request whose grammar is still compiling enters WAITING_FOR_FSM; each
+``schedule()`` first polls the compiles (waiting briefly when nothing else could run), sets the
+ready ones WAITING and finishes the failed ones with an error; ``get_grammar_bitmask`` masks
+the step's constrained rows; ``update_from_output`` advances the grammars on the new tokens
+(a grammar that ended stops its request, a refused token ends it with an error);
+``update_draft_token_ids`` keeps the drafts' grammar-valid prefix. The error of every request
+a step finished with FINISHED_ERROR is in ``finished_request_errors``.
 
 Speculative decoding: a running request's ``spec_token_ids`` (drafts from the proposer,
 ``update_draft_token_ids``, which drops those handed to a request whose last chunk stopped
@@ -69,6 +78,10 @@ from workbench.core.request_events import (
 from workbench.core.sched.output import ScheduledRequest, SchedulerOutput, SpecDecodeResult
 from workbench.request import Request, RequestStatus
 
+#: The longest ``schedule()`` waits for a grammar compile when nothing else could run (instead
+#: of returning an empty step at once, which a driver would spin on).
+COMPILE_WAIT_S = 0.05
+
 
 class Scheduler:
     """Decides each step's batch; owns the waiting and running queues (see module docstring)."""
@@ -85,6 +98,7 @@ class Scheduler:
         record_events: bool = False,
         clock: Callable[[], float] = time.monotonic,
         max_loras: int | None = None,
+        structured_output_manager=None,
     ):
         for name, value in (
             ("max_num_seqs", max_num_seqs),
@@ -118,6 +132,9 @@ class Scheduler:
         #: finished times, events): ``time.monotonic`` for a real engine, a simulated clock
         #: for a simulated one.
         self.clock = clock
+        #: The grammars of constrained requests (a ``StructuredOutputManager``), else None.
+        self.structured_output_manager = structured_output_manager
+        self._errors: dict[str, str] = {}  # finished with an error since the last schedule()
 
     def take_events(self) -> tuple[RequestEvent, ...]:
         """The request events since the previous call, oldest first (empty unless recording)."""
@@ -176,6 +193,9 @@ class Scheduler:
                 f"KV cache has num_blocks={kv.num_blocks}; lower max_tokens or enlarge the cache."
             )
         kv.update_block_hashes(request)
+        grammars = self.structured_output_manager
+        if grammars is not None and grammars.add_request(request):
+            request.status = RequestStatus.WAITING_FOR_FSM
         self.requests[rid] = request
         self.waiting.add(request)
         if self._events is not None:
@@ -188,7 +208,8 @@ class Scheduler:
     ) -> None:
         """Finish requests in any state and free their blocks: aborts, and what the output
         processor found in a step's output (stop strings, errors). ``now``: the finish time
-        (default: the clock now). Unknown or already finished ids are ignored."""
+        (default: the clock now). Unknown or already finished ids are ignored. A mapping of
+        ids to messages with FINISHED_ERROR keeps each message in ``finished_request_errors``."""
         if not status.is_finished:
             raise ValueError(f"status must be a finished status, got {status.name}.")
         if isinstance(request_ids, str):
@@ -202,13 +223,64 @@ class Scheduler:
                 self.running.remove(request)
             else:
                 self.waiting.remove(request)
-            self._finish(request, status, self.step_count - 1, now)
+            error = request_ids.get(rid) if isinstance(request_ids, Mapping) else None
+            self._finish(request, status, self.step_count - 1, now, error)
+
+    def finish_from_output(self, request_id: str, status: RequestStatus, *,
+                           num_output_tokens: int | None = None, error: str | None = None,
+                           now: float | None = None) -> None:
+        """Finish a request the output processor ended (vLLM's ``reqs_to_abort``): a stop
+        string (FINISHED_STOPPED) keeps the first ``num_output_tokens`` output tokens -- in a
+        step that brought several (speculative decoding) the ones after the stop are dropped,
+        as one token at a time would have -- and an error (FINISHED_ERROR) keeps ``error`` in
+        ``finished_request_errors``. An unknown or finished id is ignored."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return
+        if num_output_tokens is not None:
+            del request.output_token_ids[num_output_tokens:]
+        self.finish_requests({request_id: error} if error is not None else request_id, status, now=now)
 
     @property
     def finished_request_ids(self) -> tuple[str, ...]:
         """The requests finished since the last ``schedule()`` (the next SchedulerOutput
         reports them), in the order they finished."""
         return tuple(self._finished_ids)
+
+    @property
+    def finished_request_errors(self) -> dict[str, str]:
+        """{id: message} of the requests finished with an error since the start of the last
+        ``schedule()``: a grammar that failed to compile, a row the runner failed, a token
+        the grammar refused, a request whose output processing raised."""
+        return dict(self._errors)
+
+    # -------------------------------------------------------------- grammars
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> dict:
+        """{request id: its packed token mask} for the constrained rows of the step that
+        sample (vLLM's name; see ``StructuredOutputManager.grammar_bitmask``); empty without."""
+        grammars = self.structured_output_manager
+        return {} if grammars is None else grammars.grammar_bitmask(scheduler_output)
+
+    def take_grammar_step(self):
+        """The structured-output work since the last call (the StepRecord keeps it), or None
+        without a manager."""
+        grammars = self.structured_output_manager
+        return None if grammars is None else grammars.take_step(self.requests)
+
+    def _update_grammars(self) -> None:
+        """WAITING_FOR_FSM -> WAITING for the requests whose grammar compiled; finish with an
+        error those whose compile failed. When only compiling requests are left, wait up to
+        ``COMPILE_WAIT_S`` for one, instead of an empty step."""
+        grammars = self.structured_output_manager
+        if grammars is None or not grammars.compiling:
+            return
+        if not self.running and all(r.status is RequestStatus.WAITING_FOR_FSM for r in self.waiting):
+            grammars.wait_for_compile(timeout=COMPILE_WAIT_S)
+        ready, failed = grammars.update_waiting(self.requests)
+        for rid in ready:
+            if self.requests[rid].status is RequestStatus.WAITING_FOR_FSM:
+                self.requests[rid].status = RequestStatus.WAITING
+        self.finish_requests(failed, RequestStatus.FINISHED_ERROR)
 
     def abort_request(self, request_id: str) -> None:
         self.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
@@ -223,6 +295,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Decide this step's batch (see the module docstring) and allocate its KV slots.
         Every time it writes (first scheduled, events) is one clock reading."""
+        self._errors = {}
+        self._update_grammars()
         kv = self.kv_cache
         now = self.clock()
         budget = self.max_num_batched_tokens
@@ -328,6 +402,8 @@ class Scheduler:
                                  c.is_prefill, c.samples)
                 for c in scheduled
             ])
+        if self.structured_output_manager is not None:  # their last tokens were fed: forget them
+            self.structured_output_manager.remove(self._finished_ids)
         self._finished_ids = []
         self.step_count += 1
         return output
@@ -336,13 +412,13 @@ class Scheduler:
         self,
         scheduler_output: SchedulerOutput,
         sampled_token_ids: Mapping[str, int],
-        failed_request_ids: Iterable[str] = (),
+        failed_request_ids: Iterable[str] | Mapping[str, str] = (),
         *,
         spec_decode: Mapping[str, SpecDecodeResult] | None = None,
         now: float | None = None,
     ) -> list[Request]:
-        """Apply a computed step. First the runner's failed rows (they got no token) finish
-        with FINISHED_ERROR; then every other scheduled request advances
+        """Apply a computed step. First the runner's failed rows (they got no token; a mapping
+        gives each one's message) finish with FINISHED_ERROR; then every other scheduled request advances
         ``num_computed_tokens``, caches newly full blocks, appends the sampled token of its
         sampling chunk and stops on eos / stop_token_ids (once ``min_tokens`` are out),
         ``max_tokens`` or ``max_model_len``. Finished requests leave ``running`` and free their
@@ -355,6 +431,9 @@ class Scheduler:
         advances by the accepted drafts plus the last known token, and the blocks that held
         only rejected drafts go back to the pool (the tail block's rejected slots are
         overwritten by the next step). Only full blocks of accepted tokens are cached.
+        Then the constrained requests' grammars take the new tokens: a grammar that ended
+        stops its request, one that refused a token ends it with an error (the token stays in
+        its output, as vLLM's).
 
         Returns the requests that got a token, in batch order.
         """
@@ -409,6 +488,11 @@ class Scheduler:
                 self._finish(request, status, scheduler_output.step, now)
                 any_finished = True
             got_token.append(request)
+        grammars = self.structured_output_manager
+        if grammars is not None:
+            ended, refused = grammars.accept_tokens(got_token)
+            self.finish_requests(ended, RequestStatus.FINISHED_STOPPED, now=now)
+            self.finish_requests(refused, RequestStatus.FINISHED_ERROR, now=now)
         if any_finished:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return got_token
@@ -417,12 +501,19 @@ class Scheduler:
         """vLLM's name: set the drafts the proposer made for running requests (the next
         ``schedule()`` verifies what fits of them); other ids are ignored, and so are drafts
         for a request whose last chunk stopped part-way through its prompt (vLLM drops those:
-        ``is_prefill_chunk``), which also loses any drafts it held."""
+        ``is_prefill_chunk``), which also loses any drafts it held. A constrained request keeps
+        the prefix of its drafts that its grammar accepts (vLLM's ``validate_tokens``)."""
+        grammars = self.structured_output_manager
         for rid, drafts in draft_token_ids.items():
             request = self.requests.get(rid)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
-            request.spec_token_ids = [] if request.is_prefill_chunk else list(drafts)
+            if request.is_prefill_chunk:
+                request.spec_token_ids = []
+            elif grammars is None:
+                request.spec_token_ids = list(drafts)
+            else:
+                request.spec_token_ids = list(drafts[:grammars.validate_tokens(rid, list(drafts))])
 
     # -------------------------------------------------------------- helpers
     def _schedulable_spec_tokens(self, request: Request, num_new: int, budget: int) -> tuple[int, ...]:
@@ -495,10 +586,14 @@ class Scheduler:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    def _finish(self, request: Request, status: RequestStatus, step: int, now: float) -> None:
-        """Mark finished (at ``step``, time ``now``), forget, free blocks. The caller removes
-        it from its queue. The one place a request's finish status is written."""
+    def _finish(self, request: Request, status: RequestStatus, step: int, now: float,
+                error: str | None = None) -> None:
+        """Mark finished (at ``step``, time ``now``; ``error``: the message of an error finish),
+        forget, free blocks. The caller removes it from its queue. The one place
+        a request's finish status is written."""
         request.status = status
+        if error is not None:
+            self._errors[request.request_id] = error
         request.finished_time = now
         if self._events is not None:
             self._events.append(

@@ -1,0 +1,60 @@
+"""The step as vLLM V1's ``EngineCore.step`` reads: one screen, and one owner per piece.
+
+Checked on the code itself: ``LLMEngine.step`` stays within 25 lines of code, and the engine
+never calls the grammar manager (the scheduler owns it, as in vLLM V1), observed at run time
+on a constrained request through its whole life.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import sys
+from pathlib import Path
+
+from workbench import LLMEngine, SamplingParams
+from workbench.config import teaching_config
+from workbench.engine import llm_engine
+from workbench.sampling_params import StructuredOutputsParams
+
+
+def code_lines(function) -> int:
+    """Lines of a function's body that hold code (no docstring, comment or blank line)."""
+    source = inspect.getsource(function)
+    lines = source.splitlines()
+    node = ast.parse("\n".join(line[len(lines[0]) - len(lines[0].lstrip()):] for line in lines)).body[0]
+    has_docstring = isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    first = (node.body[1] if has_docstring else node.body[0]).lineno - node.lineno
+    return sum(1 for line in lines[first:] if line.strip() and not line.strip().startswith("#"))
+
+
+def test_the_step_is_one_screen():
+    assert code_lines(LLMEngine.step) <= 25
+
+
+def test_the_engine_calls_no_grammar_manager_method():
+    """Every public method of the manager is watched while a constrained request is added,
+    compiled, masked, advanced and finished, next to a free one: only the scheduler (and the
+    manager itself) call them."""
+    engine = LLMEngine(teaching_config())
+    manager = engine.scheduler.structured_output_manager
+    callers: dict[str, set[str]] = {}
+    for name, method in inspect.getmembers(manager, inspect.ismethod):
+        if name.startswith("_"):
+            continue
+
+        def watched(*args, _name=name, _method=method, **kwargs):
+            callers.setdefault(_name, set()).add(Path(sys._getframe(1).f_code.co_filename).name)
+            return _method(*args, **kwargs)
+
+        setattr(manager, name, watched)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    engine.add_request("json", "ROMEO:", SamplingParams(
+        temperature=0, max_tokens=30, structured_outputs=StructuredOutputsParams(json=schema)))
+    engine.add_request("free", "JULIET:", SamplingParams(temperature=0, max_tokens=4))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert {"add_request", "update_waiting", "grammar_bitmask", "accept_tokens",
+            "take_step", "remove"} <= set(callers)
+    assert all(files == {"scheduler.py"} for files in callers.values()), callers
+    assert Path(llm_engine.__file__).name not in set().union(*callers.values())
