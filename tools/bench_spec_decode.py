@@ -9,7 +9,7 @@ tokens are checked equal across the three; the step counts do not depend on the 
 import sys, time, torch
 torch.set_num_threads(1)
 from workbench import LLM, SamplingParams
-from workbench.engine.replay import spec_decode_summary
+from workbench.metrics.spec_stats import spec_decode_summary
 PASSAGE = ("ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
            "Arise, fair sun, and kill the envious moon,\nWho is already sick and pale with grief,\n"
            "That thou her maid art far more fair than she.\n\n")

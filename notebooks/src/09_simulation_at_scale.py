@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from workbench import EngineConfig, LLMEngine, SamplingParams, Workload, run_workload
+from workbench import EngineConfig, LLMEngine, SamplingParams, Workload, replay_workload, run_workload
 from workbench.lab.sim import CalibrationGrid, CostModel, calibrate, simulate
 from workbench.lab.sim.accuracy import latency_errors, schedule_of
 from workbench.lab.sweep import sweep
@@ -95,9 +95,9 @@ print("identical schedules:", schedule_of(real_steps) == schedule_of(simulated_s
 # NBVAL_IGNORE_OUTPUT
 timed = Workload.poisson(40, rate=6.0, clock="wall", **shape)  # 6 arrivals per second
 engine = LLMEngine(config)
-engine.replay(timed)
+replay_workload(engine, timed)
 engine.reset_prefix_cache()
-real = engine.replay(timed)
+real = replay_workload(engine, timed)
 simulated = simulate(timed, config, mine)
 for metric in ("ttft_s", "e2e_s"):
     errors = latency_errors(real, simulated, metric)

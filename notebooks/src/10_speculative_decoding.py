@@ -21,7 +21,7 @@ import functools
 import matplotlib.pyplot as plt
 
 from workbench import LLMEngine, SamplingParams, Workload, compare_runs
-from workbench.engine.replay import spec_decode_summary
+from workbench.metrics.spec_stats import spec_decode_summary
 from workbench.lab.sim import CostModel, SpecDecodeProfile, simulate
 from workbench.lab.sim.cost_model import NGRAM_CALIBRATION
 from workbench.lab.sweep import sweep

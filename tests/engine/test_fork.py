@@ -31,6 +31,7 @@ from workbench import LLMEngine, LoRARequest, SamplingParams, first_divergence, 
 from workbench.config import SpeculativeConfig
 from workbench.engine.async_llm import AsyncLLM
 from workbench.entrypoints.beam_search import BeamSearchInstance
+from workbench.lab.replay import replay_workload
 from workbench.lab.workload import Workload, WorkloadRequest
 from workbench.sampling_params import BeamSearchParams, StructuredOutputsParams
 from workbench.model.loader import embedded_lora_path
@@ -350,7 +351,7 @@ def test_fork_at_branches_a_lora_run():
     engine = make_engine()
     engine.add_request("warm", "ROMEO:", SamplingParams(max_tokens=3), lora_request=ADAPTERS["timon"])
     step(engine, {})
-    real = engine.replay(workload, clock="steps", forkable=True)
+    real = replay_workload(engine, workload, clock="steps", forkable=True)
     same = real.fork_at(real.history[0].step + 2)
     assert first_divergence(real, same) is None
 

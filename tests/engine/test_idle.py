@@ -11,6 +11,7 @@ from workbench.engine.llm_engine import LLMEngine
 from workbench.engine.idle import TICK_S, IdleWaiter
 from workbench.sampling_params import SamplingParams
 from workbench.engine.async_llm import AsyncLLM
+from workbench.lab.replay import replay_workload
 from workbench.lab.workload import Workload
 
 
@@ -65,7 +66,7 @@ def test_a_wall_clock_replay_waits_through_the_engine_idle_waiter(two_threads):
     engine = LLMEngine(device="cpu", num_kv_blocks=64, keep_warm_s=10.0)
     workload = Workload.poisson(2, rate=1.0, input_len=(8, 12), output_len=2, text=False, seed=0, clock="wall")
     gap = workload[1].arrival_time
-    run = engine.replay(workload, clock="wall")
+    run = replay_workload(engine, workload, clock="wall")
     assert len(run.outputs) == 2
     assert engine.idle.pokes >= min(2, int(gap / TICK_S) // 2)
 

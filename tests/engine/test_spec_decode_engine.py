@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 
 from workbench import LLMEngine, SamplingParams
 from workbench.benchmarks.checks import generate
-from workbench.engine.replay import spec_decode_summary
+from workbench.metrics.spec_stats import spec_decode_summary
 from workbench.metrics.prometheus import PrometheusStatLogger
 from workbench.model.loader import resolve_model_path
 

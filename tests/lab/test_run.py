@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from workbench import LLMEngine, SamplingParams, Workload, WorkloadRequest, compare_runs, run_workload, teaching_config
+from workbench import (LLMEngine, SamplingParams, Workload, WorkloadRequest, compare_runs, replay_workload,
+                       run_workload, teaching_config)
 from workbench.core.request_events import RequestArrived, RequestFinished, RequestFirstToken, RequestPreempted
 
 
@@ -138,7 +139,7 @@ def test_replay_on_a_used_engine_keeps_only_its_own_steps_and_rejects_bad_reques
         WorkloadRequest("huge", tuple([5] * 200), params, arrival_step=1),  # more than the 96-slot pool
         WorkloadRequest("y", "ROMEO:\nShe speaks.", params, arrival_step=3),
     ])
-    result = engine.replay(w)
+    result = replay_workload(engine, w)
     assert list(result.requests.request_id) == ["x", "y"]
     assert "huge" in result.rejected and "num_blocks=24" in result.rejected["huge"]
     assert result.history.steps[0] == n_before and result.requests.arrival_step.tolist() == [n_before, n_before + 3]
@@ -192,13 +193,13 @@ def test_compare_runs_table_and_cdf(burst, fcfs_run):
 def test_step_clock_keeps_counting_while_the_engine_idles():
     engine = LLMEngine(teaching_config())
     params = SamplingParams(max_tokens=2, ignore_eos=True, temperature=0)
-    result = engine.replay([WorkloadRequest("a", "ROMEO:", params, arrival_step=0),
+    result = replay_workload(engine, [WorkloadRequest("a", "ROMEO:", params, arrival_step=0),
                             WorkloadRequest("b", "JULIET:", params, arrival_step=10)])
     # a: prefill+sample at step 0, decode+sample at 1; steps 2-9 run empty; b arrives at 10.
     assert [len(r.scheduler_output.scheduled) for r in result.history] == [1, 1] + [0] * 8 + [1, 1]
     assert result.requests[["arrival_step", "finished_step", "e2e_steps"]].values.tolist() == [[0, 1, 2], [10, 11, 2]]
     with pytest.raises(ValueError, match="workload must be a Workload or a list of WorkloadRequest"):
-        engine.replay("r1")
+        replay_workload(engine, "r1")
 
 
 def test_every_entry_point_runs_a_workload_on_its_own_clock():
@@ -244,4 +245,4 @@ def test_every_entry_point_runs_a_workload_on_its_own_clock():
     with pytest.raises(ValueError, match=fix):
         compare_runs(steps, {"a": config}, clock="wall")
     with pytest.raises(ValueError, match="arrivals are on the wall clock .* clock='steps'"):
-        LLMEngine(config).replay(wall, clock="steps")
+        replay_workload(LLMEngine(config), wall, clock="steps")

@@ -29,9 +29,9 @@ FAILURE_SHOT = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / "workbench-brows
 
 CELLS = [
     "%load_ext workbench\n%llm load",
-    "from workbench import Workload\n"
+    "from workbench import Workload, replay_workload\n"
     "workload = Workload.burst(num_requests=5, input_len=(12, 32), output_len=(4, 8), seed=4)\n"
-    "result = engine.replay(workload)\nresult",
+    "result = replay_workload(engine, workload)\nresult",
     "from workbench.viz import BlockMap, RequestTimeline, StepPlayer\n"
     "busiest = max(result.history, key=lambda r: r.kv_usage).step\n"
     "block_map = BlockMap(result, step=busiest)\n"

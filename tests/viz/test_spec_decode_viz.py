@@ -14,7 +14,7 @@ from workbench import LLMEngine, SamplingParams  # noqa: E402
 from workbench.core.sched.output import ScheduledRequest, SchedulerOutput, SpecDecodeResult  # noqa: E402
 from workbench.engine.history import StepRecord  # noqa: E402
 from workbench.viz import RequestTimeline, StepPlayer  # noqa: E402
-from workbench.engine.replay import spec_decode_summary  # noqa: E402
+from workbench.metrics.spec_stats import spec_decode_summary  # noqa: E402
 from workbench.metrics.spec_stats import acceptance_by_position  # noqa: E402
 from workbench.viz.spec_decode import (  # noqa: E402
     budget_split, draft_fates, draft_slots, plot_acceptance, plot_tokens_per_step,

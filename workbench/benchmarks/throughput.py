@@ -90,7 +90,7 @@ def _run_workbench(spec: dict, requests: list[BenchRequest]) -> ThroughputResult
 
     from workbench import LLM, SamplingParams
 
-    from workbench.engine.replay import spec_decode_summary
+    from workbench.metrics.spec_stats import spec_decode_summary
 
     llm = LLM(model=spec["model"], load_format=spec["load_format"], dtype=spec["dtype"],
               device=spec["device"], **spec["engine_kwargs"])

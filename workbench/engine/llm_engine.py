@@ -29,7 +29,6 @@ from workbench.model.model_config import ModelConfig
 from workbench.engine.output_processor import OutputProcessor
 from workbench.outputs import RequestOutput
 from workbench.engine.parallel_sampling import ParentRequest
-from workbench.engine.replay import RunResult, RunSource, drive, run_clock
 from workbench.lora.request import LoRARequest
 from workbench.request import RequestStatus
 from workbench.metrics.request_tracker import RequestTracker
@@ -595,21 +594,6 @@ class LLMEngine:
         seconds, preemptions, recomputed and cached tokens): see
         :class:`~workbench.metrics.request_tracker.RequestTracker`."""
         return self.request_tracker.dataframe()
-
-    def replay(self, workload, *, clock: str | None = None, progress: bool = False,
-               forkable: bool = False) -> RunResult:
-        """Drive this engine through ``workload`` on its clock (steps or wall; ``clock``, when
-        given, must be it) until every request finished; returns a :class:`~workbench.engine.replay.RunResult` of the steps it took.
-        ``forkable``: the result keeps a fork of this engine as it was before the run (its KV
-        cache included: twice the memory), so that ``result.fork_at(step)`` can rebuild any of
-        its steps (a run on the step clock, or on a simulated clock)."""
-        source = None
-        if forkable:
-            clock = run_clock(workload, clock)
-            start = self.fork()
-            source = RunSource(start.fork, workload, clock, exact=clock == "steps" or hasattr(self.clock, "sleep"),
-                               first_step=self.scheduler.step_count)
-        return drive(self, workload, clock=clock, progress=progress, source=source)
 
     # ------------------------------------------------------------------ stat loggers
     def add_logger(self, logger_name: str, logger: StatLoggerBase) -> None:

@@ -359,16 +359,17 @@ class WorkbenchMagics(Magics):
         return EngineDashboard(self.engine, read_only=self.server is not None)
 
     def _cmd_replay(self, options):
+        from workbench.lab.replay import replay_workload
         from workbench.lab.workload import Workload
 
         workload = self._variable(options.workload)
         if not isinstance(workload, Workload):
             raise UsageError(f"{options.workload!r} is a {type(workload).__name__}, not a Workload")
-        self.last_run = self.engine.replay(workload, clock=options.clock, forkable=True)
+        self.last_run = replay_workload(self.engine, workload, clock=options.clock, forkable=True)
         return self.last_run
 
     def _cmd_fork(self, options):
-        from workbench.engine.replay import RunResult
+        from workbench.lab.replay import RunResult
         from workbench.lab.compare import compare_branches
         from workbench.viz import ComparisonView
 

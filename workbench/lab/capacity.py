@@ -53,7 +53,7 @@ from workbench.utils.errors import describe
 
 def check_slo(slo: Mapping[str, float]) -> dict[str, float]:
     """``slo`` as a dict; ValueError naming a metric RunResult.summary() lacks or a bad bound."""
-    from workbench.engine.replay import LATENCY_METRICS, PERCENTILES
+    from workbench.lab.replay import LATENCY_METRICS, PERCENTILES
 
     known = [f"{m}_p{p}" for m in LATENCY_METRICS for p in PERCENTILES]
     if not isinstance(slo, Mapping) or not slo:

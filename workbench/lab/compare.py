@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 
 from workbench.config import EngineConfig
-from workbench.engine.replay import RunResult
+from workbench.lab.replay import RunResult
 from workbench.lab.run import resolve_config, run_real
 from workbench.lab.sim.simulate import simulate as run_simulated
 from workbench.lab.workload import Workload

@@ -2,8 +2,8 @@
 
 ``run_real(workload, config)`` is ``run_workload``'s real path (no simulation): an
 :class:`~workbench.engine.llm_engine.LLMEngine` built from ``config`` and driven through the
-workload by :func:`workbench.engine.replay.drive`, which returns the
-:class:`~workbench.engine.replay.RunResult`. The simulator (:mod:`workbench.lab.sim`) builds
+workload by :func:`workbench.lab.replay.drive`, which returns the
+:class:`~workbench.lab.replay.RunResult`. The simulator (:mod:`workbench.lab.sim`) builds
 its engines with the same ``resolve_config``.
 """
 
@@ -14,7 +14,7 @@ import functools
 
 from workbench.config import EngineConfig
 from workbench.engine.llm_engine import LLMEngine
-from workbench.engine.replay import RunResult, RunSource, drive, run_clock
+from workbench.lab.replay import RunResult, RunSource, drive, run_clock
 from workbench.lab.workload import Workload
 
 
@@ -40,7 +40,7 @@ def run_real(workload: Workload, config: EngineConfig | dict | None = None, *, c
     """``workload`` on a fresh engine built from ``config`` (see :func:`resolve_config`), on the
     workload's clock (``clock``, when given, must be it), until every request finished; the
     engine's own history and request tracker become the result's. The result's ``source``
-    builds the same engine again (:meth:`~workbench.engine.replay.RunResult.fork_at`)."""
+    builds the same engine again (:meth:`~workbench.lab.replay.RunResult.fork_at`)."""
     config = resolve_config(config)
     clock = run_clock(workload, clock)
     source = RunSource(functools.partial(LLMEngine, config), workload, clock, exact=clock == "steps")

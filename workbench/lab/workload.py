@@ -9,7 +9,7 @@ counted on, ``workload.clock``:
 * ``"wall"``: a request arrives ``arrival_time`` seconds after the start; ``rate`` is
   arrivals per second, ``interval`` seconds.
 
-``run_workload``, ``simulate``, ``compare_runs``, ``sweep`` and ``LLMEngine.replay`` run a
+``run_workload``, ``simulate``, ``compare_runs``, ``sweep`` and ``replay_workload`` run a
 workload on its own clock; asking one of them for the other clock is a ValueError (a rate of 6
 per step and one of 6 per second are different experiments): build the workload for that
 clock (``Workload.poisson(..., clock="wall")``), or say explicitly that its numbers are to be
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workbench.engine.replay import CLOCKS
+from workbench.lab.replay import CLOCKS
 from workbench.lab import traces
 from workbench.lab.corpus_prompts import PromptCutter, encode
 from workbench.lab.corpus_prompts import PromptCutter

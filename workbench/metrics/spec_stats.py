@@ -1,10 +1,12 @@
 """Speculative decoding's acceptance by draft position over recorded steps (vLLM's
 ``spec_decode_num_accepted_tokens_per_pos``, read back from each StepRecord's ``spec_decode``,
 so a replayed history gives the same); the run's totals are
-:func:`workbench.engine.replay.spec_decode_summary`.
+:func:`spec_decode_summary`.
 """
 
 from __future__ import annotations
+
+import math
 
 
 def acceptance_by_position(history) -> list[dict]:
@@ -23,3 +25,20 @@ def acceptance_by_position(history) -> list[dict]:
                 accepted[j] += j < result.num_accepted
     return [{"position": j, "drafted": d, "accepted": a, "rate": a / d}
             for j, (d, a) in enumerate(zip(drafted, accepted))]
+
+
+def spec_decode_summary(records) -> dict[str, float]:
+    """Speculative decoding over ``records`` (StepRecords): ``spec_num_drafts`` (verifications),
+    ``spec_num_draft_tokens``, ``spec_num_accepted_tokens``, ``spec_acceptance_rate``
+    (accepted / drafted tokens) and ``spec_mean_acceptance_length`` (vLLM's: tokens a
+    verification emits on average, 1 + accepted / drafts); NaN rates without drafts."""
+    results = [r for rec in records for r in rec.spec_decode.values()]
+    drafted = sum(r.num_draft_tokens for r in results)
+    accepted = sum(r.num_accepted for r in results)
+    return {
+        "spec_num_drafts": len(results),
+        "spec_num_draft_tokens": drafted,
+        "spec_num_accepted_tokens": accepted,
+        "spec_acceptance_rate": accepted / drafted if drafted else math.nan,
+        "spec_mean_acceptance_length": 1 + accepted / len(results) if results else math.nan,
+    }

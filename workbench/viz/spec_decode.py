@@ -16,7 +16,7 @@ from __future__ import annotations
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from workbench.engine.replay import spec_decode_summary
+from workbench.metrics.spec_stats import spec_decode_summary
 from workbench.metrics.spec_stats import acceptance_by_position
 from workbench.viz.colors import SPEC_COLORS
 from workbench.viz.plots import _axes, _records

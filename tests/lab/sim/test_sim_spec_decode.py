@@ -7,7 +7,7 @@ import pytest
 
 from workbench.core.sched.output import ScheduledRequest, SchedulerOutput, SpecDecodeResult
 from workbench.engine.history import StepRecord
-from workbench.engine.replay import spec_decode_summary
+from workbench.metrics.spec_stats import spec_decode_summary
 from workbench.lab.compare import run_workload
 from workbench.lab.sim import CalibrationGrid, CostModel, SpecDecodeProfile, simulate
 from workbench.lab.sim.accuracy import accuracy

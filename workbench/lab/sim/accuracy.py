@@ -55,6 +55,7 @@ import numpy as np
 
 from workbench.config import EngineConfig
 from workbench.engine.llm_engine import LLMEngine
+from workbench.lab.replay import replay_workload
 from workbench.lab.run import resolve_config, run_real
 from workbench.lab.sim.cost_model import as_cost_model
 from workbench.lab.sim.measurements import measured_steps, records_of
@@ -213,7 +214,7 @@ def accuracy(cost_model=None, config: EngineConfig | dict | None = None, *,
         engine = LLMEngine(resolve_config(config))
         runs = []
         for i in range(repeats + 1):
-            run = engine.replay(timed, progress=progress)
+            run = replay_workload(engine, timed, progress=progress)
             engine.reset_prefix_cache()
             if i:  # the first run warms the process up
                 runs.append(run)

@@ -42,6 +42,7 @@ import numpy as np
 from workbench.config import EngineConfig
 from workbench.engine.llm_engine import LLMEngine
 from workbench.lab.corpus_prompts import PromptCutter
+from workbench.lab.replay import replay_workload
 from workbench.lab.run import resolve_config
 from workbench.lab.sim.cost_model import UNITS, CostModel, describe_hardware, describe_model, nonnegative_lstsq
 from workbench.lab.sim.features import FEATURES
@@ -201,20 +202,20 @@ def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid |
         phases += grid.lora_phases(adapters, vocab_size=mc.vocab_size, seed=seed)
         slots = LoRASlots(LORA_SLOTS)  # the engine's device slots, followed step by step
     traffic = grid.traffic_phases(max_model_len=mc.max_model_len, seed=seed)
-    engine.replay(phases[0][1])  # warm-up: first-touch allocations, caches; not fitted
+    replay_workload(engine, phases[0][1])  # warm-up: first-touch allocations, caches; not fitted
     runs: dict[str, list] = {name: [] for name, _ in phases}
     with tqdm(total=len(phases) * grid.repeats + len(traffic), desc="calibrating", unit="phase",
               disable=not progress) as bar:
         for _ in range(grid.repeats):
             for name, workload in phases:
                 bar.set_postfix_str(name)
-                runs[name].append(measured_steps(engine.replay(workload).history, slots))
+                runs[name].append(measured_steps(replay_workload(engine, workload).history, slots))
                 engine.reset_prefix_cache()  # the next repeat's prefill finds nothing cached
                 bar.update(1)
         traffic_runs = []
         for name, workload in traffic:
             bar.set_postfix_str(name)
-            traffic_runs.append(engine.replay(workload))
+            traffic_runs.append(replay_workload(engine, workload))
             engine.reset_prefix_cache()
             bar.update(1)
     input_s = (0.0, 0.0)
@@ -273,7 +274,7 @@ def measure_wake(engine, model: CostModel, num_arrivals: int, *, gaps: tuple[flo
     for i, r in enumerate(drawn):
         t += gaps[i // num_arrivals] + 0.03  # a request is served in a few steps (< 30 ms here)
         arrivals.append(dataclasses.replace(r, request_id=f"idle{i}", arrival_time=t, arrival_step=None))
-    runs = [*runs, engine.replay(Workload(arrivals, clock="wall"))]
+    runs = [*runs, replay_workload(engine, Workload(arrivals, clock="wall"))]
     engine.reset_prefix_cache()
     extra = []
     for run in runs:

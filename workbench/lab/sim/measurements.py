@@ -2,7 +2,7 @@
 
 A real step produces its tokens at the end of its ``sample`` stage: that is when the scheduler
 stamps first tokens and finishes. So a step's duration is the wall time from the previous
-step's tokens to this step's tokens, as a driver (``run_workload``, ``LLMEngine.replay``, a
+step's tokens to this step's tokens, as a driver (``run_workload``, ``replay_workload``, a
 serving loop) sees it: the previous step's ``output`` and ``record`` stages (detokenization,
 outputs; the history record, stats and hooks), the driver's own time between the two steps
 (``timings["driver"]``: adding arrivals, reading outputs), then this step's ``schedule``,

@@ -17,6 +17,7 @@ import numpy as np
 
 from workbench.config import EngineConfig
 from workbench.engine.llm_engine import LLMEngine
+from workbench.lab.replay import replay_workload
 from workbench.lab.run import resolve_config
 from workbench.lab.sim.cost_model import CostModel, as_cost_model
 from workbench.lab.sim.measurements import measured_steps
@@ -64,9 +65,9 @@ def probe_machine(cost_model: CostModel | str | None = None, config: EngineConfi
     model = as_cost_model(cost_model)
     workload = Workload.burst(num_requests, input_len=(16, 128), output_len=(8, 24), seed=seed, text=False)
     engine = LLMEngine(resolve_config(config))
-    engine.replay(workload)  # first passes over new shapes pay one-time costs
+    replay_workload(engine, workload)  # first passes over new shapes pay one-time costs
     engine.reset_prefix_cache()
-    x, y, empty = measured_steps(engine.replay(workload).history)
+    x, y, empty = measured_steps(replay_workload(engine, workload).history)
     ratios = y[~empty] / model.predict_many(x[~empty])
     hw = model.hardware
     probe = Probe(ratio=float(np.median(ratios)),

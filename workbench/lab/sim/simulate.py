@@ -1,9 +1,9 @@
 """simulate(): a workload on the real scheduler and KV cache with a SimulatedRunner.
 
-Returns the same :class:`~workbench.engine.replay.RunResult` as :func:`workbench.lab.run.run_real`
+Returns the same :class:`~workbench.lab.replay.RunResult` as :func:`workbench.lab.run.run_real`
 (StepRecords, request metrics in simulated seconds), so plots, widgets and ``compare_runs``
 read it alike. It runs on the workload's clock, as a real run does (see
-:mod:`workbench.engine.replay`): ``"wall"`` -- arrivals at their ``arrival_time`` on the
+:mod:`workbench.lab.replay`): ``"wall"`` -- arrivals at their ``arrival_time`` on the
 simulated clock, which each step advances by the cost model's duration and an idle engine
 jumps to the next arrival; ``"steps"`` -- arrivals by step, and the schedule is the one a real
 ``run_workload`` of the same workload makes.
@@ -21,7 +21,7 @@ import numpy as np
 
 from workbench.config import EngineConfig
 from workbench.engine.llm_engine import LLMEngine
-from workbench.engine.replay import RunResult, RunSource, drive, run_clock
+from workbench.lab.replay import RunResult, RunSource, drive, run_clock
 from workbench.lab.run import resolve_config
 from workbench.lab.sim.clock import SimClock
 from workbench.lab.sim.cost_model import CostModel, as_cost_model

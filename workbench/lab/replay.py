@@ -1,6 +1,6 @@
 """RunResult and drive(): an engine driven through a workload's arrivals, and what the run recorded.
 
-``LLMEngine.replay(workload)`` drives an existing engine; :func:`workbench.lab.run.run_real`
+:func:`replay_workload` drives an existing engine; :func:`workbench.lab.run.run_real`
 a fresh one built from a config. A workload is any sized iterable of requests that carry what
 :class:`ArrivingRequest` names (a :class:`workbench.lab.workload.Workload` of WorkloadRequests):
 this module adds them at their arrival and steps, it knows nothing else of them.
@@ -40,6 +40,7 @@ from workbench.engine.fork import apply_scheduling, first_divergence, set_priori
 from workbench.engine.history import TIMING_STAGES, StepHistory
 from workbench.metrics.perfetto import write_trace
 from workbench.metrics.request_tracker import RequestTracker
+from workbench.metrics.spec_stats import spec_decode_summary
 from workbench.sampling_params import SamplingParams
 from workbench.utils.heap import frozen_heap
 
@@ -62,23 +63,6 @@ class ArrivingRequest(Protocol):
     arrival_step: int | None
     arrival_time: float | None
     priority: int
-
-
-def spec_decode_summary(records) -> dict[str, float]:
-    """Speculative decoding over ``records`` (StepRecords): ``spec_num_drafts`` (verifications),
-    ``spec_num_draft_tokens``, ``spec_num_accepted_tokens``, ``spec_acceptance_rate``
-    (accepted / drafted tokens) and ``spec_mean_acceptance_length`` (vLLM's: tokens a
-    verification emits on average, 1 + accepted / drafts); NaN rates without drafts."""
-    results = [r for rec in records for r in rec.spec_decode.values()]
-    drafted = sum(r.num_draft_tokens for r in results)
-    accepted = sum(r.num_accepted for r in results)
-    return {
-        "spec_num_drafts": len(results),
-        "spec_num_draft_tokens": drafted,
-        "spec_num_accepted_tokens": accepted,
-        "spec_acceptance_rate": accepted / drafted if drafted else math.nan,
-        "spec_mean_acceptance_length": 1 + accepted / len(results) if results else math.nan,
-    }
 
 
 @dataclass
@@ -510,3 +494,19 @@ def _progress_bar(total: int, enabled: bool):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="requests", unit="req", disable=not enabled)
+
+
+def replay_workload(engine, workload, *, clock: str | None = None, progress: bool = False,
+                    forkable: bool = False) -> RunResult:
+    """Drive an existing ``engine`` through ``workload`` on its clock (steps or wall; ``clock``,
+    when given, must be it) until every request finished; returns a :class:`RunResult` of the
+    steps it took. ``forkable``: the result keeps a fork of the engine as it was before the run
+    (its KV cache included: twice the memory), so that ``result.fork_at(step)`` can rebuild any
+    of its steps (a run on the step clock, or on a simulated clock)."""
+    source = None
+    if forkable:
+        clock = run_clock(workload, clock)
+        start = engine.fork()
+        source = RunSource(start.fork, workload, clock, exact=clock == "steps" or hasattr(engine.clock, "sleep"),
+                           first_step=engine.scheduler.step_count)
+    return drive(engine, workload, clock=clock, progress=progress, source=source)
