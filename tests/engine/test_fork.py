@@ -36,7 +36,6 @@ from workbench.lab.workload import Workload, WorkloadRequest
 from workbench.sampling_params import BeamSearchParams, StructuredOutputsParams
 from workbench.model.loader import embedded_lora_path
 from workbench.structured_output.manager import StructuredOutputManager
-from workbench.worker.sleep_mode import SleepMode
 
 ADAPTERS = {name: LoRARequest(name, i + 1, str(embedded_lora_path(name))) for i, name in enumerate(("errors", "timon"))}
 PREFIX = [11, 12, 13, 14, 15, 16, 17, 18]  # two full blocks of 4: prefix-cache hits
@@ -295,11 +294,11 @@ def test_a_fork_s_sleep_frees_its_own_kv_cache_not_the_weights_its_original_hold
     original = make_engine(enable_sleep_mode=True)
     fork = original.fork()
     kv = kv_bytes(fork)
-    assert SleepMode(fork.runner, load_format="auto", seed=0).sleep(level) == kv
+    assert fork.runner.sleep(level) == kv
     del fork
     weights = sum({p.data_ptr(): p.untyped_storage().nbytes() for p in original.runner.model.parameters()}.values())
     # alone now: level 2 frees the weights too (level 1 on a CPU keeps the very storage aside)
-    assert SleepMode(original.runner, load_format="auto", seed=0).sleep(level) == kv + (weights if level == 2 else 0)
+    assert original.runner.sleep(level) == kv + (weights if level == 2 else 0)
 
 
 def test_profiling_the_fork_leaves_the_original_as_a_fresh_engine(tmp_path):

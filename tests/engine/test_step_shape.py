@@ -1,8 +1,9 @@
 """The step as vLLM V1's ``EngineCore.step`` reads: one screen, and one owner per piece.
 
-Checked on the code itself: ``LLMEngine.step`` stays within 25 lines of code, and the engine
+Checked on the code itself: ``LLMEngine.step`` stays within 25 lines of code; the engine
 never calls the grammar manager (the scheduler owns it, as in vLLM V1), observed at run time
-on a constrained request through its whole life.
+on a constrained request through its whole life; and the engine room reaches the runner only
+through the ``Runner`` protocol (which both runners implement: tests/worker/test_runner_protocol.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from workbench import LLMEngine, SamplingParams
 from workbench.config import teaching_config
 from workbench.engine import llm_engine
+from workbench.worker.runner_protocol import Runner
 from workbench.sampling_params import StructuredOutputsParams
 
 
@@ -58,3 +60,21 @@ def test_the_engine_calls_no_grammar_manager_method():
             "take_step", "remove"} <= set(callers)
     assert all(files == {"scheduler.py"} for files in callers.values()), callers
     assert Path(llm_engine.__file__).name not in set().union(*callers.values())
+
+
+def test_the_engine_reaches_the_runner_only_through_its_protocol():
+    """No module of the engine room reads a runner attribute the protocol does not declare,
+    nor probes a runner with getattr / hasattr."""
+    declared = {name for name in dir(Runner) if not name.startswith("_")} | {"batch_invariant"}
+    engine_room = Path(llm_engine.__file__).parent
+    offences = []
+    for path in sorted(engine_room.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "runner" and node.attr not in declared:
+                offences.append(f"{path.name}:{node.lineno} .runner.{node.attr}")
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr") \
+                    and node.args and "runner" in ast.unparse(node.args[0]):
+                offences.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    assert not offences, offences
+

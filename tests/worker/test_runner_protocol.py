@@ -9,7 +9,8 @@ from workbench.lab.sim import CostModel, SimClock, SimulatedRunner
 from workbench.worker.model_runner import ModelRunner
 from workbench.worker.runner_protocol import Runner, RunnerFactory
 
-METHODS = ("determine_num_blocks", "allocate_kv_cache", "warm_up", "execute")
+#: Every method the protocol declares (the engine calls no other; tests/engine/test_step_shape.py).
+METHODS = tuple(name for name in vars(Runner) if not name.startswith("_") and callable(getattr(Runner, name)))
 
 
 def _parameters(fn):

@@ -42,7 +42,7 @@ def test_level_1_frees_the_kv_cache_keeps_the_weights_in_host_memory_and_wakes_i
     engine.sleep(1)
     assert engine.is_sleeping() and engine.runner.kv_caches == []
     assert storage(model.parameters()) == 0 and storage(model.buffers()) == 0
-    assert storage(engine.sleep_mode._weights.values()) == weights  # kept in host memory
+    assert storage(engine.runner.sleep_mode._weights.values()) == weights  # kept in host memory
     with pytest.raises(ValueError, match="The engine is sleeping: wake_up"):
         engine.add_request("late", "ROMEO:", GREEDY)
     engine.sleep(1)  # asleep already: a warning, nothing done
@@ -57,7 +57,7 @@ def test_level_2_frees_both_and_reloads_the_checkpoint_waking_one_tag_at_a_time(
     model = engine.runner.model
     weights = storage(model.parameters())
     engine.sleep(2)
-    assert storage(model.parameters()) == 0 and engine.sleep_mode._weights == {}
+    assert storage(model.parameters()) == 0 and engine.runner.sleep_mode._weights == {}
     engine.wake_up(["weights"])
     assert engine.is_sleeping() and storage(model.parameters()) == weights and engine.runner.kv_caches == []
     engine.wake_up(["kv_cache"])

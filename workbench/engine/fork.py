@@ -99,7 +99,7 @@ def fork_engine(engine: LLMEngine) -> LLMEngine:
     _refuse(engine)
     shared = [engine.tokenizer, getattr(engine.tokenizer, "backend_tokenizer", None), engine.model_config]
     for part in (engine.runner, engine.proposer):
-        if hasattr(part, "fork_shared"):
+        if part is not None:
             shared += part.fork_shared()
     memo: dict = {id(x): _own(x) for x in shared if x is not None}
     state = {k: v for k, v in vars(engine).items() if k not in OBSERVERS}

@@ -35,7 +35,6 @@ from workbench.metrics.request_tracker import RequestTracker
 from workbench.metrics.tracing import RequestTracer, log_tracing_disabled_warning
 from workbench.worker.model_runner import ModelRunner
 from workbench.worker.sleep_mode import TAGS as SLEEP_TAGS
-from workbench.worker.sleep_mode import SleepMode
 from workbench.worker.runner_protocol import Runner, RunnerFactory
 from workbench.sampling_params import SamplingParams
 from workbench.reasoning import ReasoningParserManager
@@ -120,11 +119,8 @@ class LLMEngine:
             batch_invariant=config.batch_invariant,
         )
         if self.logits_processor_classes:  # one instance each, for the runner's sampler
-            sampler = getattr(self.runner, "sampler", None)
-            if sampler is None:
-                raise ValueError("logits_processors need a runner that samples (ModelRunner).")
-            sampler.logits_processors = LogitsProcessors(
-                [cls(config, self.device, False) for cls in self.logits_processor_classes])
+            self.runner.set_logits_processors(LogitsProcessors(
+                [cls(config, self.device, False) for cls in self.logits_processor_classes]))
         num_blocks = self.runner.determine_num_blocks(
             num_kv_blocks=config.num_kv_blocks,
             kv_cache_memory_bytes=config.kv_cache_memory_bytes,
@@ -194,8 +190,6 @@ class LLMEngine:
         self._step_end: float | None = None  # when the last step left unfinished work (perf_counter)
         #: How a driver waits for requests: keeping a CPU's worker threads awake (workbench.engine.idle).
         self.idle = IdleWaiter(self.device, config.keep_warm_s)
-        #: The runner's :class:`~workbench.worker.sleep_mode.SleepMode` once it first slept.
-        self.sleep_mode: SleepMode | None = None
         #: The latest :class:`~workbench.engine.profiler.EngineProfiler` (start_profile), else None.
         self.profiler = None
         #: The OpenTelemetry request tracer (``otlp_traces_endpoint``), else None: no cost per step.
@@ -398,9 +392,7 @@ class LLMEngine:
                 "Failed to reset prefix cache because some blocks "
                 f"({self.kv_cache.num_blocks - self.kv_cache.num_free_blocks}) are not freed yet: sleep() "
                 f"needs every request finished or aborted ({self.get_num_unfinished_requests()} in flight).")
-        if self.sleep_mode is None:
-            self.sleep_mode = SleepMode(self.runner, load_format=self.config.load_format, seed=self.config.seed)
-        self.sleep_mode.sleep(level)
+        self.runner.sleep(level)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Wake what sleeps: ``tags`` "weights", "kv_cache" or both (None), in any order.
@@ -409,11 +401,10 @@ class LLMEngine:
         unknown = sorted(set(tags or ()) - set(SLEEP_TAGS))
         if unknown:
             raise ValueError(f"tags: unknown {unknown}; known: {list(SLEEP_TAGS)}.")
-        if self.sleep_mode is not None:
-            self.sleep_mode.wake_up(tags)
+        self.runner.wake_up(tags)
 
     def is_sleeping(self) -> bool:
-        return self.sleep_mode is not None and self.sleep_mode.is_sleeping
+        return self.runner.is_sleeping()
 
     def _check_sleep_mode(self) -> None:
         """vLLM's LLMEngine asserts ``enable_sleep_mode`` in both ``sleep`` and ``wake_up``;

@@ -24,23 +24,10 @@ import torch
 
 from workbench.engine.history import TIMING_STAGES
 from workbench.metrics.perfetto import trace_events
+from workbench.utils.ranges import Ranged
 
 #: The trace process of the engine timeline (far from torch's pids: the OS pid, devices).
 TIMELINE_PID = 2**31 - 1
-
-
-class _Ranged:
-    """Calls ``target`` inside a ``record_function(name)``; other attributes are the target's."""
-
-    def __init__(self, target, name: str) -> None:
-        self._target, self._name = target, name
-
-    def __call__(self, *args, **kwargs):
-        with torch.profiler.record_function(self._name):
-            return self._target(*args, **kwargs)
-
-    def __getattr__(self, attr):
-        return getattr(self._target, attr)
 
 
 class EngineProfiler:
@@ -81,30 +68,14 @@ class EngineProfiler:
 
         for owner, attr, wrapper in (
             (engine, "step", ranged_step),
-            (engine.scheduler, "schedule", _Ranged(engine.scheduler.schedule, "schedule")),
-            (runner, "execute", _Ranged(runner.execute, "execute")),
-            (engine.output_processor, "process", _Ranged(engine.output_processor.process, "output")),
-            (engine, "_record", _Ranged(engine._record, "record")),
+            (engine.scheduler, "schedule", Ranged(engine.scheduler.schedule, "schedule")),
+            (runner, "execute", Ranged(runner.execute, "execute")),
+            (engine.output_processor, "process", Ranged(engine.output_processor.process, "output")),
+            (engine, "_record", Ranged(engine._record, "record")),
         ):
             setattr(owner, attr, wrapper)
             undo.callback(delattr, owner, attr)  # the class's method shows through again
-        sampler = getattr(runner, "sampler", None)
-        if sampler is not None:
-            runner.sampler = _Ranged(sampler, "sample")
-            undo.callback(setattr, runner, "sampler", sampler)
-        model = getattr(runner, "model", None)
-        if isinstance(model, torch.nn.Module):
-            ranges = []
-
-            def enter(module, args):
-                ranges.append(torch.profiler.record_function("forward"))
-                ranges[-1].__enter__()
-
-            def leave(module, args, output):
-                ranges.pop().__exit__(None, None, None)
-
-            undo.callback(model.register_forward_pre_hook(enter).remove)
-            undo.callback(model.register_forward_hook(leave).remove)
+        undo.enter_context(runner.profile_ranges())  # the runner's own: forward, sample
         return undo
 
     def stop(self) -> pathlib.Path:

@@ -57,5 +57,9 @@ class NgramProposer:
     def remove(self, request_ids: Iterable[str]) -> None:
         """Nothing is kept per request."""
 
+    def fork_shared(self) -> list:
+        """Nothing heavy: a fork copies it whole."""
+        return []
+
     def __repr__(self) -> str:
         return f"NgramProposer(k={self.k}, prompt_lookup_min={self.min_n}, prompt_lookup_max={self.max_n})"

@@ -6,6 +6,7 @@ decode (1 token), prefill, chunked prefill and prefix-cache hits are all the sam
 
 from __future__ import annotations
 
+import contextlib
 import html
 import logging
 import time
@@ -23,8 +24,10 @@ from workbench.model.loader import load_model
 from workbench.model.model_config import ModelConfig
 from workbench.request import Request
 from workbench.utils.errors import describe
+from workbench.utils.ranges import Ranged
 from workbench.worker.rejection_sampler import RejectionSampler
 from workbench.worker.sampler import Sampler, TokenLogprobs, gather_logprobs
+from workbench.worker.sleep_mode import SleepMode
 
 logger = logging.getLogger("workbench")
 
@@ -232,6 +235,9 @@ class ModelRunner:
         self.sync_timings = False
         #: Multi-LoRA (``enable_lora``): None until :meth:`enable_lora`.
         self.lora_manager = None
+        self.load_format, self.seed = load_format, seed  # what sleep level 2 reloads
+        #: The :class:`~workbench.worker.sleep_mode.SleepMode` once it first slept, else None.
+        self.sleep_mode: SleepMode | None = None
 
     def determine_num_blocks(
         self,
@@ -338,6 +344,44 @@ class ModelRunner:
 
     def list_loras(self) -> set[int]:
         return self._lora().list_adapters()
+
+    # ------------------------------------------------------------------ logits processors, sleep, profiling
+    def set_logits_processors(self, processors) -> None:
+        self.sampler.logits_processors = processors
+
+    def sleep(self, level: int) -> int:
+        """See :class:`~workbench.worker.sleep_mode.SleepMode` (made on the first sleep)."""
+        if self.sleep_mode is None:
+            self.sleep_mode = SleepMode(self, load_format=self.load_format, seed=self.seed)
+        return self.sleep_mode.sleep(level)
+
+    def wake_up(self, tags: list[str] | None) -> None:
+        if self.sleep_mode is not None:
+            self.sleep_mode.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.sleep_mode is not None and self.sleep_mode.is_sleeping
+
+    @contextlib.contextmanager
+    def profile_ranges(self):
+        """The sampler's calls and the model's forward as ``record_function`` ranges."""
+        sampler, ranges = self.sampler, []
+
+        def enter(module, args):
+            ranges.append(torch.profiler.record_function("forward"))
+            ranges[-1].__enter__()
+
+        def leave(module, args, output):
+            ranges.pop().__exit__(None, None, None)
+
+        hooks = [self.model.register_forward_pre_hook(enter), self.model.register_forward_hook(leave)]
+        self.sampler = Ranged(sampler, "sample")
+        try:
+            yield
+        finally:
+            self.sampler = sampler
+            for hook in hooks:
+                hook.remove()
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks

@@ -5,11 +5,14 @@ Declared once, here, and implemented by :class:`~workbench.worker.model_runner.M
 :class:`~workbench.lab.sim.simulated_runner.SimulatedRunner` (a cost model's predicted time,
 filler tokens). The engine sizes the pool with ``determine_num_blocks``, then calls
 ``allocate_kv_cache`` once and ``warm_up`` once (on CUDA), then ``execute`` once per step; the
-scheduler and KV cache manager never see which runner it is.
+scheduler and KV cache manager never see which runner it is. Everything else the engine asks
+of a runner (LoRA adapters, logits processors, sleep, the profiler's ranges, what a fork
+shares) is a method here too: the engine reaches into no attribute of a runner.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
@@ -47,6 +50,39 @@ class Runner(Protocol):
                 grammar_bitmask: Mapping[str, torch.Tensor] | None = None) -> RunnerOutput:
         """One step's batch: a token for every scheduled request that samples (within its
         grammar's packed mask row, for constrained ones), and timings."""
+        ...
+
+    def set_logits_processors(self, processors) -> None:
+        """Install the custom logits processors (ValueError for a runner that samples none)."""
+        ...
+
+    # LoRA (vLLM's add_lora / remove_lora / pin_lora / list_loras)
+    def enable_lora(self, *, max_loras: int, max_lora_rank: int, max_cpu_loras: int) -> None: ...
+
+    def add_lora(self, lora_request) -> bool: ...
+
+    def remove_lora(self, lora_id: int) -> bool: ...
+
+    def pin_lora(self, lora_id: int) -> bool: ...
+
+    def list_loras(self) -> set[int]: ...
+
+    # Sleep mode (vLLM's): level 1 keeps the weights in host memory, level 2 drops them
+    def sleep(self, level: int) -> int:
+        """Free the KV cache (and the weights, as ``level`` says); returns the bytes freed.
+        ValueError for a runner that holds neither."""
+        ...
+
+    def wake_up(self, tags: list[str] | None) -> None: ...
+
+    def is_sleeping(self) -> bool: ...
+
+    def profile_ranges(self) -> contextlib.AbstractContextManager:
+        """While entered, the runner's own stages (forward, sample) show as profiler ranges."""
+        ...
+
+    def fork_shared(self) -> list:
+        """The objects an engine's fork shares with this runner (read-only: the weights)."""
         ...
 
 

@@ -19,6 +19,7 @@ that verifies drafts accepts a prefix of them drawn from the profile's per-posit
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Mapping
 
@@ -123,6 +124,27 @@ class SimulatedRunner:
 
     def warm_up(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         """Nothing to compile."""
+
+    def set_logits_processors(self, processors) -> None:
+        raise ValueError("logits_processors need a runner that samples (ModelRunner); the "
+                         "simulated runner draws filler tokens.")
+
+    def sleep(self, level: int) -> int:
+        raise ValueError("sleep mode needs a runner with a model and a KV cache, not SimulatedRunner.")
+
+    def wake_up(self, tags: list[str] | None) -> None:
+        """Nothing sleeps."""
+
+    def is_sleeping(self) -> bool:
+        return False
+
+    def profile_ranges(self) -> contextlib.AbstractContextManager:
+        """No forward or sampler of its own: its predicted time is the execute range."""
+        return contextlib.nullcontext()
+
+    def fork_shared(self) -> list:
+        """Nothing heavy: a fork copies it whole."""
+        return []
 
     def execute(self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request],
                 grammar_bitmask=None) -> RunnerOutput:
