@@ -9,9 +9,12 @@ through the ``Runner`` protocol (which both runners implement: tests/worker/test
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import sys
 from pathlib import Path
+
+import pytest
 
 from workbench import LLMEngine, SamplingParams
 from workbench.config import teaching_config
@@ -78,3 +81,24 @@ def test_the_engine_reaches_the_runner_only_through_its_protocol():
                 offences.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
     assert not offences, offences
 
+
+
+def test_a_record_is_complete_and_immutable_when_its_observers_see_it():
+    engine = LLMEngine(teaching_config())
+    seen = []
+    engine.on_step.append(seen.append)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    engine.add_request("json", "ROMEO:", SamplingParams(
+        temperature=0, max_tokens=8, structured_outputs=StructuredOutputsParams(json=schema)))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert seen == list(engine.history)
+    for record in seen:
+        assert {"schedule", "output", "propose", "record"} <= set(record.timings)
+        for mapping in (record.timings, record.sampled_token_ids, record.spec_decode,
+                        record.structured_output.rows, record.structured_output.compiled):
+            with pytest.raises(TypeError, match="read-only"):
+                mapping["x"] = 1
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            record.structured_output.cache_hits = ()
+    assert any(record.structured_output.rows for record in seen)

@@ -21,6 +21,7 @@ from workbench.core.sched.output import SchedulerOutput, SpecDecodeResult
 from workbench.metrics.perfetto import write_trace
 from workbench.metrics.stats import IterationStats, SchedulerStats
 from workbench.structured_output.manager import StructuredOutputStep
+from workbench.utils.frozen import FrozenDict
 
 #: The stages of a step whose wall time a StepRecord keeps (seconds); together they are
 #: ``LLMEngine.step()`` up to its record. ``propose``: the speculative proposer's drafts for the
@@ -60,6 +61,8 @@ class StepRecord:
     :class:`~workbench.metrics.stats.SchedulerStats`, which ``num_running``, ``num_waiting``,
     ``num_free_blocks``, ``kv_usage`` and ``num_blocks_freed`` read: the state *after* the step. Timings are wall
     seconds and are left out of the plain repr so that it stays deterministic.
+    A record is complete when it is made and never changes after (its mappings are
+    read-only): the history, the stat loggers, the tracer and the ``on_step`` hooks all see it.
     ``kv_events`` and ``request_events`` are those since the previous record (changes made
     between steps, such as aborts, included), oldest first. ``structured_output``: who waited
     in WAITING_FOR_FSM, grammars compiled, and per constrained row the allowed-token count and
@@ -81,6 +84,13 @@ class StepRecord:
     spec_decode: dict[str, SpecDecodeResult] = field(default_factory=dict)
     #: What the stat loggers were fed for this step (wall-clock latencies: not compared).
     iteration_stats: IterationStats | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """The record's own mappings become read-only: observers share one record."""
+        for name in ("sampled_token_ids", "timings", "spec_decode"):
+            value = getattr(self, name)
+            if type(value) is not FrozenDict:
+                object.__setattr__(self, name, FrozenDict(value))
 
     @property
     def num_running(self) -> int:

@@ -29,6 +29,7 @@ from workbench.reasoning import ReasoningParser
 from workbench.request import Request
 from workbench.structured_output.backends import grammar_key
 from workbench.structured_output.request import GrammarKey
+from workbench.utils.frozen import FrozenDict
 from workbench.worker.sampler import unpack_bitmask
 
 
@@ -41,27 +42,40 @@ class GrammarRow:
     forced_token: int | None
 
 
-@dataclass
+@dataclass(frozen=True)
 class StructuredOutputStep:
-    """A step's structured-output work: requests still WAITING_FOR_FSM after it; per request
-    whose grammar became ready, its compile's seconds (0.0: it was in the cache); the
-    requests that found their grammar cached or already compiling (``cache_hits``); the
-    seconds of each compile that ended (one per grammar, however many requests share it);
-    the backend of each ready grammar; the rows; and ``mask_seconds``, the engine thread's
-    time on grammars in the step (filling the bitmask, advancing the matchers)."""
+    """A step's structured-output work (immutable, kept on the StepRecord): requests still
+    WAITING_FOR_FSM after it; per request whose grammar became ready, its compile's seconds
+    (0.0: it was in the cache); the requests that found their grammar cached or already
+    compiling (``cache_hits``); the seconds of each compile that ended (one per grammar,
+    however many requests share it); the backend of each ready grammar; the rows; and
+    ``mask_seconds``, the engine thread's time on grammars in the step (filling the bitmask,
+    advancing the matchers)."""
 
     waiting_for_fsm: tuple[str, ...] = ()
-    compiled: dict[str, float] = field(default_factory=dict)
-    cache_hits: list[str] = field(default_factory=list)
-    compile_seconds: list[float] = field(default_factory=list, compare=False)  # wall clock
-    backends: dict[str, str] = field(default_factory=dict)
-    rows: dict[str, GrammarRow] = field(default_factory=dict)
+    compiled: Mapping[str, float] = field(default_factory=FrozenDict)
+    cache_hits: tuple[str, ...] = ()
+    compile_seconds: tuple[float, ...] = field(default=(), compare=False)  # wall clock
+    backends: Mapping[str, str] = field(default_factory=FrozenDict)
+    rows: Mapping[str, GrammarRow] = field(default_factory=FrozenDict)
     mask_seconds: float = field(default=0.0, compare=False)  # wall clock: not the step's decisions
     #: Constrained requests still reasoning after the step (their grammar not started yet).
     reasoning: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.waiting_for_fsm or self.compiled or self.rows or self.reasoning)
+
+
+@dataclass
+class _StepWork:
+    """What the manager did since the last ``take_step`` (the StructuredOutputStep's makings)."""
+
+    compiled: dict[str, float] = field(default_factory=dict)
+    cache_hits: list[str] = field(default_factory=list)
+    compile_seconds: list[float] = field(default_factory=list)
+    backends: dict[str, str] = field(default_factory=dict)
+    rows: dict[str, GrammarRow] = field(default_factory=dict)
+    mask_seconds: float = 0.0
 
 
 @dataclass
@@ -99,7 +113,7 @@ class StructuredOutputManager:
         self._grammars: dict[str, _Active] = {}
         self._reported: set[GrammarKey] = set()  # compiles whose seconds a step has reported
         self.num_compiles = self.num_cache_hits = 0
-        self._step = StructuredOutputStep()
+        self._step = _StepWork()
 
     def _backend(self, name: str):
         backend = self._backends.get(name)
@@ -312,11 +326,14 @@ class StructuredOutputManager:
 
     def take_step(self, requests: Mapping[str, Request]) -> StructuredOutputStep:
         """This step's work, with the requests still WAITING_FOR_FSM; starts the next."""
-        step, self._step = self._step, StructuredOutputStep()
-        step.waiting_for_fsm = tuple(rid for rid, (request, *_) in self._pending.items()
-                                     if requests.get(rid) is request)
-        step.reasoning = tuple(sorted(rid for rid in self._reasoning if rid in requests))
-        return step
+        work, self._step = self._step, _StepWork()
+        return StructuredOutputStep(
+            waiting_for_fsm=tuple(rid for rid, (request, *_) in self._pending.items()
+                                  if requests.get(rid) is request),
+            compiled=FrozenDict(work.compiled), cache_hits=tuple(work.cache_hits),
+            compile_seconds=tuple(work.compile_seconds), backends=FrozenDict(work.backends),
+            rows=FrozenDict(work.rows), mask_seconds=work.mask_seconds,
+            reasoning=tuple(sorted(rid for rid in self._reasoning if rid in requests)))
 
     def __deepcopy__(self, memo: dict) -> StructuredOutputManager:
         """This manager for a forked engine (``copy.deepcopy`` of the engine: ``memo`` gives the

@@ -1,5 +1,6 @@
 """CostModel: fit recovers known coefficients, predict, JSON round trip, errors that name the problem."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -150,8 +151,8 @@ def test_load_errors_name_the_file(tmp_path):
 def test_fit_refuses_unmeasured_histories():
     with pytest.raises(ValueError, match="no step with timings"):
         CostModel.fit([StepRecord(0, SchedulerOutput(0, ()), None, {}, ())])
-    simulated = _record(0, [_chunk("a", 1, 1, False)], 0.01)
-    simulated.timings["simulated"] = 0.01
+    measured = _record(0, [_chunk("a", 1, 1, False)], 0.01)
+    simulated = dataclasses.replace(measured, timings={**measured.timings, "simulated": 0.01})
     with pytest.raises(ValueError, match="simulated, not measured"):
         CostModel.fit([simulated])
 
