@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from itertools import chain, compress
-from operator import attrgetter, is_not, not_
+from operator import attrgetter, is_not
 
 import numpy as np
 import torch
@@ -70,7 +70,7 @@ class InputBatch:
         self.table_width = table_width
         self.req_ids: list[str] = []
         self.req_id_to_index: dict[str, int] = {}
-        self._block_ids: list[tuple[int, ...]] = []  # row -> the block-id tuple its table holds
+        self._block_ids: dict[str, tuple[int, ...]] = {}  # the block-id tuple each table holds
         self.token_ids = np.zeros((max_num_reqs, max_num_tokens), dtype=np.int64)
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
@@ -114,7 +114,7 @@ class InputBatch:
         self._ensure(row + 1, start + chunk.num_new_tokens)
         self.req_ids.append(chunk.request_id)
         self.req_id_to_index[chunk.request_id] = row
-        self._block_ids.append(())
+        self._block_ids[chunk.request_id] = ()
         self.num_blocks[row] = 0
         self.token_ids[row, :start] = request.token_ids_slice(0, start)
         self.num_tokens[row] = start
@@ -140,7 +140,6 @@ class InputBatch:
             moved = self.req_ids[last]
             self.req_ids[row] = moved
             self.req_id_to_index[moved] = row
-            self._block_ids[row] = self._block_ids[last]
             n, b = self.num_tokens[last], self.num_blocks[last]
             self.token_ids[row, :n] = self.token_ids[last, :n]
             self.block_table[row, :b] = self.block_table[last, :b]
@@ -149,88 +148,87 @@ class InputBatch:
                           self.temperature, self.top_k, self.top_p, self.min_p):
                 array[row] = array[last]
         self.req_ids.pop()
-        self._block_ids.pop()
+        del self._block_ids[request_id]
 
-    def _write_blocks(self, row: int, block_ids: tuple[int, ...]) -> None:
-        """Row ``row``'s table becomes ``block_ids``: only the new tail when the old table is
+    def _write_blocks(self, request_id: str, block_ids: tuple[int, ...]) -> None:
+        """The request's table becomes ``block_ids``: only the new tail when the old table is
         its prefix (a running request's table only grows), else the whole row."""
-        old = self._block_ids[row]
+        row = self.req_id_to_index[request_id]
+        old = self._block_ids[request_id]
         k = len(old) if block_ids[:len(old)] == old else 0
-        self._ensure(0, blocks=len(block_ids))
+        if len(block_ids) > self.block_table.shape[1]:
+            self._ensure(0, blocks=len(block_ids))
         table = self.block_table[row]
         table[k:len(block_ids)] = block_ids[k:]
         table[len(block_ids):self.num_blocks[row]] = -1
         self.num_blocks[row] = len(block_ids)
-        self._block_ids[row] = block_ids
+        self._block_ids[request_id] = block_ids
 
     # ------------------------------------------------------------- the step
     def update(self, scheduler_output: SchedulerOutput,
-               requests: Mapping[str, Request]) -> np.ndarray:
-        """Apply one step's diff (module docstring); return the rows in scheduled order."""
+               requests: Mapping[str, Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Apply one step's diff (module docstring); return the scheduled requests' rows,
+        first positions and sequence lengths after the step, in scheduled order."""
         index = self.req_id_to_index
         so = scheduler_output
-        for rid in chain(so.finished_request_ids, so.preempted_request_ids,
-                         so.new_request_ids, so.resumed_request_ids):
-            if rid in index:  # a new or resumed id may still hold a stale row: start afresh
+        for rid in chain(so.finished_request_ids, so.preempted_request_ids):
+            if rid in index:
                 self.remove_request(rid)
         scheduled = so.scheduled
         ids = list(map(_id, scheduled))
-        present = list(map(index.__contains__, ids))
-        num_present = sum(present)
-        if num_present < len(index):  # rows not scheduled this step leave the batch
-            keep = set(ids)
+        n = len(ids)
+        if n != len(index) or not all(map(index.__contains__, ids)):
+            keep = set(ids)  # rows not scheduled this step leave the batch; new ones come in
             for rid in [rid for rid in self.req_ids if rid not in keep]:
                 self.remove_request(rid)
-        if num_present < len(ids):
-            for chunk in compress(scheduled, map(not_, present)):
-                self.add_request(chunk, requests[chunk.request_id])
-        n = len(ids)
+            for chunk in scheduled:
+                if chunk.request_id not in index:
+                    self.add_request(chunk, requests[chunk.request_id])
         rows = np.fromiter(map(index.__getitem__, ids), dtype=np.intp, count=n)
         starts = np.fromiter(map(_start, scheduled), dtype=np.int64, count=n)
-        new = np.fromiter(map(_new, scheduled), dtype=np.int64, count=n)
-        for i in np.flatnonzero(starts > self.num_tokens[rows]).tolist():
-            # tokens before the chunk that the row never saw (not from this batch's steps)
-            chunk = scheduled[i]
-            self.token_ids[rows[i], :chunk.num_computed_tokens] = requests[
-                chunk.request_id].token_ids_slice(0, chunk.num_computed_tokens)
-        blocks = list(map(_blocks, scheduled))
-        changed = list(map(is_not, blocks, map(self._block_ids.__getitem__, rows.tolist())))
-        if any(changed):
-            for i in compress(range(n), changed):
-                self._write_blocks(int(rows[i]), blocks[i])
-        seq_lens = starts + new
-        self._ensure(0, int(seq_lens.max(initial=0)))
+        seq_lens = starts + np.fromiter(map(_new, scheduled), dtype=np.int64, count=n)
+        held = self._block_ids
+        for chunk in compress(scheduled, map(is_not, map(_blocks, scheduled),
+                                             map(held.__getitem__, ids))):
+            self._write_blocks(chunk.request_id, chunk.block_ids)
+        longest = int(seq_lens.max(initial=0))
+        if longest > self.token_ids.shape[1]:
+            self._ensure(0, longest)
         self.num_computed_tokens[rows] = starts
         self.num_tokens[rows] = seq_lens
-        return rows
+        return rows, starts, seq_lens
 
     def prepare(self, scheduler_output: SchedulerOutput,
                 requests: Mapping[str, Request]) -> BatchInputs:
         """:meth:`update`, then the step's packed inputs, equal to ``build_batch_inputs``'s."""
-        rows = self.update(scheduler_output, requests)
+        rows, starts, seq_lens = self.update(scheduler_output, requests)
         scheduled = scheduler_output.scheduled
         n = len(scheduled)
         bs = self.block_size
-        starts = self.num_computed_tokens[rows]
-        seq_lens = self.num_tokens[rows]
         new = seq_lens - starts
         query_start_loc = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(new, out=query_start_loc[1:])
         num_tokens = int(query_start_loc[-1])
         input_ids = np.fromiter(chain.from_iterable(map(_tokens, scheduled)), dtype=np.int64,
                                 count=num_tokens)
-        token_rows = np.repeat(rows, new)
-        positions = np.repeat(starts - query_start_loc[:-1], new) + np.arange(num_tokens)
+        if num_tokens == n:  # one token each: every decode step
+            token_rows, positions = rows, starts
+        else:
+            token_rows = np.repeat(rows, new)
+            positions = np.repeat(starts - query_start_loc[:-1], new) + np.arange(num_tokens)
         self.token_ids[token_rows, positions] = input_ids
         slots = self.block_table[token_rows, positions // bs].astype(np.int64) * bs + positions % bs
         width = self.table_width or int(self.num_blocks[rows].max(initial=0))
         tables = self.block_table[rows, :width]
         samples = list(map(_samples, scheduled))
-        counts = np.fromiter(map(len, map(_spec, scheduled)), dtype=np.int64, count=n) + 1
-        counts *= np.array(samples, dtype=bool)
-        num_logits = int(counts.sum())
-        logits_indices = (np.repeat(query_start_loc[1:] - counts, counts) + np.arange(num_logits)
-                          - np.repeat(np.cumsum(counts) - counts, counts))
+        ends = query_start_loc[1:]
+        if any(map(_spec, scheduled)):  # a speculating row samples its last k + 1 rows
+            counts = np.array(samples, dtype=np.int64) * (
+                np.fromiter(map(len, map(_spec, scheduled)), dtype=np.int64, count=n) + 1)
+            logits_indices = (np.repeat(ends - counts, counts) + np.arange(int(counts.sum()))
+                              - np.repeat(np.cumsum(counts) - counts, counts))
+        else:
+            logits_indices = ends[np.array(samples, dtype=bool)] - 1
         ids = tuple(map(_id, scheduled))
         return BatchInputs(
             request_ids=ids,
