@@ -71,7 +71,7 @@ class InputBatch:
         self.req_ids: list[str] = []
         self.req_id_to_index: dict[str, int] = {}
         self._block_ids: dict[str, tuple[int, ...]] = {}  # the block-id tuple each table holds
-        self.token_ids = np.zeros((max_num_reqs, max_num_tokens), dtype=np.int64)
+        self.token_ids = np.zeros((max_num_reqs, max_num_tokens), dtype=np.int32)
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         blocks = max(table_width or 0, -(-max_num_tokens // block_size))

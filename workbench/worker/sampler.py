@@ -42,7 +42,9 @@ Order of operations per row (vLLM v1's order, its default ``logprobs_mode="raw_l
    generator, seeded from ``Sampler(seed=...)``, so a whole run with the same schedule repeats.
 
 Everything is vectorised over rows and vocabulary with torch; the only Python loops are over
-requests (to gather their parameters and token ids). A batch whose every row is plain greedy
+requests (to gather their parameters and token ids). The model runner hands the rows'
+parameters over as tensors (:class:`SamplingMetadata`, kept by its persistent batch), so that
+a batch of plain greedy rows needs no pass over its requests. A batch whose every row is plain greedy
 (no logits work, neutral penalties, min_tokens reached, no logprobs) is one ``argmax``: the
 same tokens as the steps above, without their copies.
 """
