@@ -191,9 +191,8 @@ class InputBatch:
         for chunk in compress(scheduled, map(is_not, map(_blocks, scheduled),
                                              map(held.__getitem__, ids))):
             self._write_blocks(chunk.request_id, chunk.block_ids)
-        longest = int(seq_lens.max(initial=0))
-        if longest > self.token_ids.shape[1]:
-            self._ensure(0, longest)
+        if n and seq_lens.max() > self.token_ids.shape[1]:
+            self._ensure(0, int(seq_lens.max()))
         self.num_computed_tokens[rows] = starts
         self.num_tokens[rows] = seq_lens
         return rows, starts, seq_lens
@@ -207,18 +206,18 @@ class InputBatch:
         bs = self.block_size
         new = seq_lens - starts
         query_start_loc = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(new, out=query_start_loc[1:])
+        new.cumsum(out=query_start_loc[1:])
         num_tokens = int(query_start_loc[-1])
         input_ids = np.fromiter(chain.from_iterable(map(_tokens, scheduled)), dtype=np.int64,
                                 count=num_tokens)
         if num_tokens == n:  # one token each: every decode step
             token_rows, positions = rows, starts
         else:
-            token_rows = np.repeat(rows, new)
-            positions = np.repeat(starts - query_start_loc[:-1], new) + np.arange(num_tokens)
+            token_rows = rows.repeat(new)
+            positions = (starts - query_start_loc[:-1]).repeat(new) + np.arange(num_tokens)
         self.token_ids[token_rows, positions] = input_ids
         slots = self.block_table[token_rows, positions // bs].astype(np.int64) * bs + positions % bs
-        width = self.table_width or int(self.num_blocks[rows].max(initial=0))
+        width = self.table_width or int(self.num_blocks[rows].max())
         tables = self.block_table[rows, :width]
         samples = list(map(_samples, scheduled))
         ends = query_start_loc[1:]
