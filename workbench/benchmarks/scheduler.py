@@ -6,10 +6,17 @@ all N requests one token (blocks are allocated as they fill, and, with prefix ca
 newly full blocks are hashed and cached). Prints one table row per N and event recording
 setting: with ``events on`` the KV cache and scheduler log their block and request events and
 each step drains them, as the engine does; ``--events both`` (default) measures the two side
-by side::
+by side.
+
+A second table times the runner's preparation of the same decode steps' model inputs (the
+:class:`~workbench.worker.batch_inputs.BatchInputs` a forward pass consumes): packed from scratch
+(``build_batch_inputs``, one pass over every request) and by the runner's persistent batch
+(:class:`~workbench.worker.input_batch.InputBatch`, which applies each step as a diff); both
+give the same tensors (checked on every timed step)::
 
     workbench bench scheduler                      # N = 256 and 1024
     workbench bench scheduler --num-running 64 256 --steps 300 --events on
+    workbench bench scheduler --num-running 1 16 64 256 --events off
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from workbench.core.kv_cache_manager import KVCacheManager, cdiv
 from workbench.core.sched.scheduler import Scheduler
 from workbench.request import Request
 from workbench.sampling_params import SamplingParams
+from workbench.worker.batch_inputs import BatchInputs, build_batch_inputs
+from workbench.worker.input_batch import InputBatch
 
 FAKE_TOKEN = 7
 
@@ -90,6 +99,41 @@ def _measure(n: int, args: argparse.Namespace, record_events: bool) -> dict:
     }
 
 
+def _same(a: BatchInputs, b: BatchInputs) -> bool:
+    return a.request_ids == b.request_ids and a.sample_request_ids == b.sample_request_ids and all(
+        getattr(a, name).dtype == getattr(b, name).dtype and getattr(a, name).equal(getattr(b, name))
+        for name in ("input_ids", "positions", "slot_mapping", "block_tables", "query_start_loc",
+                     "seq_lens", "logits_indices"))
+
+
+def _measure_prepare(n: int, args: argparse.Namespace) -> dict:
+    """Per decode step: ``build_batch_inputs`` against ``InputBatch.prepare`` (which also sees
+    the untimed prefill steps, as the runner does)."""
+    sched = _build(n, args, record_events=False)
+    batch = InputBatch(args.block_size)
+    while True:
+        out = sched.schedule()
+        batch.prepare(out, sched.requests)
+        sched.update_from_output(out, _fake_runner(out))
+        if all(r.num_computed_tokens >= r.num_prompt_tokens for r in sched.running) and len(sched.running) == n:
+            break
+    t_scratch, t_persistent = [], []
+    for _ in range(args.steps):
+        out = sched.schedule()
+        t0 = time.perf_counter()
+        scratch = build_batch_inputs(out, args.block_size)
+        t1 = time.perf_counter()
+        persistent = batch.prepare(out, sched.requests)
+        t2 = time.perf_counter()
+        if not _same(scratch, persistent):
+            raise AssertionError(f"step {out.step}: the persistent batch differs from the rebuild")
+        sched.update_from_output(out, _fake_runner(out))
+        t_scratch.append(t1 - t0)
+        t_persistent.append(t2 - t1)
+    return {"running": n, "scratch_us": statistics.fmean(t_scratch) * 1e6,
+            "persistent_us": statistics.fmean(t_persistent) * 1e6}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="workbench bench scheduler",
@@ -126,6 +170,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['running']:>8} {r['events']:>7} {r['schedule_us']:>12.1f} {r['update_us']:>10.1f} "
                 f"{r['total_us']:>9.1f} {r['p50_us']:>8.1f} {r['per_req_us']:>11.2f}"
             )
+    print("\nrunner preparation: the model inputs of one decode step (BatchInputs)")
+    header = f"{'running':>8} {'from scratch us':>16} {'persistent batch us':>20} {'speed-up':>9}"
+    print(header)
+    print("-" * len(header))
+    for n in args.num_running:
+        r = _measure_prepare(n, args)
+        print(f"{r['running']:>8} {r['scratch_us']:>16.1f} {r['persistent_us']:>20.1f} "
+              f"{r['scratch_us'] / r['persistent_us']:>8.2f}x")
     return 0
 
 

@@ -42,7 +42,9 @@ Order of operations per row (vLLM v1's order, its default ``logprobs_mode="raw_l
    generator, seeded from ``Sampler(seed=...)``, so a whole run with the same schedule repeats.
 
 Everything is vectorised over rows and vocabulary with torch; the only Python loops are over
-requests (to gather their parameters and token ids). A batch whose every row is plain greedy
+requests (to gather their parameters and token ids). The model runner hands the rows'
+parameters over as tensors (:class:`SamplingMetadata`, kept by its persistent batch), so that
+a batch of plain greedy rows needs no pass over its requests. A batch whose every row is plain greedy
 (no logits work, neutral penalties, min_tokens reached, no logprobs) is one ``argmax``: the
 same tokens as the steps above, without their copies.
 """
@@ -312,13 +314,39 @@ def _has_request_logits_work(sp) -> bool:
                 or sp.bad_words_token_ids or sp.logit_bias)
 
 
+def is_plain_greedy_params(sp) -> bool:
+    """True when these parameters make a row's token the argmax of its raw logits once
+    ``min_tokens`` are out: greedy, no per-request logits work, neutral penalties, no logprobs."""
+    return (sp.greedy and sp.logprobs is None and not _has_request_logits_work(sp)
+            and sp.repetition_penalty == 1.0 and sp.frequency_penalty == 0.0
+            and sp.presence_penalty == 0.0)
+
+
 def _is_plain_greedy(request: Request) -> bool:
     """True when this row's token is the argmax of its raw logits and nothing else is asked:
     greedy, no per-request logits work, neutral penalties, min_tokens reached, no logprobs."""
     sp = request.sampling_params
-    return (sp.greedy and sp.logprobs is None and not _has_request_logits_work(sp)
-            and sp.repetition_penalty == 1.0 and sp.frequency_penalty == 0.0
-            and sp.presence_penalty == 0.0 and request.num_output_tokens >= sp.min_tokens)
+    return is_plain_greedy_params(sp) and request.num_output_tokens >= sp.min_tokens
+
+
+@dataclass(frozen=True)
+class SamplingMetadata:
+    """The rows' sampling parameters as tensors (vLLM's ``SamplingMetadata``), one entry per
+    row of the logits, kept by the runner's persistent batch so that no step gathers them
+    from the requests. ``all_plain_greedy`` True promises every row is plain greedy (one
+    argmax); False promises nothing (the sampler then looks at the requests)."""
+
+    all_plain_greedy: bool
+    temperature: Tensor
+    top_k: Tensor
+    top_p: Tensor
+    min_p: Tensor
+
+    def select(self, rows: Sequence[int]) -> SamplingMetadata:
+        """The same for ``rows`` only (their order)."""
+        idx = torch.tensor(rows, dtype=torch.long)
+        return SamplingMetadata(False, self.temperature[idx], self.top_k[idx], self.top_p[idx],
+                                self.min_p[idx])
 
 
 class Sampler:
@@ -388,9 +416,11 @@ class Sampler:
         return q.clamp_min_(_TINY)  # an Exp draw of exactly 0 would divide by zero
 
     def __call__(self, logits: Tensor, requests: Sequence[Request],
-                 grammar_bitmask: Tensor | None = None) -> SamplerOutput:
+                 grammar_bitmask: Tensor | None = None,
+                 metadata: SamplingMetadata | None = None) -> SamplerOutput:
         """Sample row ``i`` of ``logits`` [num_rows, vocab] for ``requests[i]`` (see module doc);
-        ``grammar_bitmask`` [num_rows, ceil(vocab / 32)] int32 (-1: a free row) masks first."""
+        ``grammar_bitmask`` [num_rows, ceil(vocab / 32)] int32 (-1: a free row) masks first;
+        ``metadata``: the rows' parameters as tensors (else read from ``requests``)."""
         if logits.dim() != 2:
             raise ValueError(
                 f"logits must be 2-D [num_rows, vocab], got shape {tuple(logits.shape)}."
@@ -408,8 +438,9 @@ class Sampler:
         custom = self.logits_processors
         if custom:
             custom.update_state(requests)
-        if (not custom or custom.argmax_invariant) and all(
-                _is_plain_greedy(r) for r in requests):  # the common batch: one argmax
+        if (not custom or custom.argmax_invariant) and (
+                (metadata is not None and metadata.all_plain_greedy)
+                or all(_is_plain_greedy(r) for r in requests)):  # the common batch: one argmax
             return SamplerOutput(token_ids=logits.argmax(dim=-1).tolist(), logprobs=[None] * num_rows)
         device = logits.device
         x, failed = self.process_logits(logits, requests, custom)
@@ -421,7 +452,8 @@ class Sampler:
             tokens[rows] = x[rows].argmax(dim=-1)
         sampled_rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         if sampled_rows:
-            sampled = self._sample(x, [requests[i] for i in sampled_rows], sampled_rows, failed)
+            sampled = self._sample(x, [requests[i] for i in sampled_rows], sampled_rows, failed,
+                                   metadata.select(sampled_rows) if metadata is not None else None)
             tokens[torch.tensor(sampled_rows, device=device)] = sampled
         if failed:
             bad_rows = [i for i, r in enumerate(requests) if r.request_id in failed]
@@ -460,24 +492,27 @@ class Sampler:
         apply_min_tokens(x, requests)
         return x, failed
 
-    def target_probs(self, x: Tensor, requests: Sequence[Request]) -> Tensor:
+    def target_probs(self, x: Tensor, requests: Sequence[Request],
+                     metadata: SamplingMetadata | None = None) -> Tensor:
         """Step 6 on processed logits ``x`` of non-greedy rows: the distribution each row
-        samples from (temperature, min-p, top-k, top-p, softmax)."""
+        samples from (temperature, min-p, top-k, top-p, softmax); the parameters from
+        ``metadata`` when given (one entry per row of ``x``), else from ``requests``."""
         device = x.device
         vocab_size = x.shape[1]
-        params = [r.sampling_params for r in requests]
-
-        def column(values: list[float]) -> Tensor:
-            return torch.tensor(values, dtype=torch.float32, device=device)
-
-        y = x / column([p.temperature for p in params]).unsqueeze(1)
-        if any(p.min_p > 0.0 for p in params):  # vLLM: before top-k/top-p
-            y = apply_min_p(y, column([p.min_p for p in params]))
-        if any(0 < p.top_k < vocab_size or p.top_p < 1.0 for p in params):
-            top_k = torch.tensor(
-                [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params], device=device
-            )
-            y = apply_top_k_top_p(y, top_k, column([p.top_p for p in params]))
+        if metadata is None:
+            params = [r.sampling_params for r in requests]
+            metadata = SamplingMetadata(
+                False, *(torch.tensor([getattr(p, name) for p in params], dtype=dtype)
+                         for name, dtype in (("temperature", torch.float32), ("top_k", torch.long),
+                                             ("top_p", torch.float32), ("min_p", torch.float32))))
+        y = x / metadata.temperature.to(device).unsqueeze(1)
+        if bool((metadata.min_p > 0.0).any()):  # vLLM: before top-k/top-p
+            y = apply_min_p(y, metadata.min_p.to(device))
+        top_k = metadata.top_k
+        filters_k = (top_k > 0) & (top_k < vocab_size)
+        if bool(filters_k.any() or (metadata.top_p < 1.0).any()):
+            top_k = torch.where(filters_k, top_k, vocab_size).to(device)
+            y = apply_top_k_top_p(y, top_k, metadata.top_p.to(device))
         return y.softmax(dim=-1)
 
     def generator(self, request: Request, device: torch.device) -> torch.Generator:
@@ -488,8 +523,9 @@ class Sampler:
         return self._shared_generator(device)
 
     def _sample(
-        self, x: Tensor, requests: list[Request], rows: list[int], failed: dict[str, str]
+        self, x: Tensor, requests: list[Request], rows: list[int], failed: dict[str, str],
+        metadata: SamplingMetadata | None = None,
     ) -> Tensor:
         """Temperature, min-p, top-k, top-p and the exponential race for the ``rows`` of x."""
-        probs = self.target_probs(x[torch.tensor(rows, device=x.device)], requests)
+        probs = self.target_probs(x[torch.tensor(rows, device=x.device)], requests, metadata)
         return (probs / self._exponentials(requests, x.shape[1], x.device, failed)).argmax(dim=-1)
