@@ -1,0 +1,76 @@
+"""The exercises: each one's stub (what the learner fills in), reference (the engine's own
+piece in the stub's shape), grader and hints. ``notebooks/exercises/NN_name.ipynb`` holds the
+prose and the stub; ``check(name, solution)`` grades."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from workbench.exercises import batching
+from workbench.exercises.grader import CheckResult
+
+
+@dataclass(frozen=True)
+class Exercise:
+    number: int
+    name: str
+    title: str
+    stub: str
+    reference: Callable[[], object]  # () -> the reference in the stub's shape
+    grade: Callable[..., CheckResult]  # (solution, **options) -> CheckResult
+    hints: tuple[str, ...]
+
+    @property
+    def notebook(self) -> str:
+        return f"notebooks/exercises/{self.number:02d}_{self.name}.ipynb"
+
+
+_SCHEDULE_STUB = textwrap.dedent('''\
+    def schedule(running, waiting, max_num_batched_tokens, max_num_seqs):
+        """One step's batch: a list of (request_id, num_new_tokens).
+
+        running, waiting: lists of RequestView (request_id, num_prompt_tokens, num_tokens,
+        num_computed_tokens), running in their order, waiting in serving order.
+        """
+        batch = []
+        # your code here
+        return batch
+''')
+
+_ADMISSION_HINTS = (
+    "Serve the running requests before anyone waiting: each gets what it has left to compute, "
+    "as far as the budget goes.",
+    "A waiting request is admitted only while fewer than max_num_seqs requests run -- count the "
+    "running ones too.",
+    "With chunked prefill off, a waiting request needs all its tokens in this step: it fits when "
+    "its tokens are <= the budget left (not <). The first one that does not fit stops the pass.",
+)
+
+_CHUNKED_HINTS = (
+    "Every request -- running or waiting -- gets min(tokens it has left, budget left).",
+    "A running request may still be in its prompt (num_computed_tokens < num_prompt_tokens): "
+    "it continues with its next chunk, not with one decode token.",
+    "A waiting request that does not fit whole is split: it takes what is left of the budget "
+    "and runs its next chunk in a later step.",
+)
+
+EXERCISES: dict[str, Exercise] = {}
+
+
+def register(exercise: Exercise) -> None:
+    EXERCISES[exercise.name] = exercise
+
+
+register(Exercise(
+    1, "admission", "The waiting-queue admission loop under a token budget and max_num_seqs",
+    _SCHEDULE_STUB, lambda: batching.admission_reference,
+    lambda solution, **kw: batching.check_batches("admission", solution, False, hints=_ADMISSION_HINTS, **kw),
+    _ADMISSION_HINTS))
+
+register(Exercise(
+    4, "chunked_prefill", "Chunked prefill: splitting long prompts under the budget",
+    _SCHEDULE_STUB, lambda: batching.chunked_prefill_reference,
+    lambda solution, **kw: batching.check_batches("chunked_prefill", solution, True, hints=_CHUNKED_HINTS, **kw),
+    _CHUNKED_HINTS))
