@@ -228,5 +228,6 @@ def check_batches(name: str, solution: Callable, enable_chunked_prefill: bool, *
         return CheckResult(name, True, f"your batches equal the engine's at every step of {count} workloads.",
                            score=f"{count}/{count} workloads")
     workload, m = found
-    return CheckResult(name, False, f"{m.message}\n  Smallest workload found: {workload}", m.step, m.expected,
+    label = "Smallest workload found" if workloads is None else "Workload"
+    return CheckResult(name, False, f"{m.message}\n  {label}: {workload}", m.step, m.expected,
                        m.got, workload, hints=hints, view=m.view)

@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from workbench.exercises import batching
+from workbench.exercises import batching, eviction
 from workbench.exercises.grader import CheckResult
 
 
@@ -74,3 +74,44 @@ register(Exercise(
     _SCHEDULE_STUB, lambda: batching.chunked_prefill_reference,
     lambda solution, **kw: batching.check_batches("chunked_prefill", solution, True, hints=_CHUNKED_HINTS, **kw),
     _CHUNKED_HINTS))
+
+
+_EVICTION_STUB = textwrap.dedent('''\
+    class FreeBlockQueue:
+        """The free KV blocks (block ids) in eviction order."""
+
+        def __init__(self, block_ids):
+            """Every block starts free, in id order: block 0 is evicted first."""
+            # your code here
+
+        def free(self, block_ids):
+            """A request released these blocks (in its block-table order); none has a user now."""
+            # your code here
+
+        def remove(self, block_id):
+            """A prefix-cache hit takes this free block back into use."""
+            # your code here
+
+        def popleft(self):
+            """The next block to reuse (its cached content is evicted): return its id."""
+            # your code here
+
+        def __iter__(self):
+            """Optional: the queue, next evicted first (the grader shows it)."""
+            return iter(())
+''')
+
+_EVICTION_HINTS = (
+    "Evict the block freed longest ago first (least recently used): free() adds at the back, "
+    "popleft() takes from the front.",
+    "A prefix-cache hit on a free block puts it back in use: remove() must take it out of the queue, "
+    "or popleft() will hand out a block a request is reading.",
+    "vLLM adds a freed request's blocks tail first (its last block first), so its last block -- the "
+    "one least likely shared with another prompt -- is evicted before its first.",
+)
+
+register(Exercise(
+    3, "eviction", "The prefix cache's eviction order: the free-block queue",
+    _EVICTION_STUB, lambda: eviction.ReferenceFreeBlockQueue,
+    lambda solution, **kw: eviction.check_eviction(solution, hints=_EVICTION_HINTS, **kw),
+    _EVICTION_HINTS))
