@@ -29,11 +29,13 @@ from hypothesis import strategies as st
 
 from workbench.core.kv_cache_manager import KVCacheManager
 from workbench.core.sched.scheduler import Scheduler
-from workbench.exercises.grader import CheckResult, Mismatch, call_solution, first_failure, side_by_side, sim_engine
+from workbench.exercises.grader import (MAX_MODEL_LEN, CheckResult, Mismatch, call_solution, first_failure, side_by_side,
+                                       sim_engine)
 from workbench.request import Request, RequestStatus
 from workbench.sampling_params import SamplingParams
 
 Batch = list[tuple[str, int]]
+MAX_REQUESTS = 6  # in a drawn workload
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ def batch_workloads(chunked: bool) -> st.SearchStrategy[BatchWorkload]:
     def draw(draw) -> BatchWorkload:
         budget = draw(st.integers(2, 16))
         max_num_seqs = draw(st.integers(1, 4))
-        n = draw(st.integers(1, 6))
+        n = draw(st.integers(1, MAX_REQUESTS))
         longest = 3 * budget if chunked else budget
         requests = tuple((f"r{i}", draw(st.integers(0, 4)), draw(st.integers(1, longest)), draw(st.integers(1, 4)))
                          for i in range(n))
@@ -176,9 +178,8 @@ def run_batches(workload: BatchWorkload, solution: Callable, enable_chunked_pref
     """Step the engine over ``workload`` asking ``solution`` at each step; Mismatch at the
     first difference. Returns the engine (its history holds every step)."""
     budget, max_num_seqs = workload.max_num_batched_tokens, workload.max_num_seqs
-    longest = max(p + m for _, _, p, m in workload.requests)
-    engine = sim_engine(block_size=4, num_kv_blocks=len(workload.requests) * (longest // 4 + 1),
-                        max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=longest + 1,
+    engine = sim_engine(block_size=4, num_kv_blocks=MAX_MODEL_LEN // 4 * MAX_REQUESTS,  # room for all: no preemption
+                        max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                         enable_chunked_prefill=enable_chunked_prefill, enable_prefix_caching=False)
     pending = sorted(workload.requests, key=lambda r: r[1])
     params = lambda m: SamplingParams(max_tokens=m, ignore_eos=True, detokenize=False)  # noqa: E731

@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from workbench.exercises import batching, eviction
+from workbench.exercises import batching, eviction, policy
 from workbench.exercises.grader import CheckResult
 
 
@@ -115,3 +115,33 @@ register(Exercise(
     _EVICTION_STUB, lambda: eviction.ReferenceFreeBlockQueue,
     lambda solution, **kw: eviction.check_eviction(solution, hints=_EVICTION_HINTS, **kw),
     _EVICTION_HINTS))
+
+
+_POLICY_STUB = textwrap.dedent('''\
+    from workbench.core.sched.policies import SchedulingPolicy
+
+
+    class ShortestPromptFirst(SchedulingPolicy):
+        """Serve the waiting request with the fewest prompt tokens first."""
+
+        name = "my_spf"
+
+        def sort_key(self, request):
+            """The waiting-queue key: the smallest key is served first."""
+            # your code here
+            return 0
+''')
+
+_POLICY_HINTS = (
+    "The key is a tuple compared element by element: put what decides first, first.",
+    "Shortest prompt first orders by request.num_prompt_tokens -- not num_tokens, which grows with "
+    "the generated tokens of a preempted request.",
+    "Break ties by request.arrival_time: a preempted request re-enters the queue later than "
+    "requests that arrived after it, and must not lose its place to them.",
+)
+
+register(Exercise(
+    2, "policy", "A scheduling policy: shortest prompt first, and the starvation it causes",
+    _POLICY_STUB, lambda: policy.ShortestPromptFirstPolicy,
+    lambda solution, **kw: policy.check_policy(solution, hints=_POLICY_HINTS, **kw),
+    _POLICY_HINTS))

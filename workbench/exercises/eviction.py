@@ -85,9 +85,8 @@ def eviction_workloads(draw) -> EvictionWorkload:
 def run_eviction(workload: EvictionWorkload, make_queue: Callable):
     """Step the engine, replaying its KV events on ``make_queue``'s queue and the reference's;
     Mismatch at the first block handed out differently. Returns the engine."""
-    longest = max(len(p) + m for _, _, p, m in workload.requests)
     engine = sim_engine(block_size=BLOCK_SIZE, num_kv_blocks=workload.num_blocks, max_num_seqs=workload.max_num_seqs,
-                        max_num_batched_tokens=64, max_model_len=longest + 1, enable_prefix_caching=True)
+                        max_num_batched_tokens=64, enable_prefix_caching=True)
     ids = list(range(workload.num_blocks))
     mine = call_solution(0, make_queue, list(ids))
     ref = ReferenceFreeBlockQueue(ids)

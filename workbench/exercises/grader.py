@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 from workbench.config import EngineConfig
+from workbench.engine.fork import apply_scheduling
 from workbench.engine.llm_engine import LLMEngine
 from workbench.lab.sim.clock import SimClock
 from workbench.lab.sim.cost_model import as_cost_model
@@ -135,12 +136,30 @@ def call_solution(step: int, fn: Callable, *args) -> Any:
         raise Mismatch(step, f"step {step}: your code raised {type(exc).__name__}: {exc}") from exc
 
 
-def sim_engine(**config) -> LLMEngine:
-    """A steppable engine on the simulated runner (real scheduler and KV cache, no model):
-    the same every time; history records every step."""
-    clock = SimClock()
-    return LLMEngine(EngineConfig(**config), make_runner=SimulatedRunner.factory(as_cost_model(None), clock, {}),
-                     clock=clock)
+#: Every grading engine's context length (fixed, so that few engines are ever built).
+MAX_MODEL_LEN = 64
+_PRISTINE: dict[tuple, LLMEngine] = {}  # pool config -> an engine never stepped, forked for each run
+
+
+def sim_engine(*, block_size: int, num_kv_blocks: int, enable_prefix_caching: bool, **scheduling) -> LLMEngine:
+    """A fresh steppable engine on the simulated runner (real scheduler and KV cache, no
+    model), the same every time; its history records every step. ``scheduling``: the engine's
+    what-if changes (policy, max_num_batched_tokens, max_num_seqs, enable_chunked_prefill).
+    Building one loads a tokenizer, so each pool's engine is built once, kept unstepped and
+    forked (a third of the time)."""
+    key = (block_size, num_kv_blocks, enable_prefix_caching)
+    pristine = _PRISTINE.get(key)
+    if pristine is None:
+        if len(_PRISTINE) >= 32:
+            _PRISTINE.clear()
+        clock = SimClock()
+        config = EngineConfig(block_size=block_size, num_kv_blocks=num_kv_blocks, max_model_len=MAX_MODEL_LEN,
+                              enable_prefix_caching=enable_prefix_caching, keep_warm_s=0.0)
+        pristine = _PRISTINE[key] = LLMEngine(
+            config, make_runner=SimulatedRunner.factory(as_cost_model(None), clock, {}), clock=clock)
+    engine = pristine.fork()
+    apply_scheduling(engine, **scheduling)
+    return engine
 
 
 def side_by_side(title: str, rows: Sequence[tuple[str, str, str]], player=None):
