@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from workbench.exercises import batching, eviction, policy
+from workbench.exercises import batching, eviction, policy, rejection
 from workbench.exercises.grader import CheckResult
 
 
@@ -145,3 +145,31 @@ register(Exercise(
     _POLICY_STUB, lambda: policy.ShortestPromptFirstPolicy,
     lambda solution, **kw: policy.check_policy(solution, hints=_POLICY_HINTS, **kw),
     _POLICY_HINTS))
+
+
+_REJECTION_STUB = textwrap.dedent('''\
+    import torch
+
+
+    def verify(p, q, draft, generator):
+        """One draft position: p, q are the target's and the draft's probabilities (1-D tensors),
+        draft a token drawn from q. Return (accepted, token): (True, draft), or (False, a token
+        drawn from the residual distribution). Draw randomness from generator only."""
+        # your code here
+        return True, draft
+''')
+
+_REJECTION_HINTS = (
+    "Accept the draft with probability min(1, p[draft] / q[draft]): compare one uniform draw "
+    "(torch.rand(1, generator=generator)) with that ratio.",
+    "On rejection, draw from the residual: the part of p that q does not already cover, "
+    "max(0, p - q), normalised (torch.multinomial normalises for you).",
+    "Both terms of the residual matter: drawing from p alone over-weights the tokens the draft "
+    "model proposes often; max(0, q - p) is the draft's excess, not the target's.",
+)
+
+register(Exercise(
+    5, "rejection", "Speculative decoding's rejection sampler: accept, or resample from the residual",
+    _REJECTION_STUB, lambda: rejection.reference_verify,
+    lambda solution, **kw: rejection.check_rejection(solution, hints=_REJECTION_HINTS, **kw),
+    _REJECTION_HINTS))

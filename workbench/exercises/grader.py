@@ -35,7 +35,7 @@ class CheckResult:
     """What ``check(name, solution)`` found.
 
     ``passed``; ``first_wrong_step`` (None when passed): the engine step (or, for a
-    statistical exercise, the drawn case) where the solution first differs; ``message``: what
+    statistical exercise, the drawn case: ``unit`` says which) where the solution first differs; ``message``: what
     differed, in words; ``expected`` / ``got``: the reference's and the solution's decision
     there; ``workload``: the smallest workload found that shows it; ``score``: how much was
     checked. ``show()`` opens the view at that step, ``hint()`` gives one more hint per call.
@@ -51,6 +51,7 @@ class CheckResult:
     score: str = ""
     hints: Sequence[str] = ()
     view: Callable[[], Any] | None = field(default=None, repr=False)
+    unit: str = "step"  # what first_wrong_step counts: engine steps, or drawn cases (statistical)
     _hints_given: int = field(default=0, repr=False)
 
     def show(self):
@@ -72,11 +73,11 @@ class CheckResult:
     def __repr__(self) -> str:
         if self.passed:
             return f"PASSED {self.exercise}: {self.message}"
-        return f"FAILED {self.exercise} at step {self.first_wrong_step}: {self.message}"
+        return f"FAILED {self.exercise} at {self.unit} {self.first_wrong_step}: {self.message}"
 
     def _repr_html_(self) -> str:
         colour = "#2e7d32" if self.passed else "#c62828"
-        word = "PASSED" if self.passed else f"FAILED at step {self.first_wrong_step}"
+        word = "PASSED" if self.passed else f"FAILED at {self.unit} {self.first_wrong_step}"
         return (f'<div><b style="color:{colour}">{word}</b> <code>{html.escape(self.exercise)}</code>'
                 f'<pre style="white-space:pre-wrap">{html.escape(self.message)}</pre></div>')
 
