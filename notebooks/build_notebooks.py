@@ -2,6 +2,10 @@
 
     python notebooks/build_notebooks.py            # every tutorial
     python notebooks/build_notebooks.py 06 07      # only these (by number or file stem)
+    python notebooks/build_notebooks.py exercises/01   # a self-grading exercise (exercises: all of them)
+
+The self-grading exercises live the same way one folder down: ``notebooks/exercises/src/NN_name.py``
+becomes ``notebooks/exercises/NN_name.ipynb`` (executed in notebooks/exercises/).
 
 A source is a Jupytext "percent" script: ``# %% [markdown]`` starts a prose cell (its lines
 commented), ``# %%`` a code cell. Edit the source, never the notebook, then rebuild; editors
@@ -25,19 +29,34 @@ from nbclient import NotebookClient
 
 NOTEBOOKS = pathlib.Path(__file__).resolve().parent
 SOURCES = NOTEBOOKS / "src"
+EXERCISES = NOTEBOOKS / "exercises"
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 
 
 def sources(selected: list[str] | None = None) -> list[pathlib.Path]:
-    """The tutorial sources, in order; ``selected`` filters by number ("06") or stem."""
-    paths = sorted(SOURCES.glob("[0-9][0-9]_*.py"))
+    """The tutorial sources, then the exercises', in order; ``selected`` filters by number
+    ("06") or stem, an exercise by ``exercises/`` and its number or stem, or all exercises by
+    ``exercises``."""
+    paths = sorted(SOURCES.glob("[0-9][0-9]_*.py")) + sorted((EXERCISES / "src").glob("[0-9][0-9]_*.py"))
     if not selected:
         return paths
-    chosen = [p for p in paths if p.stem in selected or p.stem[:2] in selected]
-    unknown = set(selected) - {p.stem for p in chosen} - {p.stem[:2] for p in chosen}
+    chosen = [p for p in paths if set(names(p)) & set(selected)]
+    unknown = set(selected) - {n for p in chosen for n in names(p)}
     if unknown:
-        raise SystemExit(f"no tutorial source for {sorted(unknown)} in {SOURCES}")
+        raise SystemExit(f"no notebook source for {sorted(unknown)} in {SOURCES} or {EXERCISES / 'src'}")
     return chosen
+
+
+def names(path: pathlib.Path) -> tuple[str, ...]:
+    """What selects a source on the command line."""
+    if path.parent.parent == EXERCISES:
+        return "exercises", f"exercises/{path.stem}", f"exercises/{path.stem[:2]}"
+    return path.stem, path.stem[:2]
+
+
+def target(path: pathlib.Path) -> pathlib.Path:
+    """The notebook a source builds: next to its ``src/`` folder."""
+    return path.parent.parent / f"{path.stem}.ipynb"
 
 
 def read_source(path: pathlib.Path) -> nbformat.NotebookNode:
@@ -52,15 +71,16 @@ def read_source(path: pathlib.Path) -> nbformat.NotebookNode:
 
 
 def build(path: pathlib.Path) -> pathlib.Path:
-    """Execute one source in a fresh kernel (working directory notebooks/) and write the .ipynb."""
+    """Execute one source in a fresh kernel (working directory: the notebook's folder) and
+    write the .ipynb."""
     nb = read_source(path)
+    out = target(path)
     NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+                   resources={"metadata": {"path": str(out.parent)}}).execute()
     for cell in nb.cells:  # per-run timestamps would make every rebuild a diff
         cell.metadata.pop("execution", None)
-    target = NOTEBOOKS / f"{path.stem}.ipynb"
-    nbformat.write(nb, target)
-    return target
+    nbformat.write(nb, out)
+    return out
 
 
 def main(argv: list[str]) -> int:

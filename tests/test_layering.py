@@ -33,6 +33,7 @@ LAYERS = (
     ("engine",),
     ("lab",),
     ("viz",),
+    ("exercises",),  # self-grading exercises: the engine, the simulator and the player
     ("entrypoints",),  # llm, magics, openai
     ("benchmarks",),
     ("entrypoints.cli",),  # the dispatcher

@@ -1,4 +1,5 @@
-"""The tutorials in notebooks/ are built from notebooks/src/ and keep the issue's shape.
+"""The tutorials in notebooks/ are built from notebooks/src/ (the exercises in
+notebooks/exercises/ from notebooks/exercises/src/) and keep the issue's shape.
 
 nbval (``pytest --nbval``) runs each notebook and compares its outputs; this file checks what
 nbval cannot: that a notebook holds exactly its source's cells (nobody edited one side only),
@@ -21,25 +22,28 @@ _spec = importlib.util.spec_from_file_location("build_notebooks", NOTEBOOKS / "b
 build_notebooks = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build_notebooks)
 SOURCES = build_notebooks.sources()
+TUTORIALS = [p for p in SOURCES if p.parent == NOTEBOOKS / "src"]
 
 
-def test_every_notebook_has_a_source():
-    assert SOURCES, "no tutorial sources found"
-    assert {p.stem for p in NOTEBOOKS.glob("*.ipynb")} == {p.stem for p in SOURCES}
+@pytest.mark.parametrize("folder", [NOTEBOOKS, NOTEBOOKS / "exercises"], ids=["tutorials", "exercises"])
+def test_every_notebook_has_a_source(folder):
+    built = {p.stem for p in folder.glob("*.ipynb")}
+    assert built, f"no notebooks in {folder}"
+    assert built == {p.stem for p in SOURCES if build_notebooks.target(p).parent == folder}
 
 
-@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: build_notebooks.names(p)[-2])
 def test_notebook_holds_its_source(source):
     expected = build_notebooks.read_source(source)
-    stored = nbformat.read(NOTEBOOKS / f"{source.stem}.ipynb", as_version=4)
+    stored = nbformat.read(build_notebooks.target(source), as_version=4)
     assert [(c.cell_type, c.source) for c in stored.cells] == [
         (c.cell_type, c.source) for c in expected.cells
-    ], f"{source.stem}.ipynb is stale: run `python notebooks/build_notebooks.py {source.stem[:2]}`"
+    ], f"{source.stem}.ipynb is stale: run `python notebooks/build_notebooks.py {build_notebooks.names(source)[-1]}`"
     unrun = [i for i, c in enumerate(stored.cells) if c.cell_type == "code" and c.execution_count is None]
     assert not unrun, f"cells {unrun} of {source.stem}.ipynb were never executed"
 
 
-@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("source", TUTORIALS, ids=lambda p: p.stem)
 def test_tutorial_shape(source):
     cells = build_notebooks.read_source(source).cells
     kinds = [c.cell_type for c in cells]

@@ -39,6 +39,7 @@ COMMAND_GROUPS = {
     "requests": ("add", "step", "run", "replay", "compare", "fork"),
     "views": ("show", "player", "dashboard", "profile"),
     "serving": ("serve", "stop"),
+    "exercises": ("exercise",),
     "help": ("help",),
 }
 ENGINE_FLAGS = "engine options"  # the argument group of EngineArgs' flags
@@ -127,6 +128,11 @@ def build_parser() -> _Parser:
     serve.add_argument("--port", type=int, default=8000, metavar="PORT", help="(default: 8000)")
     serve.add_argument("--api-key", default=None, metavar="KEY", help="require this bearer token (default: none)")
     sub.add_parser("stop", add_help=False, help="stop serving; the engine is yours to step again")
+    exercise = sub.add_parser("exercise", add_help=False,
+                              help="a self-grading exercise: its stub into the next cell, or --check a solution")
+    exercise.add_argument("name", metavar="NAME", help="admission, policy, eviction, chunked_prefill or rejection")
+    exercise.add_argument("--check", default=None, metavar="VAR",
+                          help="grade this notebook variable (the filled-in stub) step by step")
     topic = sub.add_parser("help", add_help=False, help="every option of one command")
     topic.add_argument("topic", nargs="?", default=None, metavar="COMMAND", choices=[*sub.choices],
                        help="the command (none: the command list)")
@@ -357,6 +363,17 @@ class WorkbenchMagics(Magics):
         from workbench.viz import EngineDashboard
 
         return EngineDashboard(self.engine, read_only=self.server is not None)
+
+    def _cmd_exercise(self, options):
+        import workbench.exercises as exercises
+
+        exercise = exercises.exercise(options.name)
+        if options.check is not None:
+            return exercises.check(exercise.name, self._variable(options.check))
+        print(f"Exercise {exercise.number}: {exercise.title} ({exercise.notebook}).\n"
+              f"Fill in the next cell, run it, then: %llm exercise {exercise.name} --check NAME")
+        self.shell.set_next_input(exercise.stub)
+        return None
 
     def _cmd_replay(self, options):
         from workbench.lab.replay import replay_workload
