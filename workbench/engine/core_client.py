@@ -156,6 +156,11 @@ class MPClient(EngineCoreClient):
 
     # ------------------------------------------------------------------ sending
     @property
+    def stopping(self) -> bool:
+        """Whether shutdown() was called (the core's exit is then no error)."""
+        return self._stopping
+
+    @property
     def is_alive(self) -> bool:
         return self.dead_error is None and not self._stopping
 
@@ -361,17 +366,28 @@ class SyncMPClient(MPClient):
 class AsyncMPClient(MPClient):
     """``async`` calls to a core process (vLLM's AsyncMPClient), usable from any event loop.
 
-    ``output_handler``, when given, receives every outputs message on the client's output
-    thread (AsyncLLM's handler, which hands them to each request's loop); otherwise
-    ``get_output_async()`` returns them in order."""
+    ``get_output_async()`` returns the outputs in order, unless :meth:`set_handlers` gave an
+    output handler, which then receives every outputs message on the client's output thread
+    (AsyncLLM's, which hands them to each request's loop)."""
 
-    def __init__(self, config, *, output_handler: Callable[[EngineCoreOutputs], None] | None = None,
-                 dead_handler: Callable[[EngineDeadError], None] | None = None) -> None:
+    def __init__(self, config) -> None:
         self._outputs: collections.deque = collections.deque()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
         self._queue_lock = threading.Lock()
-        self._dead_handler = dead_handler
-        super().__init__(config, on_outputs=output_handler or self._push, on_dead=self._dead)
+        self._output_handler: Callable[[EngineCoreOutputs], None] | None = None
+        self._dead_handler: Callable[[EngineDeadError], None] | None = None
+        super().__init__(config, on_outputs=self._output, on_dead=self._dead)
+
+    def set_handlers(self, output_handler: Callable[[EngineCoreOutputs], None],
+                     dead_handler: Callable[[EngineDeadError], None]) -> None:
+        """Send every outputs message to ``output_handler`` and the death to ``dead_handler``
+        (both on the output thread), before any request is added."""
+        self._output_handler, self._dead_handler = output_handler, dead_handler
+        if self.dead_error is not None:  # died already
+            dead_handler(self.dead_error)
+
+    def _output(self, message: EngineCoreOutputs) -> None:
+        (self._output_handler or self._push)(message)
 
     def _dead(self, error: EngineDeadError) -> None:
         self._push(error)
@@ -406,6 +422,10 @@ class AsyncMPClient(MPClient):
         await asyncio.wrap_future(self._send_add(request))
 
     async def abort_requests_async(self, request_ids: list[str]) -> None:
+        self._send_abort(request_ids)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Send the abort (never waits: callable from a stream's close())."""
         self._send_abort(request_ids)
 
     async def call_utility_async(self, method: str, *args: Any) -> Any:
