@@ -1,0 +1,101 @@
+"""The serving tests again with the engine core in a child process (``multiprocess_mode``, one
+core process for the module): chat and completions, streamed and whole, against
+transformers; error bodies; aborts when a consumer or an HTTP client leaves (blocks freed,
+/metrics counting them from the stats the core ships); the official ``openai`` client. Then
+the records come back whole, and killing the core mid-stream is survived as vLLM does:
+open streams end with an error event then ``[DONE]``, ``/health`` and new requests answer
+503, nothing hangs. (The kill is this module's last test: it ends the module's core.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+from workbench.engine.history import StepHistory
+from workbench.entrypoints.openai.api_server import build_app
+
+from serving_support import GOOD, KEY, MODEL, hf, serving_fixtures, uvicorn_server  # noqa: F401
+from test_api_server import (  # noqa: F401  (collected here again, on this module's fixtures)
+    test_abort_from_outside_ends_the_stream_with_abort,
+    test_async_llm_validation_error_propagates, test_chat_streaming_first_chunk_carries_role,
+    test_concurrent_streams_complete_and_free_blocks, test_consumer_leaving_aborts_and_frees_blocks,
+    test_error_does_not_disturb_request_in_flight, test_greedy_completion_and_chat_equal_transformers,
+    test_http_client_disconnect_aborts_request, test_malformed_json_is_400,
+    test_streaming_completion_concatenates_to_full_text)
+from test_openai_client import (  # noqa: F401
+    test_chat_shapes_and_stream, test_completion_stream_with_usage,
+    test_errors_map_to_the_clients_exceptions)
+
+async_llm, app = serving_fixtures(multiprocess=True)
+
+
+@pytest.fixture(scope="module")
+def keyed_app(async_llm):
+    return build_app(async_llm, model_name=MODEL, api_key=KEY)
+
+
+@pytest.fixture(scope="module")
+def served(keyed_app):
+    with uvicorn_server(keyed_app) as base_url:
+        yield base_url
+
+
+@pytest.fixture(scope="module")
+def api(served):
+    return openai.OpenAI(base_url=f"{served}/v1", api_key=KEY, max_retries=0, timeout=30)
+
+
+def test_the_core_runs_in_a_child_process(async_llm):
+    assert async_llm.multiprocess_mode and async_llm.engine is None
+    assert async_llm._client.proc.pid != os.getpid() and async_llm.is_running
+    assert "multiprocess_mode=True" in repr(async_llm)
+
+
+def test_the_records_come_back_whole(async_llm, api):
+    before = len(asyncio.run(async_llm.get_history()))
+    out = api.completions.create(model=MODEL, prompt="ROMEO:", max_tokens=5, temperature=0,
+                                 extra_body={"ignore_eos": True})
+    history = asyncio.run(async_llm.get_history())
+    assert isinstance(history, StepHistory) and len(history) > before
+    sampled = [t for record in list(history)[before:] for ids in record.sampled_token_ids.values()
+               for t in ([ids] if isinstance(ids, int) else ids)]
+    assert len(sampled) == out.usage.completion_tokens == 5
+    assert len(history.to_dataframe()) == len(history)
+
+
+def test_killing_the_core_mid_stream_ends_streams_and_answers_503(async_llm, api, served):
+    """Last in the module: it kills the module's core process."""
+    long = {**GOOD, "prompt": "OTHELLO:", "max_tokens": 300, "stream": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=served, headers=headers, timeout=30) as http, \
+            http.stream("POST", "/v1/completions", json=long) as raw:
+        chat = api.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Speak."}], max_tokens=300,
+            stream=True, extra_body={"ignore_eos": True})
+        lines = raw.iter_lines()
+        first = next(line for line in lines if line)
+        assert json.loads(first[len("data: "):])["choices"]
+        next(iter(chat))
+        start = time.monotonic()
+        os.kill(async_llm._client.proc.pid, signal.SIGKILL)
+        rest = [line for line in lines if line]
+        with pytest.raises(openai.APIError, match="died unexpectedly"):
+            for _ in chat:
+                pass
+        health = http.get("/health")
+        with pytest.raises(openai.InternalServerError) as refused:
+            api.completions.create(model=MODEL, prompt="ROMEO:", max_tokens=2)
+    assert time.monotonic() - start < 10  # nothing waited for the dead core
+    assert rest[-1] == "data: [DONE]"
+    error = json.loads(rest[-2][len("data: "):])["error"]
+    assert error["code"] == 503 and "died unexpectedly" in error["message"]
+    assert health.status_code == 503 and "died unexpectedly" in health.json()["error"]["message"]
+    assert refused.value.status_code == 503
+    assert not async_llm.is_running and "exit code -9" in str(async_llm.dead_error)
