@@ -38,6 +38,23 @@ from workbench.outputs import RequestOutput
 logger = logging.getLogger(__name__)
 _POLL_MS = 500  # the input thread checks this often that its parent process is alive
 _STATS_LOGGER = "core_client"  # the stat logger that ships each step's stats to the client
+#: vLLM's variable: CPUs a CPU engine core leaves to the front end's process (default 1).
+RESERVED_CPU_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+
+
+def reserve_cpus_for_the_frontend(config) -> int:
+    """On a CPU device, unless ``OMP_NUM_THREADS`` sets it: run the core's intra-op threads on
+    all CPUs but ``VLLM_CPU_NUM_OF_RESERVED_CPU`` (default 1, at least one thread left), as
+    vLLM's CPU worker leaves CPUs to its API server. Without it the front end (HTTP, SSE,
+    tokenizing) preempts an OpenMP thread mid-step, and every parallel region then waits for
+    it: on a small box each step takes many times longer. Returns the threads used."""
+    import torch
+
+    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cpu") and "OMP_NUM_THREADS" not in os.environ:
+        reserved = int(os.environ.get(RESERVED_CPU_ENV, "1"))
+        torch.set_num_threads(max(1, torch.get_num_threads() - reserved))
+    return torch.get_num_threads()
 
 
 class EngineCore:
@@ -159,6 +176,7 @@ class EngineCoreProc(EngineCore):
         on any failure send ``engine_dead`` (the error) and exit with status 1."""
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
         try:
+            reserve_cpus_for_the_frontend(config)
             core = EngineCoreProc(LLMEngine(config), input_address, output_address, parent_pid)
         except BaseException as exc:
             _send_dead(output_address, f"The engine core failed to start: {exc!r}\n"
