@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import threading
 import time
+from unittest import mock
 
 import httpx
 import pytest
@@ -35,8 +37,9 @@ def serving_fixtures(num_blocks: int = NUM_BLOCKS, engine: dict | None = None,
     @pytest.fixture(scope="module")
     def async_llm():
         options = dict(device="cpu", block_size=8, num_kv_blocks=num_blocks, **(engine or {}))
-        if multiprocess:
-            llm = AsyncLLM.from_engine_args(EngineArgs(multiprocess_mode=True, **options))
+        if multiprocess:  # small output chunks: concurrent streams cross chunk boundaries
+            with mock.patch.dict(os.environ, {"VLLM_V1_OUTPUT_PROC_CHUNK_SIZE": "2"}):
+                llm = AsyncLLM.from_engine_args(EngineArgs(multiprocess_mode=True, **options))
         else:
             llm = AsyncLLM(LLMEngine(**options))
         yield llm

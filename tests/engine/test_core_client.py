@@ -150,3 +150,23 @@ def test_a_core_that_cannot_start_says_why():
 def test_make_client_shapes():
     with pytest.raises(NotImplementedError):
         EngineCoreClient.make_client(False, True, CONFIG)
+
+
+def test_the_switches(monkeypatch):
+    from workbench.engine.async_llm import output_chunk_size
+    from workbench.engine.core_client import multiprocessing_enabled
+    from workbench.entrypoints.cli import build_parser
+    from workbench.config import EngineArgs
+
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    assert not multiprocessing_enabled(False) and multiprocessing_enabled(True)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    assert multiprocessing_enabled(False)
+    args = build_parser().parse_args(["serve", "--multiprocess-mode"])
+    assert EngineArgs.from_cli_args(args).multiprocess_mode is True
+    assert EngineArgs.from_cli_args(build_parser().parse_args(["serve"])).multiprocess_mode is False
+    monkeypatch.setenv("VLLM_V1_OUTPUT_PROC_CHUNK_SIZE", "0")
+    with pytest.raises(ValueError, match="VLLM_V1_OUTPUT_PROC_CHUNK_SIZE must be an integer >= 1"):
+        output_chunk_size()
+    monkeypatch.delenv("VLLM_V1_OUTPUT_PROC_CHUNK_SIZE")
+    assert output_chunk_size() == 128

@@ -19,6 +19,10 @@ import openai
 import pytest
 
 from workbench.engine.history import StepHistory
+from workbench.engine.request_output_collector import RequestOutputCollector
+from workbench.engine.serial_utils import EngineCoreOutputs
+from workbench.outputs import CompletionOutput, RequestOutput
+from workbench.sampling_params import RequestOutputKind
 from workbench.entrypoints.openai.api_server import build_app
 
 from serving_support import GOOD, KEY, MODEL, hf, serving_fixtures, uvicorn_server  # noqa: F401
@@ -56,6 +60,29 @@ def test_the_core_runs_in_a_child_process(async_llm):
     assert async_llm.multiprocess_mode and async_llm.engine is None
     assert async_llm._client.proc.pid != os.getpid() and async_llm.is_running
     assert "multiprocess_mode=True" in repr(async_llm)
+
+
+def test_outputs_reach_their_loops_a_chunk_at_a_time(async_llm):
+    """VLLM_V1_OUTPUT_PROC_CHUNK_SIZE=2 here: 5 outputs are 3 callbacks on their loop."""
+    calls = []
+
+    class Loop:  # records what the output handler schedules
+        def call_soon_threadsafe(self, fn, items):
+            calls.append((fn, items))
+
+    collectors = {f"chunk-{i}": RequestOutputCollector(RequestOutputKind.DELTA, f"chunk-{i}")
+                  for i in range(5)}
+    outputs = [RequestOutput(rid, "p", [1], [CompletionOutput(0, "x", [2], None, None)], True)
+               for rid in collectors]
+    with async_llm._lock:
+        loop = Loop()
+        async_llm._streams.update({rid: (loop, c) for rid, c in collectors.items()})
+    async_llm._handle_core_outputs(EngineCoreOutputs(outputs=outputs))
+    assert [len(items) for _, items in calls] == [2, 2, 1]
+    for fn, items in calls:
+        fn(items)
+    assert [c.get_nowait() for c in collectors.values()] == outputs
+    assert not set(collectors) & set(async_llm._streams)  # finished: unregistered
 
 
 def test_the_records_come_back_whole(async_llm, api):
