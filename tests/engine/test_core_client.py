@@ -30,6 +30,11 @@ def params(i: int) -> SamplingParams:
 
 
 @pytest.fixture(scope="module")
+def engine():
+    return LLMEngine(CONFIG)
+
+
+@pytest.fixture(scope="module")
 def client():
     c = EngineCoreClient.make_client(multiprocess_mode=True, asyncio_mode=False, config=CONFIG)
     assert isinstance(c, SyncMPClient)
@@ -54,8 +59,7 @@ def run(add, abort, get_output, processor) -> dict[str, RequestOutput]:
     return texts
 
 
-def test_outputs_and_history_equal_the_in_process_engine(client):
-    engine = LLMEngine(CONFIG)
+def test_outputs_and_history_equal_the_in_process_engine(client, engine):
     inproc = InprocClient(engine)
     expected = run(inproc.add_request, inproc.abort_requests, inproc.get_output,
                    engine.input_processor)
@@ -101,8 +105,8 @@ def test_refusals_and_unknown_utilities_reach_the_caller(client):
             "cb", "ROMEO:", SamplingParams(logits_processors=[lambda ids, logits: logits])))
 
 
-def test_requests_and_outputs_round_trip_through_msgpack():
-    engine_request = LLMEngine(CONFIG).input_processor.process_inputs(
+def test_requests_and_outputs_round_trip_through_msgpack(engine):
+    engine_request = engine.input_processor.process_inputs(
         "x", "ROMEO:", SamplingParams(
             n=2, temperature=0.7, stop=["\n", "lord"], logit_bias={3: 1.5}, logprobs=2,
             output_kind=RequestOutputKind.FINAL_ONLY, bad_words=["king"],
@@ -118,7 +122,6 @@ def test_requests_and_outputs_round_trip_through_msgpack():
     assert back.lora_request.lora_name == "a" and back.cache_salt == "s"
     assert {k: v for k, v in back.__dict__.items() if k not in ("sampling_params", "lora_request")} \
         == {k: v for k, v in engine_request.__dict__.items() if k not in ("sampling_params", "lora_request")}
-    engine = LLMEngine(CONFIG)
     engine.add_request("o", "ROMEO:", SamplingParams(max_tokens=3, logprobs=2, prompt_logprobs=1))
     outs = []
     while engine.has_unfinished_requests():

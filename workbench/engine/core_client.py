@@ -187,21 +187,28 @@ class MPClient(EngineCoreClient):
 
     def _send_add(self, request: EngineCoreRequest) -> concurrent.futures.Future:
         """Send an ADD; the future resolves once the core queued it (or raises its refusal)."""
-        call_id, future = self._new_call()
-        if call_id:
-            self._send(EngineCoreRequestType.ADD, call_id.to_bytes(8, "little"),
-                       self._encoder.encode_request(request))
-        return future
+        return self._call(lambda call_id: (EngineCoreRequestType.ADD, call_id.to_bytes(8, "little"),
+                                           self._encoder.encode_request(request)))
 
     def _send_abort(self, request_ids: list[str]) -> None:
         if request_ids and self.is_alive:
             self._send(EngineCoreRequestType.ABORT, self._encoder.encode(list(request_ids)))
 
     def _send_utility(self, method: str, args: tuple) -> concurrent.futures.Future:
+        return self._call(lambda call_id: (EngineCoreRequestType.UTILITY, self._encoder.encode(
+            UtilityCall(call_id, method, dumps(args)))))
+
+    def _call(self, message: Callable[[int], tuple]) -> concurrent.futures.Future:
+        """Send ``message(call_id)``; the future of its answer (already failed when the core
+        is dead). An encoding or sending error is raised here, the call forgotten."""
         call_id, future = self._new_call()
         if call_id:
-            self._send(EngineCoreRequestType.UTILITY,
-                       self._encoder.encode(UtilityCall(call_id, method, dumps(args))))
+            try:
+                self._send(*message(call_id))
+            except BaseException:
+                with self._lock:
+                    self._calls.pop(call_id, None)
+                raise
         return future
 
     # ------------------------------------------------------------------ receiving

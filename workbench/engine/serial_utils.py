@@ -30,7 +30,6 @@ class EngineCoreRequestType(enum.Enum):
 
     ADD = b"\x00"
     ABORT = b"\x01"
-    START_DP_WAVE = b"\x02"  # vLLM's; unused here (one engine)
     UTILITY = b"\x03"
     SHUTDOWN = b"\x04"  # here: stop the busy loop and exit (vLLM signals the process instead)
 
