@@ -3,8 +3,8 @@ core process for the module): chat and completions, streamed and whole, against
 transformers; error bodies; aborts when a consumer or an HTTP client leaves (blocks freed,
 /metrics counting them from the stats the core ships); the official ``openai`` client. Then
 the records come back whole, and killing the core mid-stream is survived as vLLM does:
-open streams end with an error event then ``[DONE]``, ``/health`` and new requests answer
-503, nothing hangs. (The kill is this module's last test: it ends the module's core.)"""
+open streams end with an error event then ``[DONE]``, the server stops (``make_server``),
+``/health`` and new requests answer 503, nothing hangs. (The kill is this module's last test: it ends the module's core.)"""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import signal
+import threading
 import time
 
 import httpx
@@ -23,9 +24,9 @@ from workbench.engine.request_output_collector import RequestOutputCollector
 from workbench.engine.serial_utils import EngineCoreOutputs
 from workbench.outputs import CompletionOutput, RequestOutput
 from workbench.sampling_params import RequestOutputKind
-from workbench.entrypoints.openai.api_server import build_app
+from workbench.entrypoints.openai.api_server import build_app, make_server
 
-from serving_support import GOOD, KEY, MODEL, hf, serving_fixtures, uvicorn_server  # noqa: F401
+from serving_support import GOOD, KEY, MODEL, call, client, hf, serving_fixtures  # noqa: F401
 from test_api_server import (  # noqa: F401  (collected here again, on this module's fixtures)
     test_abort_from_outside_ends_the_stream_with_abort,
     test_async_llm_validation_error_propagates, test_chat_streaming_first_chunk_carries_role,
@@ -46,9 +47,23 @@ def keyed_app(async_llm):
 
 
 @pytest.fixture(scope="module")
-def served(keyed_app):
-    with uvicorn_server(keyed_app) as base_url:
-        yield base_url
+def server(keyed_app, async_llm):
+    """``make_server`` on 127.0.0.1 in a thread (it stops when the core dies): (URL, thread)."""
+    server = make_server(keyed_app, async_llm, host="127.0.0.1", port=0, log_level="warning")
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}", thread
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def served(server):
+    return server[0]
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +112,9 @@ def test_the_records_come_back_whole(async_llm, api):
     assert len(history.to_dataframe()) == len(history)
 
 
-def test_killing_the_core_mid_stream_ends_streams_and_answers_503(async_llm, api, served):
+def test_killing_the_core_mid_stream_ends_streams_and_answers_503(async_llm, app, api, server):
     """Last in the module: it kills the module's core process."""
+    served, thread = server
     long = {**GOOD, "prompt": "OTHELLO:", "max_tokens": 300, "stream": True}
     headers = {"Authorization": f"Bearer {KEY}"}
     with httpx.Client(base_url=served, headers=headers, timeout=30) as http, \
@@ -116,10 +132,18 @@ def test_killing_the_core_mid_stream_ends_streams_and_answers_503(async_llm, api
         with pytest.raises(openai.APIError, match="died unexpectedly"):
             for _ in chat:
                 pass
-        health = http.get("/health")
+    thread.join(timeout=20)  # make_server stops serving once the engine is dead, as vLLM's
+    assert not thread.is_alive()
+    assert time.monotonic() - start < 20  # nothing waited for the dead core
+
+    async def ask(c):  # the app itself still answers, in process
+        async with client(app) as http:
+            health = await http.get("/health")
         with pytest.raises(openai.InternalServerError) as refused:
-            api.completions.create(model=MODEL, prompt="ROMEO:", max_tokens=2)
-    assert time.monotonic() - start < 10  # nothing waited for the dead core
+            await c.completions.create(model=MODEL, prompt="ROMEO:", max_tokens=2)
+        return health, refused
+
+    health, refused = call(app, ask)
     assert rest[-1] == "data: [DONE]"
     error = json.loads(rest[-2][len("data: "):])["error"]
     assert error["code"] == 503 and "died unexpectedly" in error["message"]
