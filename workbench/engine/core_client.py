@@ -32,9 +32,10 @@ from typing import Any
 
 import zmq
 
-from workbench.engine.core_proc import EngineCore, EngineCoreProc
+from workbench.engine.core_proc import EngineCore
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.engine.exceptions import EngineDeadError
+from workbench.engine.llm_engine import LLMEngine
 from workbench.engine.serial_utils import (EngineCoreOutputs, EngineCoreRequestType,
                                            MsgpackDecoder, MsgpackEncoder, UtilityCall, dumps,
                                            loads)
@@ -68,16 +69,10 @@ class EngineCoreClient:
                                       "drives the engine from its engine thread.")
         if multiprocess_mode:
             return AsyncMPClient(config) if asyncio_mode else SyncMPClient(config)
-        return InprocClient(engine if engine is not None else _build_engine(config))
+        return InprocClient(engine if engine is not None else LLMEngine(config))
 
     def shutdown(self) -> None:
         raise NotImplementedError
-
-
-def _build_engine(config):
-    from workbench.engine.llm_engine import LLMEngine
-
-    return LLMEngine(config)
 
 
 class InprocClient(EngineCoreClient):
