@@ -173,3 +173,45 @@ def test_the_switches(monkeypatch):
         output_chunk_size()
     monkeypatch.delenv("VLLM_V1_OUTPUT_PROC_CHUNK_SIZE")
     assert output_chunk_size() == 128
+
+
+def test_a_step_that_raises_ends_the_core_with_its_last_words(tmp_path):
+    """The busy loop's failure path, run in this process: the core answers the ADD, sends
+    ``engine_dead`` naming the error as its last message, and exits with status 1."""
+    import threading
+
+    import zmq
+
+    from workbench.engine.core_proc import EngineCoreProc
+    from workbench.engine.serial_utils import EngineCoreRequestType
+
+    engine = LLMEngine(CONFIG)
+
+    def broken_step():
+        raise RuntimeError("device fell over")
+
+    engine.step = broken_step
+    ctx = zmq.Context()
+    to_core, from_core = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    to_core.bind(f"ipc://{tmp_path}/in")
+    from_core.bind(f"ipc://{tmp_path}/out")
+    core = EngineCoreProc(engine, f"ipc://{tmp_path}/in", f"ipc://{tmp_path}/out")
+    status = []
+    thread = threading.Thread(target=lambda: status.append(core.run()), daemon=True)
+    thread.start()
+    enc, dec = MsgpackEncoder(), MsgpackDecoder()
+    request = engine.input_processor.process_inputs("r", "ROMEO:", SamplingParams(max_tokens=4))
+    to_core.send_multipart((EngineCoreRequestType.ADD.value, (7).to_bytes(8, "little"),
+                            enc.encode_request(request)))
+    messages = []
+    while not messages or messages[-1].engine_dead is None:
+        assert from_core.poll(30_000), "the core went silent"
+        messages.append(dec.decode_outputs(from_core.recv()))
+    thread.join(timeout=10)
+    assert status == [1]
+    assert messages[0].ready is not None  # the handshake first
+    assert [m.utility_output.call_id for m in messages if m.utility_output] == [7]
+    assert "device fell over" in messages[-1].engine_dead
+    to_core.close(linger=0)
+    from_core.close(linger=0)
+    ctx.term()

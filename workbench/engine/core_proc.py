@@ -163,6 +163,7 @@ class EngineCoreProc(EngineCore):
             self._stats = _StatsForwarder()
             engine.add_logger(_STATS_LOGGER, self._stats)
         self._ctx = zmq.Context()
+        self._done = threading.Event()  # run() ended: the input thread stops too
         self._input_thread = threading.Thread(
             target=self._process_input_socket, args=(input_address,),
             name="workbench-core-input", daemon=True)
@@ -203,6 +204,10 @@ class EngineCoreProc(EngineCore):
             status = 1
         self.output_queue.put(None)  # the output thread sends what is queued, then ends
         self._output_thread.join(timeout=10)
+        self._done.set()
+        self._input_thread.join(timeout=2 * _POLL_MS / 1000)
+        if not (self._input_thread.is_alive() or self._output_thread.is_alive()):
+            self._ctx.term()  # would wait for a socket still open
         return status
 
     def run_busy_loop(self) -> None:
@@ -275,6 +280,8 @@ class EngineCoreProc(EngineCore):
         socket.connect(address)
         try:
             while True:
+                if self._done.is_set():
+                    return
                 if not socket.poll(_POLL_MS):
                     if self.parent_pid is not None and os.getppid() != self.parent_pid:
                         logger.error("The client process is gone: the engine core shuts down.")
