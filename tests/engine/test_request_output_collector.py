@@ -58,3 +58,21 @@ def test_cumulative_replaces_and_an_error_wins():
         return latest
 
     assert asyncio.run(go()).outputs[0].text == "ab"
+
+
+def test_the_in_process_queue_keeps_every_output_in_order():
+    from workbench.engine.request_output_collector import OutputQueue
+
+    async def go():
+        q = OutputQueue()
+        outs = [out({0: ("a", [1])}), out({0: ("b", [2])}, finished=True, reason="stop")]
+        for o in outs:
+            q.put(o)
+        q.put(RuntimeError("after"))
+        got = [await q.get(), await q.get()]
+        with pytest.raises(RuntimeError, match="after"):
+            await q.get()
+        return outs, got
+
+    outs, got = asyncio.run(go())
+    assert got == outs and got[0] is outs[0]

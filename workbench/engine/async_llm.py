@@ -6,7 +6,7 @@ as an engine core in a child process (vLLM V1's ``VLLM_ENABLE_V1_MULTIPROCESSING
 In process: the engine is not thread-safe, so exactly one thread (the *engine thread*) ever calls into
 it. Everything else reaches the engine by submitting a callable that the engine thread runs
 between two steps (:meth:`AsyncLLM.call`). Outputs go back to each request's asyncio loop with
-``loop.call_soon_threadsafe`` into a per-request ``asyncio.Queue``.
+``loop.call_soon_threadsafe`` into the request's queue.
 
 Input processing (tokenization, chat templates, decoding for echo) runs on a separate
 *input thread*, once per request, so a huge prompt never pauses the running streams: the
@@ -17,9 +17,10 @@ decodes a prompt.
 In a child process (:class:`~workbench.engine.core_client.AsyncMPClient`): requests go to the
 core over ZMQ; the client's output thread is the output handler, which hands each step's
 outputs to their requests' loops in chunks of ``VLLM_V1_OUTPUT_PROC_CHUNK_SIZE`` (one callback
-per loop and chunk, so a huge step never holds a loop for long). Either way a request's
-outputs wait in its :class:`~workbench.engine.request_output_collector.RequestOutputCollector`,
-which merges DELTA outputs its consumer has not taken yet.
+per loop and chunk, so a huge step never holds a loop for long), into each request's
+:class:`~workbench.engine.request_output_collector.RequestOutputCollector`, which merges the
+DELTA outputs its consumer has not taken yet, as vLLM's. In process every output is kept
+(an :class:`~workbench.engine.request_output_collector.OutputQueue`): one chunk per step.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from workbench.engine.exceptions import EngineDeadError
 from workbench.engine.fork import set_engine_thread
 from workbench.engine.input_processor import PromptType
 from workbench.engine.llm_engine import LLMEngine
-from workbench.engine.request_output_collector import RequestOutputCollector
+from workbench.engine.request_output_collector import OutputQueue, RequestOutputCollector
 from workbench.engine.serial_utils import loads
 from workbench.lora.request import LoRARequest
 from workbench.metrics.stats import StatLoggerBase
@@ -94,7 +95,8 @@ class RequestStream:
     the request (so does cancelling a pending ``__anext__``) and ends the iteration.
     """
 
-    def __init__(self, owner: AsyncLLM, request_id: str, collector: RequestOutputCollector) -> None:
+    def __init__(self, owner: AsyncLLM, request_id: str,
+                 collector: RequestOutputCollector | OutputQueue) -> None:
         self.request_id = request_id
         self.finished = False
         self.closed = False
@@ -110,11 +112,11 @@ class RequestStream:
             raise StopAsyncIteration
         try:
             item = await self._collector.get()
-        except (asyncio.CancelledError, GeneratorExit):  # the consumer is gone
-            self.close()
+        except Exception:  # delivered by the engine, which already dropped the request
+            self.closed = True
             raise
-        except BaseException:
-            self.closed = True  # the engine already dropped the request
+        except BaseException:  # cancelled while waiting: the consumer is gone
+            self.close()
             raise
         self.finished = item.finished
         return item
@@ -200,7 +202,8 @@ class AsyncLLM:
         self._error: BaseException | None = None
         # request id -> (its consumer's loop, its collector); the engine thread's only, or,
         # with a core process, shared by the event loops and the output thread (_lock).
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, RequestOutputCollector]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop,
+                                       RequestOutputCollector | OutputQueue]] = {}
         self._lock = threading.Lock()
         self._chunk_size = output_chunk_size()
         #: Set when the engine has stopped (shutdown, or an error: see dead_error).
@@ -366,7 +369,8 @@ class AsyncLLM:
             request = await self.process_inputs(request_id, prompt, params, priority=priority,
                                                 lora_request=lora_request)
         loop = asyncio.get_running_loop()
-        collector = RequestOutputCollector(request.sampling_params.output_kind, request_id)
+        collector = OutputQueue() if self._client is None else \
+            RequestOutputCollector(request.sampling_params.output_kind, request_id)
 
         # vLLM V1 serves two requests in flight under one id: AsyncLLM.add_request ->
         # InputProcessor.assign_request_id keeps the caller's id as external_req_id and runs

@@ -1,10 +1,14 @@
-"""RequestOutputCollector: one request's outputs waiting for its consumer (vLLM's name).
+"""Where one request's outputs wait for its consumer: :class:`RequestOutputCollector`
+(vLLM's, for an engine core in a child process) or :class:`OutputQueue` (the in-process
+engine thread). Both are used from their consumer's event loop only; ``get()`` raises an
+exception put there.
 
-A slot, not a queue: while the consumer has not taken the waiting output, a newer one is
+RequestOutputCollector is a slot, not a queue: while the consumer has not taken the waiting output, a newer one is
 folded into it. DELTA outputs merge (texts and token ids concatenated, per sequence index),
 CUMULATIVE and FINAL_ONLY ones replace it, an exception replaces anything. So a consumer that
 lags behind the engine gets fewer, larger chunks and never a backlog; the text it reads is
-the same. Used from its consumer's event loop only.
+the same. OutputQueue keeps every output: in process a stream gets one chunk per step that
+made new text, however late its consumer reads, which is what the notebooks show and compare.
 """
 
 from __future__ import annotations
@@ -67,6 +71,22 @@ class RequestOutputCollector:
     def _take(self) -> RequestOutput:
         output, self.output = self.output, None
         self.ready.clear()
+        if isinstance(output, BaseException):
+            raise output
+        return output
+
+
+class OutputQueue:
+    """Every output of one request, in order (see the module)."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, output: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait(output)
+
+    async def get(self) -> RequestOutput:
+        output = await self._queue.get()
         if isinstance(output, BaseException):
             raise output
         return output
