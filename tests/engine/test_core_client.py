@@ -215,3 +215,34 @@ def test_a_step_that_raises_ends_the_core_with_its_last_words(tmp_path):
     to_core.close(linger=0)
     from_core.close(linger=0)
     ctx.term()
+
+
+def test_shutdown_ends_open_streams_and_the_core_process():
+    import asyncio
+
+    import httpx
+
+    from workbench.config import EngineArgs
+    from workbench.engine.async_llm import AsyncLLM
+    from workbench.entrypoints.openai.api_server import build_app
+
+    llm = AsyncLLM.from_engine_args(EngineArgs(multiprocess_mode=True, **{
+        k: getattr(CONFIG, k) for k in ("device", "block_size", "num_kv_blocks", "max_num_seqs")}))
+    app = build_app(llm, model_name="m")
+
+    async def go():
+        stream = await llm.add_request("ROMEO:", SamplingParams(max_tokens=300, ignore_eos=True), "s")
+        await stream.__anext__()
+        await llm.shutdown()
+        with pytest.raises(EngineDeadError, match="shut down"):
+            async for _ in stream:
+                pass
+        with pytest.raises(EngineDeadError, match="shut down"):
+            await llm.add_request("ROMEO:", SamplingParams(), "s2")
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            return await c.get("/health")
+
+    health = asyncio.run(asyncio.wait_for(go(), 60))
+    assert health.status_code == 503 and llm.dead_error is None  # shut down, no error
+    assert llm._client.proc.poll() == 0  # the core left by itself, cleanly
