@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import threading
 import time
+from unittest import mock
 
 import httpx
 import pytest
@@ -15,6 +17,7 @@ import torch
 import transformers
 
 from workbench import LLMEngine, default_model_path
+from workbench.config import EngineArgs
 from workbench.engine.async_llm import AsyncLLM
 from workbench.entrypoints.openai.api_server import build_app
 
@@ -24,17 +27,27 @@ NUM_BLOCKS = 64
 GOOD = {"model": MODEL, "prompt": "ROMEO:", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
 
 
-def serving_fixtures(num_blocks: int = NUM_BLOCKS, engine: dict | None = None, **app_options):
+def serving_fixtures(num_blocks: int = NUM_BLOCKS, engine: dict | None = None,
+                     multiprocess: bool = False, **app_options):
     """Module-scoped ``async_llm`` (an engine of ``num_blocks`` KV blocks of 8 tokens and the
-    ``engine`` options, shut down after the module) and ``app`` fixtures (``build_app`` with
+    ``engine`` options, shut down after the module; ``multiprocess``: its core in a child
+    process, started once for the module) and ``app`` fixtures (``build_app`` with
     ``app_options``): ``async_llm, app = serving_fixtures()``."""
 
     @pytest.fixture(scope="module")
     def async_llm():
-        llm = AsyncLLM(LLMEngine(device="cpu", block_size=8, num_kv_blocks=num_blocks, **(engine or {})))
+        options = dict(device="cpu", block_size=8, num_kv_blocks=num_blocks, **(engine or {}))
+        if multiprocess:  # small output chunks: concurrent streams cross chunk boundaries
+            with mock.patch.dict(os.environ, {"VLLM_V1_OUTPUT_PROC_CHUNK_SIZE": "2"}):
+                llm = AsyncLLM.from_engine_args(EngineArgs(multiprocess_mode=True, **options))
+        else:
+            llm = AsyncLLM(LLMEngine(**options))
         yield llm
         asyncio.run(llm.shutdown())
-        assert not llm._thread.is_alive()
+        if multiprocess:
+            assert llm._client.proc.poll() is not None  # the core process is gone
+        else:
+            assert not llm._thread.is_alive()
 
     @pytest.fixture(scope="module")
     def app(async_llm):
@@ -80,16 +93,16 @@ def sse_events(body: str) -> list:
 
 
 async def num_free_blocks(async_llm) -> int:
-    return await async_llm.call(lambda: async_llm.engine.kv_cache.num_free_blocks)
+    return await async_llm.call_utility("get_num_free_blocks")
 
 
 async def wait_all_free(async_llm, timeout: float = 10.0, num_blocks: int = NUM_BLOCKS) -> None:
-    """Poll (on the engine thread) until no request is in flight and every block is free."""
+    """Poll (between two steps, in process or in the core process) until no request is in
+    flight and every block is free."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        busy, free = await async_llm.call(
-            lambda: (async_llm.engine.has_unfinished_requests(),
-                     async_llm.engine.kv_cache.num_free_blocks))
+        busy = await async_llm.call_utility("has_unfinished_requests")
+        free = await async_llm.call_utility("get_num_free_blocks")
         if not busy and free == num_blocks:
             return
         await asyncio.sleep(0.01)

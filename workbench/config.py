@@ -237,6 +237,10 @@ class EngineArgs:
         None, "split replies into reasoning and content with this parser ('deepseek_r1', "
         "'qwen3': <think>...</think>); structured outputs then start after the reasoning")
     max_history: int = option(10_000, "StepRecords kept in engine.history")
+    multiprocess_mode: bool = option(
+        False, "serve with the engine core in a child process over ZMQ (AsyncLLM, the server), as "
+        "vLLM V1; VLLM_ENABLE_V1_MULTIPROCESSING=1 turns it on too. Off: the steppable "
+        "in-process engine")
     log_stats: bool = option(
         True, "stat logging (vLLM's default for an engine: disable_log_stats=False): the periodic "
         "stats line every log_stats_interval seconds while steps run (the 'workbench' logger, "

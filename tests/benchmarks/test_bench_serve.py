@@ -96,3 +96,20 @@ def test_arrivals_and_summary_by_hand():
     assert s["good_requests"] == 1 and s["request_goodput"] == 0.5
     assert s["mean_tpot_ms"] == pytest.approx(150.0)  # (0.4 / 4 + 0.4 / 2) / 2
     assert s["errors"] == ["HTTP 400: bad"]
+
+
+def test_compare_multiprocessing_runs_one_workload_in_both_modes(tmp_path, capsys):
+    out = tmp_path / "modes.json"
+    rc = main(["--compare-multiprocessing", "--num-prompts", "3", "--input-len-range", "4:8",
+               "--output-len-range", "3:5", "--disable-tqdm", "--device", "cpu",
+               "--num-kv-blocks", "32", "--block-size", "8", "--output-json", str(out)])
+    assert rc == 0
+    table = capsys.readouterr().out
+    assert "in process" in table and "core process" in table
+    assert any(line.startswith("ITL mean (ms)") for line in table.splitlines())
+    summaries = json.loads(out.read_text())
+    inproc, mp = summaries["in process"], summaries["core process"]
+    assert inproc["completed"] == mp["completed"] == 3 and inproc["failed"] == mp["failed"] == 0
+    # the same workload: exactly the same tokens asked for and generated (ignore_eos)
+    assert inproc["total_input_tokens"] == mp["total_input_tokens"]
+    assert inproc["total_output_tokens"] == mp["total_output_tokens"]

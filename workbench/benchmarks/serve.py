@@ -12,15 +12,24 @@ Per request: TTFT (time to the first token), TPOT ((e2e - TTFT) / (output tokens
 (the gaps between streamed chunks) and e2e latency; reported at p50/p90/p99 with the mean.
 Throughput is tokens over the benchmark's wall time; goodput counts the requests that meet
 every ``--goodput`` SLO (e.g. ``--goodput ttft:500 tpot:50``, milliseconds).
+
+``--compare-multiprocessing`` serves the workbench itself instead (``--base-url`` unused):
+a server on 127.0.0.1 with the engine in process, then one with the engine core in a child
+process (``multiprocess_mode``, vLLM V1's layout), each warmed by one request and given the
+same workload; the two summaries print side by side, so the ZMQ boundary's cost shows in
+TTFT and ITL. The engine options (``--num-kv-blocks``, ``--max-num-seqs``...) apply to both.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import json
 import random
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -196,6 +205,77 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+MODES = ("in process", "core process")
+
+
+def format_comparison(summaries: dict[str, dict]) -> str:
+    """The summaries of :data:`MODES` side by side, with the core process's difference."""
+    a, b = (summaries[m] for m in MODES)
+    rows = [("completed / failed", f"{a['completed']} / {a['failed']}",
+             f"{b['completed']} / {b['failed']}", "")]
+    rows += [(label, a[key], b[key], f"{b[key] - a[key]:+.1f}") for key, label in (
+        ("output_throughput", "output tok/s"), ("request_throughput", "requests/s"))]
+    for name, label in (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2el", "E2E")):
+        for stat in ("mean", "p50", "p99"):
+            key = f"{stat}_{name}_ms"
+            x, y = a[key], b[key]
+            rows.append((f"{label} {stat} (ms)", x, y,
+                         "-" if x is None or y is None else f"{y - x:+.2f}"))
+    width = max(len(r[0]) for r in rows) + 2
+    lines = [f"{'':<{width}}{MODES[0]:>14}{MODES[1]:>14}{'difference':>14}"]
+    lines += [f"{r[0]:<{width}}" + "".join(f"{'-' if c is None else c:>14}" for c in r[1:])
+              for r in rows]
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _local_server(async_llm, model_name: str):
+    """The workbench's server over ``async_llm`` on 127.0.0.1 (a free port), in a thread."""
+    import uvicorn
+
+    from workbench.entrypoints.openai.api_server import build_app
+
+    server = uvicorn.Server(uvicorn.Config(build_app(async_llm, model_name=model_name),
+                                           host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="bench-serve-server", daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def compare_multiprocessing(engine_args, requests: list[BenchRequest], args,
+                            slos: dict[str, float]) -> dict[str, dict]:
+    """Run ``requests`` against a local server in each of :data:`MODES`; their summaries."""
+    from workbench.engine.async_llm import AsyncLLM
+    from workbench.engine.core_client import AsyncMPClient
+    from workbench.engine.llm_engine import LLMEngine
+
+    summaries = {}
+    for mode in MODES:
+        config = dataclasses.replace(engine_args.create_engine_config(),
+                                     multiprocess_mode=mode == MODES[1])
+        llm = AsyncLLM(client=AsyncMPClient(config)) if config.multiprocess_mode \
+            else AsyncLLM(LLMEngine(config))
+        try:
+            with _local_server(llm, "workbench") as base_url:
+                asyncio.run(run_benchmark(base_url, "workbench", requests[:1], progress=False))
+                results, duration = asyncio.run(run_benchmark(
+                    base_url, "workbench", requests, request_rate=args.request_rate,
+                    arrival=args.arrival, max_concurrency=args.max_concurrency, seed=args.seed,
+                    progress=not args.disable_tqdm))
+        finally:
+            asyncio.run(llm.shutdown())
+        summaries[mode] = summarize(results, duration, slos)
+    return summaries
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench bench serve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -214,6 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--disable-tqdm", action="store_true")
+    parser.add_argument("--compare-multiprocessing", action="store_true",
+                        help="serve the workbench twice on 127.0.0.1, engine in process and engine "
+                             "core in a child process, and print both side by side")
+    from workbench.config import EngineArgs
+
+    taken = {a.dest for a in parser._actions}
+    EngineArgs.add_cli_args(parser, exclude=taken | {"multiprocess_mode"})
     return parser
 
 
@@ -236,6 +323,22 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path(args.tokenizer or args.model)))
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     model = args.served_model_name
+    if args.compare_multiprocessing:
+        from workbench.config import EngineArgs
+
+        requests = sample_requests(args.num_prompts, args.input_len_range, args.output_len_range,
+                                   len(tokenizer), set(tokenizer.all_special_ids), args.seed)
+        engine_args = EngineArgs.from_cli_args(args)
+        summaries = compare_multiprocessing(engine_args, requests, args, slos)
+        print(f"{len(requests)} requests, input U[{args.input_len_range[0]},"
+              f"{args.input_len_range[1]}], output U[{args.output_len_range[0]},"
+              f"{args.output_len_range[1]}], rate {args.request_rate}/s ({args.arrival}), "
+              f"max concurrency {args.max_concurrency or 'unbounded'}")
+        print(format_comparison(summaries))
+        if args.output_json:
+            with open(args.output_json, "w") as f:
+                json.dump(summaries, f, indent=1, default=str)
+        return 0 if all(s["completed"] and not s["failed"] for s in summaries.values()) else 1
     if model is None:
         try:
             listing = httpx.get(args.base_url.rstrip("/") + "/v1/models", headers=headers, timeout=30,

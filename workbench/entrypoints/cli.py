@@ -76,13 +76,12 @@ def _serve(args: argparse.Namespace) -> int:
     """Run the OpenAI-compatible server (uvicorn) over one engine until interrupted."""
     import asyncio
 
-    from workbench import LLMEngine
     from workbench.config import EngineArgs
     from workbench.engine.async_llm import AsyncLLM
     from workbench.entrypoints.openai.api_server import build_app
     from workbench.entrypoints.openai.api_server import make_server
 
-    async_llm = AsyncLLM(LLMEngine.from_engine_args(EngineArgs.from_cli_args(args)))
+    async_llm = AsyncLLM.from_engine_args(EngineArgs.from_cli_args(args))
     name = args.served_model_name or args.model or "tiny-shakespeare"
     try:
         app = build_app(async_llm, model_name=name, api_key=args.api_key,

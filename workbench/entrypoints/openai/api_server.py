@@ -73,22 +73,28 @@ class _APIKeyMiddleware:
 
 
 def prometheus_logger(async_llm: AsyncLLM, model_name: str) -> PrometheusStatLogger:
-    """The engine's PrometheusStatLogger for ``model_name`` (added on first use)."""
+    """The engine's PrometheusStatLogger for ``model_name`` (added on first use); with the
+    core in a child process, AsyncLLM's own, fed the stats the core ships with its outputs."""
     engine = async_llm.engine
+    config = async_llm.config
 
     def get_or_add() -> PrometheusStatLogger:
-        existing = engine.stat_loggers.get(_LOGGER_NAME)
+        loggers = engine.stat_loggers if engine is not None else async_llm.stat_loggers
+        existing = loggers.get(_LOGGER_NAME)
         if isinstance(existing, PrometheusStatLogger) and existing.model_name == model_name:
             return existing
+        logger = PrometheusStatLogger(
+            model_name, max_model_len=async_llm.model_config.max_model_len,
+            max_lora=config.max_loras if config.enable_lora else None)
+        if engine is None:
+            loggers[_LOGGER_NAME] = logger
+            return logger
         if existing is not None:
             engine.remove_logger(_LOGGER_NAME)
-        logger = PrometheusStatLogger(
-            model_name, max_model_len=engine.model_config.max_model_len,
-            max_lora=engine.config.max_loras if engine.config.enable_lora else None)
         engine.add_logger(_LOGGER_NAME, logger)
         return logger
 
-    return async_llm.submit(get_or_add).result()
+    return get_or_add() if engine is None else async_llm.submit(get_or_add).result()
 
 
 def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | list[str] | None = None,

@@ -158,7 +158,7 @@ class OpenAIServing:
         wording for a name in use; the engine's error, naming the file, for a bad adapter)."""
         lora = self._new_lora(lora_name, lora_path)
         try:
-            await self.llm.call(lambda: self.llm.engine.add_lora(lora))
+            await self.llm.call_utility("add_lora", lora)
         except ValueError as exc:
             raise APIError(400, str(exc), "lora_path") from exc
         self.lora_requests[lora_name] = lora
@@ -168,7 +168,7 @@ class OpenAIServing:
         """:meth:`load_lora_adapter` from a thread with no event loop (``--lora-modules`` at
         start-up); a bad adapter raises the engine's ValueError."""
         lora = self._new_lora(lora_name, lora_path)
-        self.llm.submit(lambda: self.llm.engine.add_lora(lora)).result()
+        self.llm.call_utility_sync("add_lora", lora)
         self.lora_requests[lora_name] = lora
         return lora
 
@@ -176,7 +176,7 @@ class OpenAIServing:
         lora = self.lora_requests.pop(lora_name, None)
         if lora is None:
             raise APIError(404, f"The lora adapter '{lora_name}' cannot be found.", "lora_name")
-        await self.llm.call(lambda: self.llm.engine.remove_lora(lora.lora_int_id))
+        await self.llm.call_utility("remove_lora", lora.lora_int_id)
 
     # ------------------------------------------------------------------ checks
     def check_model(self, model: str | None) -> LoRARequest | None:
