@@ -19,8 +19,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from workbench.cluster.router import RoutedRequest, Router, Routing, lowest
+from workbench.cluster.cache_aware import CacheAware
+from workbench.cluster.precise_prefix import PrecisePrefix
 from workbench.cluster.replica import ReplicaView
+from workbench.cluster.router import RoutedRequest, Router, Routing, lowest
+from workbench.cluster.scorers import WeightedScorers
 
 
 class RoundRobin(Router):
@@ -90,6 +93,9 @@ ROUTERS = {
     "least_requests": LeastRequests,
     "power_of_two": PowerOfTwo,
     "session": Session,
+    "cache_aware": CacheAware,
+    "llm_d": WeightedScorers,
+    "precise_prefix": PrecisePrefix,
 }
 
 
