@@ -80,3 +80,22 @@ def test_bad_input_is_refused_with_the_field_named():
         Cluster.simulated(0)
     with pytest.raises(ValueError, match="router must be"):
         Cluster.simulated(2, router="nope")
+
+
+def test_precise_prefix_sees_each_replicas_live_prefix_cache_at_every_arrival():
+    from workbench.cluster import PrecisePrefix
+
+    seen = []
+
+    class Checked(PrecisePrefix):
+        def route(self, request, replicas):
+            for r in replicas:
+                live = {b.block_hash for b in r.engine.kv_cache.blocks if b.block_hash is not None}
+                assert self.index.blocks.get(r.index, set()) == live
+                seen.append(len(live))
+            return super().route(request, replicas)
+
+    wl = Workload.poisson(30, rate=30.0, input_len=(20, 40), output_len=(2, 6), seed=3, clock="wall",
+                          num_prefix_groups=3, prefix_len=16, text=False)
+    result = Cluster.simulated(3, {"block_size": 4, "num_kv_blocks": 24}, cost_model=TEN_MS, router=Checked()).run(wl)
+    assert max(seen) > 0 and result.summary()["prefix_hit_rate"] > 0

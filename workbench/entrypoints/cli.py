@@ -82,7 +82,16 @@ def _serve(args: argparse.Namespace) -> int:
     from workbench.entrypoints.openai.api_server import build_app
     from workbench.entrypoints.openai.api_server import make_server
 
-    async_llm = AsyncLLM(LLMEngine.from_engine_args(EngineArgs.from_cli_args(args)))
+    from workbench.metrics.kv_events_publisher import KVEventsConfig, attach
+
+    try:
+        kv_events = KVEventsConfig.from_json(args.kv_events_config) if args.kv_events_config else None
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
+    publisher = attach(engine, kv_events) if kv_events is not None else None
+    async_llm = AsyncLLM(engine)
     name = args.served_model_name or args.model or "tiny-shakespeare"
     try:
         app = build_app(async_llm, model_name=name, api_key=args.api_key,
@@ -91,6 +100,8 @@ def _serve(args: argparse.Namespace) -> int:
                         lora_modules=parse_lora_modules(args.lora_modules))
     except ValueError as exc:  # a tool-call parser flag, a bad --lora-modules entry or adapter
         asyncio.run(async_llm.shutdown())
+        if publisher is not None:
+            publisher.shutdown()
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"Serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)
@@ -99,6 +110,8 @@ def _serve(args: argparse.Namespace) -> int:
         make_server(app, async_llm, host=args.host, port=args.port, log_level=args.log_level).run()
     finally:
         asyncio.run(async_llm.shutdown())
+        if publisher is not None:
+            publisher.shutdown()
     return 0
 
 
@@ -157,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help='serve tool_choice "auto" (needs --tool-call-parser), as vLLM')
     serve.add_argument("--tool-call-parser", default=None,
                        help="how replies spell tool calls: 'hermes' (<tool_call>{json}</tool_call>)")
+    serve.add_argument("--kv-events-config", default=None, metavar="JSON",
+                       help='publish KV cache events over ZMQ as vLLM, e.g. \'{"enable_kv_cache_events": true, '
+                       '"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv-events"}\'')
     EngineArgs.add_cli_args(serve)
     serve.set_defaults(func=_serve)
 
