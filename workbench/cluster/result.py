@@ -9,6 +9,11 @@
 * ``replicas``: one :class:`ReplicaRun` per replica (its StepHistory, its requests, its
   prefix-cache counts); ``per_replica()`` tabulates them.
 * ``summary()``: the cluster's numbers (see its docstring).
+* ``fork(request_id, replica)``: the same run with that one request sent to ``replica`` (every
+  other arrival still asks the router); ``regret(sample=K)``: for K sampled decisions, each
+  alternative replica's fork and the latency difference it made -- the outcome, not the
+  router's score. Both need a run that repeats itself: simulated replicas, or real ones on
+  the step clock.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import html
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from workbench.config import EngineConfig
@@ -104,6 +110,51 @@ class ClusterResult:
         out["makespan"] = max(r.num_steps if self.clock == "steps" else r.end_s for r in self.replicas)
         out["rejected"] = len(self.rejected)
         return out
+
+    # ------------------------------------------------------------ what if
+    def fork(self, request_id: str, replica: int) -> ClusterResult:
+        """This run again with ``request_id`` routed to ``replica`` (and the earlier forks' choices
+        kept): the arrivals before it repeat exactly, the later ones are routed by a fresh copy of
+        the router on the changed state."""
+        if not self.simulated and self.clock != "steps":
+            raise ValueError("fork: real replicas on the wall clock do not repeat a run (their step times are "
+                             "measured anew); fork a simulated cluster, or run the workload on the step clock.")
+        if request_id not in {d["request_id"] for d in self.decision_rows}:
+            raise ValueError(f"fork: request {request_id!r} was not routed in this run.")
+        if not (isinstance(replica, int) and 0 <= replica < len(self.replicas)):
+            raise ValueError(f"fork: replica must be an integer in [0, {len(self.replicas) - 1}], got {replica!r}.")
+        return self.cluster.run(self.workload, forced={**self.forced, request_id: replica})
+
+    def regret(self, sample: int = 8, seed: int = 0) -> pd.DataFrame:
+        """For ``sample`` decisions drawn from ``seed`` (all when there are fewer), every
+        alternative replica's :meth:`fork`: one row per (decision, alternative) with the
+        request's ``ttft_delta`` and ``e2e_delta`` (fork minus this run; negative: the
+        alternative was better for it) and ``mean_e2e_delta`` over every request (what the
+        choice cost the cluster). Latencies in seconds, or steps on the step clock."""
+        if not isinstance(sample, int) or isinstance(sample, bool) or sample < 1:
+            raise ValueError(f"sample must be an integer >= 1, got {sample!r}.")
+        unit = "steps" if self.clock == "steps" else "s"
+        ttft, e2e = f"ttft_{unit}", f"e2e_{unit}"
+        base = self.requests.set_index("request_id")
+        picked = np.random.default_rng(seed).choice(len(self.decision_rows), min(sample, len(self.decision_rows)),
+                                                   replace=False)
+        rows = []
+        for i in sorted(picked.tolist()):
+            d = self.decision_rows[i]
+            rid = d["request_id"]
+            if rid in self.rejected:
+                continue
+            for alternative in range(len(self.replicas)):
+                if alternative == d["replica"]:
+                    continue
+                fork = self.fork(rid, alternative).requests.set_index("request_id")
+                rows.append({"arrival": d["arrival"], "request_id": rid, "replica": d["replica"],
+                             "alternative": alternative,
+                             "ttft_delta": float(fork.loc[rid, ttft] - base.loc[rid, ttft]),
+                             "e2e_delta": float(fork.loc[rid, e2e] - base.loc[rid, e2e]),
+                             "mean_e2e_delta": float(fork[e2e].mean() - base[e2e].mean())})
+        return pd.DataFrame(rows, columns=["arrival", "request_id", "replica", "alternative", "ttft_delta",
+                                           "e2e_delta", "mean_e2e_delta"])
 
     def __repr__(self) -> str:
         s = self.summary()
