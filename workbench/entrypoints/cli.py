@@ -50,6 +50,8 @@ def _bench(args: argparse.Namespace) -> int:
         from workbench.kernels.bench import main as run
     elif args.what == "serve":
         from workbench.benchmarks.serve import main as run
+    elif args.what == "cluster":
+        from workbench.benchmarks.cluster import main as run
     else:
         from workbench.benchmarks.throughput import main as run
     return run(args.rest)
@@ -178,10 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "bench",
-        help="benchmarks that print a table: scheduler | kernels | throughput | serve",
+        help="benchmarks that print a table: scheduler | kernels | throughput | serve | cluster",
         description="Run `workbench bench WHAT --help` for each benchmark's options.",
     )
-    bench.add_argument("what", choices=["scheduler", "kernels", "throughput", "serve"])
+    bench.add_argument("what", choices=["scheduler", "kernels", "throughput", "serve", "cluster"])
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="options for that benchmark")
     bench.set_defaults(func=_bench)
 
