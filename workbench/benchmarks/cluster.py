@@ -70,7 +70,7 @@ def scale(args: argparse.Namespace) -> dict:
     return {"seconds": took, "requests": s["num_requests"], "steps": steps}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench bench cluster", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
     r = sub.add_parser("routers", help="hit rate and TTFT per router on a shared-prefix workload")
@@ -89,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--rate", type=float, default=2000.0, help="arrivals per second (simulated)")
     s.add_argument("--router", default="least_requests")
     s.add_argument("--seed", type=int, default=1)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     routers(args) if args.what == "routers" else scale(args)
     return 0
 
