@@ -115,7 +115,7 @@ def test_llm_d_weighted_scorers_by_hand():
     no prefix yet: totals 2q + 2kv = [1, 3.5, 3] -> 1. The same prompt again, replica 1's LRU
     has both its blocks: prefix [0, 1, 0], totals [1, 6.5, 3] -> 1. A prompt sharing the first
     block only, with replica 1 busiest: prefix [0, 0.5, 0], queue [1, 0, 1], kv all 1 ->
-    totals [4, 3.5, 4] -> 0 (a tie with 2 goes low)."""
+    totals [4, 3.5, 4]: a tie of 0 and 2, broken by the first draw of the seed (no tie before)."""
     router = WeightedScorers()
     views = _views(load=[2, 0, 1], waiting=[2, 0, 1], usage=[0.5, 0.25, 0.0])
     first = router.route(_arrival("a", range(8)), views)
@@ -124,7 +124,11 @@ def test_llm_d_weighted_scorers_by_hand():
     assert second.replica == 1 and second.scores["prefix"] == [0.0, 1.0, 0.0]
     third = router.route(_arrival("c", [0, 1, 2, 3, 9, 9, 9, 9]), _views(load=[0, 3, 0], waiting=[0, 3, 0]))
     assert third.scores["prefix"] == [0.0, 0.5, 0.0] and third.scores["total"] == [4.0, 3.5, 4.0]
-    assert third.replica == 0
+    assert third.replica == random.Random(0).choice([0, 2])
+    other = WeightedScorers(seed=3)
+    tied = [other.route(_arrival(f"t{i}", [9] * 3), _views(load=[0, 0, 0])).replica for i in range(6)]
+    rng = random.Random(3)
+    assert tied == [rng.choice([0, 1, 2]) for _ in range(6)] and len(set(tied)) > 1
     with pytest.raises(ValueError, match="weights"):
         WeightedScorers({"nope": 1.0})
 

@@ -23,7 +23,6 @@ run step for step on either clock.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -137,7 +136,6 @@ class _Run:
         self.router = copy.deepcopy(cluster.router)
         self.tokenizer = self.replicas[0].engine.tokenizer
         self.decisions: list[dict] = []
-        self.assigned: dict[str, int] = {}
         self.outputs: dict[str, object] = {}
         self.rejected: dict[str, str] = {}
         if self.router.reads_kv_events:
@@ -145,10 +143,10 @@ class _Run:
                 replica.engine.on_step.append(self._kv_hook(replica.index))
 
     def _kv_hook(self, index: int):
-        router, rank = self.router, 0
+        router = self.router
 
         def publish(record) -> None:
-            batch = to_kv_event_batch(record.kv_events, ts=self.replicas[index].clock(), data_parallel_rank=rank)
+            batch = to_kv_event_batch(record.kv_events, ts=self.replicas[index].clock())
             if batch.events:
                 router.on_kv_events(index, batch)
         return publish
@@ -195,7 +193,6 @@ class _Run:
             for i, v in enumerate(values):
                 row[f"{name}_{i}"] = float(v)
         self.decisions.append(row)
-        self.assigned[rid] = chosen
         self._add(self.replicas[chosen], request, arrival)
 
     def _encode(self, text: str) -> list[int]:

@@ -1,7 +1,7 @@
 """Precise prefix routing (llm-d's precise-prefix-cache scorer): prefix hits read from KV events.
 
 As :class:`~workbench.cluster.scorers.WeightedScorers` (queue, KV-cache utilisation, prefix;
-weights ``2, 2, 3``; max-score picker, ties to the lowest index), but the ``prefix`` score of a
+weights ``2, 2, 3``; max-score picker, seeded random ties), but the ``prefix`` score of a
 replica is the fraction of the prompt's full blocks its prefix cache *holds now*: the prompt
 is hashed with the engine's own chained block hash (:mod:`workbench.core.kv_cache_utils`, the
 request's LoRA adapter included) and looked up in a :class:`~workbench.cluster.kv_index.KVBlockIndex`
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from workbench.cluster.kv_index import KVBlockIndex
 from workbench.cluster.replica import ReplicaView
-from workbench.cluster.router import RoutedRequest, Routing
+from workbench.cluster.router import RoutedRequest
 from workbench.cluster.scorers import WeightedScorers
 from workbench.core.kv_cache_utils import hash_request_blocks
 
@@ -25,8 +25,9 @@ class PrecisePrefix(WeightedScorers):
     name = "precise_prefix"
     reads_kv_events = True
 
-    def __init__(self, weights: dict[str, float] | None = None, *, max_prefix_blocks: int = 256) -> None:
-        super().__init__(weights, max_prefix_blocks=max_prefix_blocks)
+    def __init__(self, weights: dict[str, float] | None = None, *, max_prefix_blocks: int = 256,
+                 seed: int = 0) -> None:
+        super().__init__(weights, max_prefix_blocks=max_prefix_blocks, seed=seed)
         self.index = KVBlockIndex()
 
     def on_kv_events(self, replica: int, batch) -> None:

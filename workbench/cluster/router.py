@@ -83,8 +83,3 @@ class Router:
 def lowest(values: Sequence[float]) -> int:
     """The index of the smallest value, ties to the lowest index."""
     return min(range(len(values)), key=values.__getitem__)
-
-
-def highest(values: Sequence[float]) -> int:
-    """The index of the largest value, ties to the lowest index."""
-    return min(range(len(values)), key=lambda i: -values[i])

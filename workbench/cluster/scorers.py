@@ -1,8 +1,9 @@
 """llm-d's inference scheduler: weighted scorers and a max-score picker.
 
 Each scorer gives every replica a score in [0, 1]; the router picks the replica with the
-largest weighted sum (ties: the lowest index; llm-d's picker breaks ties at random). The
-scorers, as llm-d's (Gateway API Inference Extension) plugins:
+largest weighted sum. Ties are broken at random, as llm-d's max-score picker does, from a
+seeded generator: ``random.Random(seed).choice(tied)`` over the tied indices in order, drawn
+only when there is a tie. The scorers, as llm-d's (Gateway API Inference Extension) plugins:
 
 * ``queue``: ``(max_q - q) / (max_q - min_q)`` over the replicas' waiting queues, 1 for all
   when they are equal;
@@ -19,11 +20,12 @@ scorer for one fed by the replicas' KV events.
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict
 from collections.abc import Sequence
 
 from workbench.cluster.replica import ReplicaView
-from workbench.cluster.router import RoutedRequest, Router, Routing, highest
+from workbench.cluster.router import RoutedRequest, Router, Routing
 
 DEFAULT_WEIGHTS = {"queue": 2.0, "kv_cache": 2.0, "prefix": 3.0}
 
@@ -52,7 +54,7 @@ class WeightedScorers(Router):
     name = "llm_d"
 
     def __init__(self, weights: dict[str, float] | None = None, *, max_prefix_blocks: int = 256,
-                 lru_capacity: int = 31250) -> None:
+                 lru_capacity: int = 31250, seed: int = 0) -> None:
         weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
         unknown = sorted(set(weights) - set(DEFAULT_WEIGHTS))
         if unknown or not weights:
@@ -60,6 +62,7 @@ class WeightedScorers(Router):
         self.weights = weights
         self.max_prefix_blocks, self.lru_capacity = max_prefix_blocks, lru_capacity
         self.lrus: dict[int, OrderedDict] = {}
+        self.rng = random.Random(seed)
 
     def prefix_scores(self, request: RoutedRequest, replicas: Sequence[ReplicaView]) -> list[float]:
         tokens, scores = request.prompt_token_ids, []
@@ -91,7 +94,9 @@ class WeightedScorers(Router):
             fn = scorers[name]
             scores[name] = fn(request, replicas) if name == "prefix" else fn(replicas)
         total = [sum(self.weights[n] * scores[n][i] for n in scores) for i in range(len(replicas))]
-        choice = highest(total)
+        best = max(total)
+        tied = [i for i, t in enumerate(total) if t == best]
+        choice = tied[0] if len(tied) == 1 else self.rng.choice(tied)
         if "prefix" in self.weights:
             self.chosen(request, replicas[choice])
         return Routing(choice, {**scores, "total": total})
