@@ -32,6 +32,7 @@ LAYERS = (
     ("structured_output",),  # the grammars: the engine owns the manager, the sampler masks
     ("engine",),
     ("lab",),
+    ("cluster",),  # many engines behind a router: replicas, routers, decisions (over engine and lab)
     ("viz",),
     ("exercises",),  # self-grading exercises: the engine, the simulator and the player
     ("entrypoints",),  # llm, magics, openai

@@ -50,6 +50,8 @@ def _bench(args: argparse.Namespace) -> int:
         from workbench.kernels.bench import main as run
     elif args.what == "serve":
         from workbench.benchmarks.serve import main as run
+    elif args.what == "cluster":
+        from workbench.benchmarks.cluster import main as run
     else:
         from workbench.benchmarks.throughput import main as run
     return run(args.rest)
@@ -78,10 +80,26 @@ def _serve(args: argparse.Namespace) -> int:
 
     from workbench.config import EngineArgs
     from workbench.engine.async_llm import AsyncLLM
-    from workbench.entrypoints.openai.api_server import build_app
-    from workbench.entrypoints.openai.api_server import make_server
+    from workbench.engine.core_client import multiprocessing_enabled
+    from workbench.engine.llm_engine import LLMEngine
+    from workbench.entrypoints.openai.api_server import build_app, make_server
+    from workbench.metrics.kv_events_publisher import KVEventsConfig, attach
 
-    async_llm = AsyncLLM.from_engine_args(EngineArgs.from_cli_args(args))
+    engine_args = EngineArgs.from_cli_args(args)
+    try:
+        kv_events = KVEventsConfig.from_json(args.kv_events_config) if args.kv_events_config else None
+        if kv_events is not None and multiprocessing_enabled(engine_args.multiprocess_mode):
+            raise ValueError("--kv-events-config publishes from an engine in this process: drop "
+                             "--multiprocess-mode (and VLLM_ENABLE_V1_MULTIPROCESSING) to use it.")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if kv_events is None:
+        async_llm, publisher = AsyncLLM.from_engine_args(engine_args), None
+    else:
+        engine = LLMEngine.from_engine_args(engine_args)
+        publisher = attach(engine, kv_events)
+        async_llm = AsyncLLM(engine)
     name = args.served_model_name or args.model or "tiny-shakespeare"
     try:
         app = build_app(async_llm, model_name=name, api_key=args.api_key,
@@ -90,6 +108,8 @@ def _serve(args: argparse.Namespace) -> int:
                         lora_modules=parse_lora_modules(args.lora_modules))
     except ValueError as exc:  # a tool-call parser flag, a bad --lora-modules entry or adapter
         asyncio.run(async_llm.shutdown())
+        if publisher is not None:
+            publisher.shutdown()
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"Serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)
@@ -98,6 +118,8 @@ def _serve(args: argparse.Namespace) -> int:
         make_server(app, async_llm, host=args.host, port=args.port, log_level=args.log_level).run()
     finally:
         asyncio.run(async_llm.shutdown())
+        if publisher is not None:
+            publisher.shutdown()
     return 0
 
 
@@ -156,15 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help='serve tool_choice "auto" (needs --tool-call-parser), as vLLM')
     serve.add_argument("--tool-call-parser", default=None,
                        help="how replies spell tool calls: 'hermes' (<tool_call>{json}</tool_call>)")
+    serve.add_argument("--kv-events-config", default=None, metavar="JSON",
+                       help='publish KV cache events over ZMQ as vLLM, e.g. \'{"enable_kv_cache_events": true, '
+                       '"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv-events"}\'')
     EngineArgs.add_cli_args(serve)
     serve.set_defaults(func=_serve)
 
     bench = sub.add_parser(
         "bench",
-        help="benchmarks that print a table: scheduler | kernels | throughput | serve",
+        help="benchmarks that print a table: scheduler | kernels | throughput | serve | cluster",
         description="Run `workbench bench WHAT --help` for each benchmark's options.",
     )
-    bench.add_argument("what", choices=["scheduler", "kernels", "throughput", "serve"])
+    bench.add_argument("what", choices=["scheduler", "kernels", "throughput", "serve", "cluster"])
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="options for that benchmark")
     bench.set_defaults(func=_bench)
 

@@ -5,6 +5,7 @@ are ipywidgets; the ``plot_*`` functions draw on a matplotlib Axes.
 """
 
 from workbench.viz.block_map import BlockMap
+from workbench.viz.cluster_timeline import ClusterTimeline, plot_cluster_timeline
 from workbench.viz.comparison import ComparisonView
 from workbench.viz.dashboard import EngineDashboard
 from workbench.viz.player import StepPlayer
@@ -12,6 +13,6 @@ from workbench.viz.plots import plot_kv_blocks, plot_kv_usage, plot_step_tokens
 from workbench.viz.timeline import RequestTimeline
 
 __all__ = [
-    "BlockMap", "RequestTimeline", "StepPlayer", "EngineDashboard", "ComparisonView",
-    "plot_step_tokens", "plot_kv_usage", "plot_kv_blocks",
+    "BlockMap", "ClusterTimeline", "RequestTimeline", "StepPlayer", "EngineDashboard", "ComparisonView",
+    "plot_step_tokens", "plot_kv_usage", "plot_kv_blocks", "plot_cluster_timeline",
 ]

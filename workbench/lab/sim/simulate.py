@@ -60,7 +60,7 @@ def simulate(
         workload = Workload(workload, clock=clock)
     config = resolve_config(config)
     model = as_cost_model(cost_model)
-    lengths = _output_lengths(workload, output_len, seed)
+    lengths = output_lengths(workload, output_len, seed)
     speculative = config.speculative_config
     if speculative is not None:
         if spec_profile is None:
@@ -68,15 +68,15 @@ def simulate(
                              "real run with speculation (a SpecDecodeProfile, or that RunResult).")
         if not isinstance(spec_profile, SpecDecodeProfile):
             spec_profile = SpecDecodeProfile.from_run(spec_profile)
-    lean = Workload([_lean(r) for r in workload], workload.info, clock=workload.clock)
-    make = functools.partial(_engine, config, model, lengths, spec_profile if speculative else None, seed)
+    lean = Workload([lean_request(r) for r in workload], workload.info, clock=workload.clock)
+    make = functools.partial(simulated_engine, config, model, lengths, spec_profile if speculative else None, seed)
     source = RunSource(make, lean, run_clock(lean, clock), exact=True)
     with rare_collections():
         result = drive(source.make_engine(), lean, clock=clock, progress=progress, exclusive=True, source=source)
     return dataclasses.replace(result, workload=workload, simulated=True)
 
 
-def _engine(config: EngineConfig, model: CostModel, lengths: dict[str, int],
+def simulated_engine(config: EngineConfig, model: CostModel, lengths: dict[str, int],
             spec_profile: SpecDecodeProfile | None = None, seed: int = 0) -> LLMEngine:
     """A fresh engine on its own simulated clock: the same every time (a RunSource's make_engine);
     with ``spec_profile``, drafts and their acceptance drawn from ``seed``."""
@@ -91,7 +91,7 @@ def _engine(config: EngineConfig, model: CostModel, lengths: dict[str, int],
     return engine
 
 
-def _output_lengths(workload: Workload, output_len: LengthSpec | None, seed: int) -> dict[str, int]:
+def output_lengths(workload: Workload, output_len: LengthSpec | None, seed: int) -> dict[str, int]:
     """Drawn lengths of the requests that do not ignore eos; ValueError naming what is missing."""
     for r in workload:
         p = r.params
@@ -109,7 +109,7 @@ def _output_lengths(workload: Workload, output_len: LengthSpec | None, seed: int
     return {r.request_id: n for r, n in zip(workload, drawn) if not r.params.ignore_eos}
 
 
-def _lean(request: WorkloadRequest) -> WorkloadRequest:
+def lean_request(request: WorkloadRequest) -> WorkloadRequest:
     """The request with no text made and one output (at the end), unless stop strings need text."""
     p = request.params
     if p.stop_strings or (not p.detokenize and p.output_kind is RequestOutputKind.FINAL_ONLY):

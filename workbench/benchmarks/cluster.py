@@ -1,0 +1,102 @@
+"""Benchmark: routers on a shared-prefix workload, and a simulated cluster at scale.
+
+``routers``: one shared-prefix workload (:func:`~workbench.cluster.shared_prefix.shared_prefix_workload`)
+on a simulated cluster behind each router; a table of prefix hit rate and TTFT, and their
+ratios against round robin. ``--real`` runs the same on real engines (the embedded model;
+minutes on a CPU)::
+
+    workbench bench cluster routers                          # 4 simulated replicas, 600 requests
+    workbench bench cluster routers --real --requests 120 --rate 20
+
+``scale``: a Poisson workload on ``--replicas`` simulated replicas; prints the wall seconds the
+run took and requests per second::
+
+    workbench bench cluster scale --replicas 16 --requests 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from workbench.cluster import Cluster
+from workbench.cluster.shared_prefix import shared_prefix_workload
+from workbench.lab.workload import Workload
+
+ROUTERS = ("round_robin", "cache_aware", "precise_prefix", "llm_d")
+
+
+def routers(args: argparse.Namespace) -> list[dict]:
+    wl = shared_prefix_workload(args.requests, args.rate, num_groups=args.groups, prefix_len=args.prefix_len,
+                                seed=args.seed)
+    config = {"block_size": 16, "num_kv_blocks": args.num_kv_blocks}
+    rows = []
+    for router in args.routers:
+        cluster = (Cluster([config] * args.replicas, router=router) if args.real
+                   else Cluster.simulated(args.replicas, config, router=router))
+        start = time.perf_counter()
+        s = cluster.run(wl).summary()
+        rows.append({"router": router, "hit_rate": s["prefix_hit_rate"], "ttft_p50_ms": 1e3 * s["ttft_s_p50"],
+                     "ttft_p99_ms": 1e3 * s["ttft_s_p99"], "imbalance": s["imbalance"],
+                     "run_s": time.perf_counter() - start})
+    base = next((r for r in rows if r["router"] == "round_robin"), rows[0])
+    for r in rows:
+        r["hit_rate_x"] = r["hit_rate"] / base["hit_rate"] if base["hit_rate"] else float("nan")
+        r["ttft_p50_x"] = r["ttft_p50_ms"] / base["ttft_p50_ms"]
+    kind = "real" if args.real else "simulated"
+    print(f"{args.replicas} {kind} replicas, {args.requests} requests at {args.rate}/s, {args.groups} prefix groups "
+          f"of {args.prefix_len} tokens, {args.num_kv_blocks} KV blocks of 16 per replica")
+    print(f"{'router':15s} {'hit rate':>8s} {'x rr':>6s} {'TTFT p50 ms':>11s} {'x rr':>6s} {'TTFT p99 ms':>11s} "
+          f"{'imbalance':>9s} {'run s':>6s}")
+    for r in rows:
+        print(f"{r['router']:15s} {r['hit_rate']:8.3f} {r['hit_rate_x']:6.2f} {r['ttft_p50_ms']:11.2f} "
+              f"{r['ttft_p50_x']:6.2f} {r['ttft_p99_ms']:11.2f} {r['imbalance']:9.2f} {r['run_s']:6.1f}")
+    return rows
+
+
+def scale(args: argparse.Namespace) -> dict:
+    wl = Workload.poisson(args.requests, rate=args.rate, input_len=(20, 200), output_len=(10, 60), clock="wall",
+                          text=False, seed=args.seed)
+    cluster = Cluster.simulated(args.replicas, {"num_kv_blocks": 1024, "max_num_seqs": 64}, router=args.router)
+    start = time.perf_counter()
+    result = cluster.run(wl)
+    took = time.perf_counter() - start
+    s = result.summary()
+    steps = sum(r.num_steps for r in result.replicas)
+    print(f"{'replicas':>8s} {'requests':>9s} {'router':>12s} {'steps':>9s} {'run s':>8s} {'req/s':>8s} "
+          f"{'simulated s':>11s} {'TTFT p50 ms':>11s}")
+    print(f"{args.replicas:8d} {s['num_requests']:9d} {args.router:>12s} {steps:9d} {took:8.1f} "
+          f"{s['num_requests'] / took:8.0f} {s['makespan']:11.1f} {1e3 * s['ttft_s_p50']:11.2f}")
+    return {"seconds": took, "requests": s["num_requests"], "steps": steps}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workbench bench cluster", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    r = sub.add_parser("routers", help="hit rate and TTFT per router on a shared-prefix workload")
+    r.add_argument("--replicas", type=int, default=4)
+    r.add_argument("--requests", type=int, default=600)
+    r.add_argument("--rate", type=float, default=200.0, help="arrivals per second")
+    r.add_argument("--groups", type=int, default=12, help="shared prefixes")
+    r.add_argument("--prefix-len", type=int, default=192)
+    r.add_argument("--num-kv-blocks", type=int, default=64, help="per replica (16 tokens each)")
+    r.add_argument("--routers", nargs="+", default=list(ROUTERS))
+    r.add_argument("--real", action="store_true", help="real engines (the embedded model) instead of simulated")
+    r.add_argument("--seed", type=int, default=1)
+    s = sub.add_parser("scale", help="a simulated cluster's run time on many requests")
+    s.add_argument("--replicas", type=int, default=16)
+    s.add_argument("--requests", type=int, default=20_000)
+    s.add_argument("--rate", type=float, default=2000.0, help="arrivals per second (simulated)")
+    s.add_argument("--router", default="least_requests")
+    s.add_argument("--seed", type=int, default=1)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    routers(args) if args.what == "routers" else scale(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
