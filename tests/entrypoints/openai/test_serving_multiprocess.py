@@ -2,7 +2,7 @@
 core process for the module): chat and completions, streamed and whole, against
 transformers; error bodies; aborts when a consumer or an HTTP client leaves (blocks freed,
 /metrics counting them from the stats the core ships); the official ``openai`` client. Then
-the records come back whole, and killing the core mid-stream is survived as vLLM does:
+an adapter loads in the core, the records come back whole, and killing the core mid-stream is survived as vLLM does:
 open streams end with an error event then ``[DONE]``, the server stops (``make_server``),
 ``/health`` and new requests answer 503, nothing hangs. (The kill is this module's last test: it ends the module's core.)"""
 
@@ -19,7 +19,9 @@ import httpx
 import openai
 import pytest
 
+from workbench import LoRARequest, SamplingParams
 from workbench.engine.history import StepHistory
+from workbench.model.loader import embedded_lora_path
 from workbench.engine.request_output_collector import RequestOutputCollector
 from workbench.engine.serial_utils import EngineCoreOutputs
 from workbench.outputs import CompletionOutput, RequestOutput
@@ -34,11 +36,12 @@ from test_api_server import (  # noqa: F401  (collected here again, on this modu
     test_error_does_not_disturb_request_in_flight, test_greedy_completion_and_chat_equal_transformers,
     test_http_client_disconnect_aborts_request, test_malformed_json_is_400,
     test_streaming_completion_concatenates_to_full_text)
+from test_lora_http import peft_text
 from test_openai_client import (  # noqa: F401
     test_chat_shapes_and_stream, test_completion_stream_with_usage,
     test_errors_map_to_the_clients_exceptions)
 
-async_llm, app = serving_fixtures(multiprocess=True)
+async_llm, app = serving_fixtures(multiprocess=True, engine={"enable_lora": True})
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +101,22 @@ def test_outputs_reach_their_loops_a_chunk_at_a_time(async_llm):
         fn(items)
     assert [c.get_nowait() for c in collectors.values()] == outputs
     assert not set(collectors) & set(async_llm._streams)  # finished: unregistered
+
+
+def test_a_lora_adapter_loads_in_the_core_and_serves(async_llm):
+    """add_lora crosses as a utility call; the adapter's greedy text equals transformers +
+    PEFT's on the same weights."""
+    lora = LoRARequest("errors", 1, str(embedded_lora_path("errors")))
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+    async def go():
+        assert await async_llm.call_utility("add_lora", lora)
+        outs = [o async for o in async_llm.generate("ADRIANA:", params, "lora-1", lora_request=lora)]
+        return outs[-1].outputs[0].text, await async_llm.call_utility("list_loras")
+
+    text, loaded = asyncio.run(go())
+    assert loaded == {1}
+    assert text == peft_text(str(embedded_lora_path("errors")), "ADRIANA:", 8)
 
 
 def test_the_records_come_back_whole(async_llm, api):
