@@ -110,7 +110,7 @@ def test_one_mask_row_per_verified_position():
     output and ``drafts[:j]``; its grammar is left as it was; the step's row is row 0's."""
     spec = engine(None)
     tok, vocab = spec.tokenizer, spec.model_config.vocab_size
-    manager = spec.structured_output
+    manager = spec.scheduler.structured_output_manager
     request = Request("r", tok("ROMEO:").input_ids, SamplingParams(structured_outputs=S(regex=REGEX)))
     manager.add_request(request)
     while manager.compiling:
