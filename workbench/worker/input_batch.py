@@ -216,8 +216,9 @@ class InputBatch:
             token_rows = rows.repeat(new)
             positions = (starts - query_start_loc[:-1]).repeat(new) + np.arange(num_tokens)
         self.token_ids[token_rows, positions] = input_ids
-        slots = self.block_table[token_rows, positions // bs].astype(np.int64) * bs + positions % bs
-        width = self.table_width or int(self.num_blocks[rows].max())
+        block_index, offset = np.divmod(positions, bs)
+        slots = self.block_table[token_rows, block_index] * np.int64(bs) + offset
+        width = self.table_width or max(map(len, map(_blocks, scheduled)))
         tables = self.block_table[rows, :width]
         samples = list(map(_samples, scheduled))
         ends = query_start_loc[1:]
@@ -226,6 +227,8 @@ class InputBatch:
                 np.fromiter(map(len, map(_spec, scheduled)), dtype=np.int64, count=n) + 1)
             logits_indices = (np.repeat(ends - counts, counts) + np.arange(int(counts.sum()))
                               - np.repeat(np.cumsum(counts) - counts, counts))
+        elif all(samples):
+            logits_indices = ends - 1
         else:
             logits_indices = ends[np.array(samples, dtype=bool)] - 1
         ids = tuple(map(_id, scheduled))
