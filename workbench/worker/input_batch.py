@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from itertools import chain, compress
-from operator import attrgetter, is_not
+from operator import attrgetter, is_not, not_
 
 import numpy as np
 import torch
@@ -179,12 +179,11 @@ class InputBatch:
         ids = list(map(_id, scheduled))
         n = len(ids)
         if n != len(index) or not all(map(index.__contains__, ids)):
-            keep = set(ids)  # rows not scheduled this step leave the batch; new ones come in
-            for rid in [rid for rid in self.req_ids if rid not in keep]:
+            # rows not scheduled this step leave the batch (last row first); new ones come in
+            for rid in sorted(set(index).difference(ids), key=index.__getitem__, reverse=True):
                 self.remove_request(rid)
-            for chunk in scheduled:
-                if chunk.request_id not in index:
-                    self.add_request(chunk, requests[chunk.request_id])
+            for chunk in compress(scheduled, map(not_, map(index.__contains__, ids))):
+                self.add_request(chunk, requests[chunk.request_id])
         rows = np.fromiter(map(index.__getitem__, ids), dtype=np.intp, count=n)
         starts = np.fromiter(map(_start, scheduled), dtype=np.int64, count=n)
         new = np.fromiter(map(_new, scheduled), dtype=np.int64, count=n)
@@ -208,7 +207,7 @@ class InputBatch:
         bs = self.block_size
         input_ids = np.fromiter(chain.from_iterable(map(_tokens, scheduled)), dtype=np.int64)
         num_tokens = len(input_ids)
-        if num_tokens == n:  # one token each: every decode step
+        if num_tokens == n:  # one token each (no chunk is empty): every decode step
             query_start_loc = np.arange(n + 1, dtype=np.int32)
             token_rows, positions = rows, starts
         else:
