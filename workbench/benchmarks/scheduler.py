@@ -107,8 +107,9 @@ def _same(a: BatchInputs, b: BatchInputs) -> bool:
 
 
 def _measure_prepare(n: int, args: argparse.Namespace) -> dict:
-    """Per decode step: ``build_batch_inputs`` against ``InputBatch.prepare`` (which also sees
-    the untimed prefill steps, as the runner does)."""
+    """Per decode step (medians: robust to a busy machine's pauses): ``build_batch_inputs``
+    against ``InputBatch.prepare`` (which also sees the untimed prefill steps, as the runner
+    does)."""
     sched = _build(n, args, record_events=False)
     batch = InputBatch(args.block_size)
     while True:
@@ -130,8 +131,8 @@ def _measure_prepare(n: int, args: argparse.Namespace) -> dict:
         sched.update_from_output(out, _fake_runner(out))
         t_scratch.append(t1 - t0)
         t_persistent.append(t2 - t1)
-    return {"running": n, "scratch_us": statistics.fmean(t_scratch) * 1e6,
-            "persistent_us": statistics.fmean(t_persistent) * 1e6}
+    return {"running": n, "scratch_us": statistics.median(t_scratch) * 1e6,
+            "persistent_us": statistics.median(t_persistent) * 1e6}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['running']:>8} {r['events']:>7} {r['schedule_us']:>12.1f} {r['update_us']:>10.1f} "
                 f"{r['total_us']:>9.1f} {r['p50_us']:>8.1f} {r['per_req_us']:>11.2f}"
             )
-    print("\nrunner preparation: the model inputs of one decode step (BatchInputs)")
+    print("\nrunner preparation: the model inputs of one decode step (BatchInputs), median")
     header = f"{'running':>8} {'from scratch us':>16} {'persistent batch us':>20} {'speed-up':>9}"
     print(header)
     print("-" * len(header))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from itertools import chain, compress
-from operator import attrgetter, is_not
+from operator import attrgetter, is_not, not_
 
 import numpy as np
 import torch
@@ -166,9 +166,10 @@ class InputBatch:
 
     # ------------------------------------------------------------- the step
     def update(self, scheduler_output: SchedulerOutput,
-               requests: Mapping[str, Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               requests: Mapping[str, Request]) -> tuple[np.ndarray, ...]:
         """Apply one step's diff (module docstring); return the scheduled requests' rows,
-        first positions and sequence lengths after the step, in scheduled order."""
+        first positions, new tokens and sequence lengths (int32) after the step, in
+        scheduled order."""
         index = self.req_id_to_index
         so = scheduler_output
         for rid in chain(so.finished_request_ids, so.preempted_request_ids):
@@ -178,15 +179,15 @@ class InputBatch:
         ids = list(map(_id, scheduled))
         n = len(ids)
         if n != len(index) or not all(map(index.__contains__, ids)):
-            keep = set(ids)  # rows not scheduled this step leave the batch; new ones come in
-            for rid in [rid for rid in self.req_ids if rid not in keep]:
+            # rows not scheduled this step leave the batch (last row first); new ones come in
+            for rid in sorted(set(index).difference(ids), key=index.__getitem__, reverse=True):
                 self.remove_request(rid)
-            for chunk in scheduled:
-                if chunk.request_id not in index:
-                    self.add_request(chunk, requests[chunk.request_id])
+            for chunk in compress(scheduled, map(not_, map(index.__contains__, ids))):
+                self.add_request(chunk, requests[chunk.request_id])
         rows = np.fromiter(map(index.__getitem__, ids), dtype=np.intp, count=n)
         starts = np.fromiter(map(_start, scheduled), dtype=np.int64, count=n)
-        seq_lens = starts + np.fromiter(map(_new, scheduled), dtype=np.int64, count=n)
+        new = np.fromiter(map(_new, scheduled), dtype=np.int64, count=n)
+        seq_lens = np.add(starts, new, dtype=np.int32, casting="unsafe")
         held = self._block_ids
         for chunk in compress(scheduled, map(is_not, map(_blocks, scheduled),
                                              map(held.__getitem__, ids))):
@@ -195,37 +196,39 @@ class InputBatch:
             self._ensure(0, int(seq_lens.max()))
         self.num_computed_tokens[rows] = starts
         self.num_tokens[rows] = seq_lens
-        return rows, starts, seq_lens
+        return rows, starts, new, seq_lens
 
     def prepare(self, scheduler_output: SchedulerOutput,
                 requests: Mapping[str, Request]) -> BatchInputs:
         """:meth:`update`, then the step's packed inputs, equal to ``build_batch_inputs``'s."""
-        rows, starts, seq_lens = self.update(scheduler_output, requests)
+        rows, starts, new, seq_lens = self.update(scheduler_output, requests)
         scheduled = scheduler_output.scheduled
         n = len(scheduled)
         bs = self.block_size
-        new = seq_lens - starts
-        query_start_loc = np.zeros(n + 1, dtype=np.int64)
-        new.cumsum(out=query_start_loc[1:])
-        num_tokens = int(query_start_loc[-1])
-        input_ids = np.fromiter(chain.from_iterable(map(_tokens, scheduled)), dtype=np.int64,
-                                count=num_tokens)
-        if num_tokens == n:  # one token each: every decode step
+        input_ids = np.fromiter(chain.from_iterable(map(_tokens, scheduled)), dtype=np.int64)
+        num_tokens = len(input_ids)
+        if num_tokens == n:  # one token each (no chunk is empty): every decode step
+            query_start_loc = np.arange(n + 1, dtype=np.int32)
             token_rows, positions = rows, starts
         else:
+            query_start_loc = np.zeros(n + 1, dtype=np.int32)
+            new.cumsum(out=query_start_loc[1:])
             token_rows = rows.repeat(new)
             positions = (starts - query_start_loc[:-1]).repeat(new) + np.arange(num_tokens)
         self.token_ids[token_rows, positions] = input_ids
-        slots = self.block_table[token_rows, positions // bs].astype(np.int64) * bs + positions % bs
-        width = self.table_width or int(self.num_blocks[rows].max())
+        block_index, offset = np.divmod(positions, bs)
+        slots = self.block_table[token_rows, block_index] * np.int64(bs) + offset
+        width = self.table_width or max(map(len, map(_blocks, scheduled)))
         tables = self.block_table[rows, :width]
         samples = list(map(_samples, scheduled))
-        ends = query_start_loc[1:]
+        ends = query_start_loc[1:].astype(np.int64)
         if any(map(_spec, scheduled)):  # a speculating row samples its last k + 1 rows
             counts = np.array(samples, dtype=np.int64) * (
                 np.fromiter(map(len, map(_spec, scheduled)), dtype=np.int64, count=n) + 1)
             logits_indices = (np.repeat(ends - counts, counts) + np.arange(int(counts.sum()))
                               - np.repeat(np.cumsum(counts) - counts, counts))
+        elif all(samples):
+            logits_indices = ends - 1
         else:
             logits_indices = ends[np.array(samples, dtype=bool)] - 1
         ids = tuple(map(_id, scheduled))
@@ -236,8 +239,8 @@ class InputBatch:
             positions=torch.from_numpy(positions),
             slot_mapping=torch.from_numpy(slots),
             block_tables=torch.from_numpy(tables),
-            query_start_loc=torch.from_numpy(query_start_loc.astype(np.int32)),
-            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)),
+            query_start_loc=torch.from_numpy(query_start_loc),
+            seq_lens=torch.from_numpy(seq_lens),
             logits_indices=torch.from_numpy(logits_indices),
         )
 
