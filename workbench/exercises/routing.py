@@ -125,7 +125,8 @@ class GradedRouter(Router):
         if not valid or got not in tied:
             cached = [leading_blocks(blocks, h) for h in held]
             raise Mismatch(k, _explain(k, request, len(blocks), cached, waiting, tied, got, n), tied, got,
-                           _view(k, request.request_id, len(blocks), cached, waiting, tied, got))
+                           _view(k, request.request_id, len(blocks), cached, waiting, tied, got,
+                                 replicas[tied[0]].engine))
         return Routing(got, ref.scores)
 
 
@@ -146,14 +147,21 @@ def _explain(k, request, num_blocks, cached, waiting, tied, got, n) -> str:
     return "\n".join(lines)
 
 
-def _view(k, request_id, num_blocks, cached, waiting, tied, got):
+def _view(k, request_id, num_blocks, cached, waiting, tied, got, engine):
+    """The decision side by side, above the StepPlayer of the reference's replica at its last
+    step (its block map: the prefix it holds), when it has stepped."""
     def make():
         from workbench.exercises.grader import side_by_side
+        from workbench.viz.player import StepPlayer
 
         rows = [("replica chosen", " or ".join(map(str, tied)), str(got))]
         rows += [(f"replica {i}: leading blocks cached / waiting", f"{c} of {num_blocks} / {w}",
                   f"{c} of {num_blocks} / {w}") for i, (c, w) in enumerate(zip(cached, waiting))]
-        return side_by_side(f"decision {k}: where {request_id} goes", rows)
+        player = None
+        if len(engine.history):
+            player = StepPlayer(engine, controls=False, live_updates=False)
+            player.show(engine.history[-1].step)
+        return side_by_side(f"decision {k}: where {request_id} goes", rows, player)
 
     return make
 
