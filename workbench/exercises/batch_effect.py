@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workbench.exercises.batching import RequestView, _as_batch
+from workbench.exercises.batching import (RequestView, _as_batch, admission_reference, check_batches,
+                                          chunked_prefill_reference)
+from workbench.exercises.grader import CheckResult
 from workbench.lab.sim.cost_model import as_cost_model
 
 
@@ -130,3 +132,14 @@ def effect_table(solution: Callable, reference: Callable, workload: EffectWorklo
         rows.append(f"  {label:<11}{m['ttft_p50']:>10.2f}{m['ttft_p99']:>10.2f}{m['tpot_p50']:>10.2f}"
                     f"{m['tpot_p99']:>10.2f}")
     return f"On a larger workload ({workload}, simulated):\n" + "\n".join([head] + rows)
+
+
+def check_with_effect(name: str, solution: Callable, enable_chunked_prefill: bool, *, with_effect: bool = True,
+                      **options) -> CheckResult:
+    """:func:`~workbench.exercises.batching.check_batches`; on success (``with_effect``) its
+    message ends with the solution's TTFT and TPOT beside the reference's on a larger workload."""
+    result = check_batches(name, solution, enable_chunked_prefill, **options)
+    if result.passed and with_effect:
+        reference = chunked_prefill_reference if enable_chunked_prefill else admission_reference
+        result.message += "\n" + effect_table(solution, reference, EFFECT_WORKLOADS[enable_chunked_prefill])
+    return result

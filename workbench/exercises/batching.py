@@ -218,23 +218,16 @@ def _view(engine, step, expected, got, running, waiting):
 
 
 def check_batches(name: str, solution: Callable, enable_chunked_prefill: bool, *,
-                  workloads: Sequence[BatchWorkload] | None = None, max_examples: int = 60, hints=(),
-                  with_effect: bool = True) -> CheckResult:
+                  workloads: Sequence[BatchWorkload] | None = None, max_examples: int = 60, hints=()) -> CheckResult:
     """Grade a ``schedule()`` solution (see module docstring) on hypothesis-drawn workloads,
-    or on ``workloads`` when given; on success (``with_effect``) the message ends with the
-    solution's TTFT and TPOT beside the reference's on a larger workload."""
+    or on ``workloads`` when given."""
     found = first_failure(batch_workloads(enable_chunked_prefill),
                           lambda w: run_batches(w, solution, enable_chunked_prefill),
                           max_examples=max_examples, workloads=workloads)
     if found is None:
         count = max_examples if workloads is None else len(workloads)
-        message = f"your batches equal the engine's at every step of {count} workloads."
-        if with_effect:
-            from workbench.exercises.batch_effect import EFFECT_WORKLOADS, effect_table
-
-            reference = chunked_prefill_reference if enable_chunked_prefill else admission_reference
-            message += "\n" + effect_table(solution, reference, EFFECT_WORKLOADS[enable_chunked_prefill])
-        return CheckResult(name, True, message, score=f"{count}/{count} workloads")
+        return CheckResult(name, True, f"your batches equal the engine's at every step of {count} workloads.",
+                           score=f"{count}/{count} workloads")
     workload, m = found
     label = "Smallest workload found" if workloads is None else "Workload"
     return CheckResult(name, False, f"{m.message}\n  {label}: {workload}", m.step, m.expected,

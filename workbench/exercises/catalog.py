@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from workbench.exercises import batching, eviction, policy, rejection, routing
+from workbench.exercises import batch_effect, batching, eviction, policy, rejection, routing
 from workbench.exercises.grader import CheckResult
 
 
@@ -66,13 +66,15 @@ def register(exercise: Exercise) -> None:
 register(Exercise(
     1, "admission", "The waiting-queue admission loop under a token budget and max_num_seqs",
     _SCHEDULE_STUB, lambda: batching.admission_reference,
-    lambda solution, **kw: batching.check_batches("admission", solution, False, hints=_ADMISSION_HINTS, **kw),
+    lambda solution, **kw: batch_effect.check_with_effect("admission", solution, False, hints=_ADMISSION_HINTS,
+                                                          **kw),
     _ADMISSION_HINTS))
 
 register(Exercise(
     4, "chunked_prefill", "Chunked prefill: splitting long prompts under the budget",
     _SCHEDULE_STUB, lambda: batching.chunked_prefill_reference,
-    lambda solution, **kw: batching.check_batches("chunked_prefill", solution, True, hints=_CHUNKED_HINTS, **kw),
+    lambda solution, **kw: batch_effect.check_with_effect("chunked_prefill", solution, True, hints=_CHUNKED_HINTS,
+                                                          **kw),
     _CHUNKED_HINTS))
 
 
