@@ -20,5 +20,5 @@ def test_exercise_check_grades_a_notebook_variable(ipython):
     ipython.user_ns["stub_schedule"] = lambda running, waiting, budget, seqs: []
     result = ipython.run_line_magic("llm", "exercise admission --check stub_schedule")
     assert not result.passed and result.first_wrong_step == 0
-    with pytest.raises(UsageError, match="no exercise 'router'"):
-        ipython.run_line_magic("llm", "exercise router")
+    with pytest.raises(UsageError, match="no exercise 'routing'"):
+        ipython.run_line_magic("llm", "exercise routing")

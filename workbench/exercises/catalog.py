@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from workbench.exercises import batching, eviction, policy, rejection
+from workbench.exercises import batch_effect, batching, eviction, policy, rejection, routing
 from workbench.exercises.grader import CheckResult
 
 
@@ -66,13 +66,15 @@ def register(exercise: Exercise) -> None:
 register(Exercise(
     1, "admission", "The waiting-queue admission loop under a token budget and max_num_seqs",
     _SCHEDULE_STUB, lambda: batching.admission_reference,
-    lambda solution, **kw: batching.check_batches("admission", solution, False, hints=_ADMISSION_HINTS, **kw),
+    lambda solution, **kw: batch_effect.check_with_effect("admission", solution, False, hints=_ADMISSION_HINTS,
+                                                          **kw),
     _ADMISSION_HINTS))
 
 register(Exercise(
     4, "chunked_prefill", "Chunked prefill: splitting long prompts under the budget",
     _SCHEDULE_STUB, lambda: batching.chunked_prefill_reference,
-    lambda solution, **kw: batching.check_batches("chunked_prefill", solution, True, hints=_CHUNKED_HINTS, **kw),
+    lambda solution, **kw: batch_effect.check_with_effect("chunked_prefill", solution, True, hints=_CHUNKED_HINTS,
+                                                          **kw),
     _CHUNKED_HINTS))
 
 
@@ -173,3 +175,31 @@ register(Exercise(
     _REJECTION_STUB, lambda: rejection.reference_verify,
     lambda solution, **kw: rejection.check_rejection(solution, hints=_REJECTION_HINTS, **kw),
     _REJECTION_HINTS))
+
+
+_ROUTER_STUB = textwrap.dedent('''\
+    def route(prompt_blocks, cached, waiting):
+        """The replica (its index) an arriving request is sent to.
+
+        prompt_blocks: the hashes of the prompt's full KV blocks, first block first (a block's
+        hash names its whole prefix). cached: one set per replica, the block hashes its prefix
+        cache holds now. waiting: one int per replica, the requests in its waiting queue.
+        """
+        # your code here
+        return 0
+''')
+
+_ROUTER_HINTS = (
+    "For each replica count the prompt's blocks it holds from the first one on, stopping at the "
+    "first block it does not hold: only a cached *prefix* is reused.",
+    "Send the request to the replica with the most leading blocks cached -- even if its queue is "
+    "longer; the queue only decides between replicas that hold equally many.",
+    "Between replicas holding equally many leading blocks (often none), pick the one with the "
+    "fewest waiting requests -- not simply the lowest index.",
+)
+
+register(Exercise(
+    6, "router", "A prefix-aware router: the longest cached prefix, then the shortest queue",
+    _ROUTER_STUB, lambda: routing.reference_route,
+    lambda solution, **kw: routing.check_routing(solution, hints=_ROUTER_HINTS, **kw),
+    _ROUTER_HINTS))

@@ -191,14 +191,20 @@ def _view(engine, step, owner, expected, got, before, yours):
 
 
 def check_eviction(solution: Callable, *, workloads: Sequence[EvictionWorkload] | None = None,
-                   max_examples: int = 60, hints=()) -> CheckResult:
-    """Grade a FreeBlockQueue class (or any callable making one from the block ids)."""
+                   max_examples: int = 60, hints=(), with_effect: bool = True) -> CheckResult:
+    """Grade a FreeBlockQueue class (or any callable making one from the block ids); on success
+    (``with_effect``) the message ends with its hit rate and TTFT beside the engine's queue's
+    on a larger workload."""
     found = first_failure(eviction_workloads(), lambda w: run_eviction(w, solution), max_examples=max_examples,
                           workloads=workloads)
     if found is None:
         count = max_examples if workloads is None else len(workloads)
-        return CheckResult("eviction", True, f"your queue evicted the engine's block every time in {count} workloads.",
-                           score=f"{count}/{count} workloads")
+        message = f"your queue evicted the engine's block every time in {count} workloads."
+        if with_effect:
+            from workbench.exercises.eviction_effect import effect_table
+
+            message += "\n" + effect_table(solution)
+        return CheckResult("eviction", True, message, score=f"{count}/{count} workloads")
     workload, m = found
     label = "Smallest workload found" if workloads is None else "Workload"
     return CheckResult("eviction", False, f"{m.message}\n  {label}: {workload}", m.step, m.expected, m.got,
