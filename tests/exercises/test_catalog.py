@@ -4,6 +4,7 @@ solution: its stored check output is a failure), and the interface's errors are 
 from __future__ import annotations
 
 import pathlib
+import re
 
 import nbformat
 import pytest
@@ -36,3 +37,21 @@ def test_the_notebook_holds_the_stub_and_shows_a_failing_check(name):
 def test_unknown_names_are_named():
     with pytest.raises(KeyError, match="no exercise 'routing'; the exercises are"):
         ex.check("routing", None)
+
+
+@pytest.mark.slow  # six notebooks executed
+@pytest.mark.parametrize("name", ex.names())
+def test_each_notebook_passes_its_check_with_the_reference_in_place_of_the_stub(name):
+    """The learner's path through the notebook, with the engine's own piece as the solution:
+    the notebook runs from the top to its ``check()`` cell, which reports a pass (the cells
+    after it read a failing check's feedback)."""
+    nbclient = pytest.importorskip("nbclient")
+    exercise = ex.exercise(name)
+    nb = nbformat.read(ROOT / exercise.notebook, as_version=4)
+    solution = re.search(r"^(?:def|class) (\w+)", exercise.stub, re.MULTILINE).group(1)
+    check = next(i for i, c in enumerate(nb.cells) if f'ex.check("{name}", ' in c.source)
+    nb.cells = nb.cells[:check] + [nbformat.v4.new_code_cell(f'{solution} = ex.reference("{name}")'), nb.cells[check]]
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(ROOT / "notebooks" / "exercises")}}).execute()
+    text = "".join(o.get("text") or o.get("data", {}).get("text/plain", "") for o in nb.cells[-1].outputs)
+    assert text.startswith(f"PASSED {name}"), text
