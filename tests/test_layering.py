@@ -20,7 +20,8 @@ SOURCES = {"workbench": ROOT / "workbench", "workbench.kernels": ROOT / "kernels
 #: Bottom-up; each entry names the rooms of one layer (a module belongs to the longest match).
 LAYERS = (
     ("utils",),
-    ("sampling_params", "outputs", "request", "config", "kernels", "lora"),  # the public types
+    ("sampling_params", "outputs", "request", "config", "kernels", "lora",
+     "pooling_params", "pooling"),  # the public types (pooling: its config and outputs)
     # (lora: LoRARequest; the adapters' torch rooms sit above the model)
     ("core",),  # core.sched included
     ("metrics",),

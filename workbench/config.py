@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import typing
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from workbench.pooling.config import PoolerConfig, pooling_supports_chunking, resolve_runner
 from workbench.utils.reprs import html_table
+
+logger = logging.getLogger("workbench")
 
 
 #: vLLM's ``collect_detailed_traces`` choices.
@@ -268,6 +272,15 @@ class EngineArgs:
     max_cpu_loras: int | None = option(
         None, "with enable_lora: adapters kept loaded in host memory, LRU (default: max_loras)")
 
+    runner: str = option("auto", "vLLM's --runner: 'generate', 'pooling' (embeddings) or 'auto' "
+                         "(generate, unless convert asks for pooling)",
+                         choices=["auto", "generate", "pooling"])
+    convert: str = option("auto", "vLLM's --convert: 'embed' turns the causal LM into an "
+                          "embedding model (runner pooling); 'auto' does so for runner pooling",
+                          choices=["auto", "none", "embed", "classify"])
+    pooler_config: PoolerConfig | None = option(
+        None, "runner pooling: the pooler, as JSON: {\"pooling_type\": \"LAST\"|\"MEAN\"|"
+        "\"CLS\"|\"ALL\", \"normalize\": true, \"dimensions\": null} (default: LAST, normalized)")
     structured_outputs_config: StructuredOutputsConfig | None = option(
         None, "structured outputs, as JSON: {\"backend\": \"auto\"|\"xgrammar\"|\"guidance\", "
         "\"disable_fallback\": false, \"disable_any_whitespace\": false, "
@@ -277,6 +290,13 @@ class EngineArgs:
         self.structured_outputs_config = StructuredOutputsConfig.parse(
             self.structured_outputs_config)
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        self.runner, self.convert, self.pooler_config = resolve_runner(
+            self.runner, self.convert, PoolerConfig.parse(self.pooler_config))
+        if not pooling_supports_chunking(self.pooler_config) and (
+                self.enable_chunked_prefill or self.enable_prefix_caching):
+            logger.info('Only "last" pooling supports chunked prefill and prefix caching; '
+                        "disabling both.")
+            self.enable_chunked_prefill = self.enable_prefix_caching = False
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}.")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from workbench.lora.request import LoRARequest
+from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import SamplingParams
 
 
@@ -86,6 +87,9 @@ class Request:
     #: vLLM's ``is_prefill_chunk``: the chunk last scheduled for it stopped short of its last
     #: known token (it sampled nothing); drafts handed to it then are dropped.
     is_prefill_chunk: bool = False
+    #: A pooling request's parameters (None: it generates). A pooling request is prefill-only:
+    #: the step that computes its last prompt token pools it and finishes it; it samples nothing.
+    pooling_params: PoolingParams | None = None
 
     @property
     def lora_name(self) -> str | None:

@@ -182,11 +182,14 @@ class KVCacheManager:
         """The longest run of the request's leading full blocks found in the cache, and the
         number of tokens they hold. Capped at ``(num_tokens - 1) // block_size`` blocks so at
         least the last known token is computed (and sampled from). A request that asks for
-        prompt logprobs gets no hit: its whole prompt must be computed (as vLLM). Changes no
+        prompt logprobs gets no hit: its whole prompt must be computed (as vLLM); so does a pooling
+        request that skips reading the cache (``skip_reading_prefix_cache``). Changes no
         state. Asked again for the same request while the cache's content is unchanged (a
         waiting request that does not fit yet), it answers in O(hits) from the last lookup."""
         if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
+        if request.pooling_params is not None and request.pooling_params.skip_reading_prefix_cache:
+            return [], 0  # MEAN / CLS / ALL pooling reads every position's hidden state
         bs = self.block_size
         num_tokens = request.num_tokens
         last = self._last_lookup

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.lora.request import LoRARequest
+from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import SamplingParams
 
 
@@ -36,3 +37,6 @@ class EngineCoreRequest:
     cache_salt: str | None = None
     #: The adapter it runs under (None: the base model).
     lora_request: LoRARequest | None = None
+    #: A pooling request's parameters, verified (vLLM's field): the request is prefill-only and
+    #: ``sampling_params`` then only bound it to one step past its prompt.
+    pooling_params: PoolingParams | None = None

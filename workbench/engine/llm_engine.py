@@ -29,6 +29,9 @@ from workbench.model.model_config import ModelConfig
 from workbench.engine.output_processor import OutputProcessor
 from workbench.outputs import RequestOutput
 from workbench.engine.parallel_sampling import ParentRequest
+from workbench.engine.pooling_requests import PoolingRequests
+from workbench.pooling.config import supported_tasks
+from workbench.pooling_params import PoolingParams
 from workbench.lora.request import LoRARequest
 from workbench.request import RequestStatus
 from workbench.metrics.request_tracker import RequestTracker
@@ -172,6 +175,12 @@ class LLMEngine:
         )
         self.output_processor = OutputProcessor(self.tokenizer,
                                                 finish_request=self.scheduler.finish_from_output)
+        #: The pooling requests in flight (``PoolingParams``): prefill-only, pooled by the runner.
+        self.pooling = PoolingRequests(config.pooler_config, config.model or model_path.name,
+                                       self.model_config.hf_config)
+        #: vLLM's ``supported_tasks``: what ``LLM`` and the server offer (the engine itself runs
+        #: generation and pooling requests side by side, so their interaction can be studied).
+        self.supported_tasks = supported_tasks(config.runner, config.pooler_config)
         self.history = StepHistory(config.max_history, initial_kv_state=self.kv_cache.snapshot())
         self.request_tracker = RequestTracker()
         #: Callables ``fn(record)`` run after every step, in order; one that raises is logged
@@ -257,6 +266,11 @@ class LLMEngine:
                 raise ValueError(f"request_id {request_id!r} differs from the EngineCoreRequest's "
                                  f"{prompt.request_id!r}.")
             request = prompt
+        elif isinstance(params, PoolingParams):
+            request = self.pooling.process_inputs(
+                self.input_processor, request_id, prompt, params, arrival_time=arrival_time,
+                lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
+                trace_headers=trace_headers, priority=priority)
         else:
             request = self.input_processor.process_inputs(
                 request_id, prompt, params, arrival_time=arrival_time, lora_request=lora_request,
@@ -272,6 +286,12 @@ class LLMEngine:
                 raise ValueError(f"lora_request {lora}: all max_loras={self.config.max_loras} device "
                                  f"slots hold pinned adapters {sorted(pinned)}; it could never run.")
             self.add_lora(lora)
+        if request.pooling_params is not None:  # prefill-only; no output processing
+            if request.request_id in self.output_processor.parents:
+                raise ValueError(f"request_id {request.request_id!r} is already in flight.")
+            self.pooling.add(request, self.scheduler,
+                             self.clock() if request.arrival_time is None else request.arrival_time)
+            return
         parent = ParentRequest(
             request.request_id, request.prompt, request.prompt_token_ids,
             request.sampling_params, eos_token_id=request.eos_token_id, priority=request.priority,
@@ -344,7 +364,9 @@ class LLMEngine:
         output on an AsyncLLM request's queue (``OutputProcessor.abort_requests``) while
         LLMEngine's ``step()`` returns none."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
-        if any(rid in self.output_processor.parents for rid in ids):
+        pooling_ids = self.pooling.abort(ids)
+        self.scheduler.finish_requests(pooling_ids, RequestStatus.FINISHED_ABORTED, now=self.clock())
+        if pooling_ids or any(rid in self.output_processor.parents for rid in ids):
             # Set before the requests leave: a reader on another thread (a notebook polling a
             # served engine) sees them unfinished or unrecorded, never neither.
             self._unrecorded_aborts = True
@@ -360,10 +382,10 @@ class LLMEngine:
         return self._unrecorded_aborts
 
     def has_unfinished_requests(self) -> bool:
-        return self.output_processor.has_unfinished_requests()
+        return self.output_processor.has_unfinished_requests() or bool(self.pooling.requests)
 
     def get_num_unfinished_requests(self) -> int:
-        return self.output_processor.get_num_unfinished_requests()
+        return self.output_processor.get_num_unfinished_requests() + len(self.pooling.requests)
 
     @property
     def uses_priority(self) -> bool:
@@ -373,7 +395,7 @@ class LLMEngine:
 
     def get_unfinished_request_ids(self) -> list[str]:
         """The ids (as given to ``add_request``) of every request not finished yet."""
-        return list(self.output_processor.parents)
+        return list(self.output_processor.parents) + list(self.pooling.requests)
 
     def sleep(self, level: int = 1) -> None:
         """vLLM's sleep mode (``enable_sleep_mode``): level 1 keeps the weights in host memory
@@ -472,16 +494,17 @@ class LLMEngine:
         updated = self.scheduler.update_from_output(
             scheduler_output, runner_output.sampled_token_ids, runner_output.failed,
             spec_decode=runner_output.spec_decode, now=now)
+        pooled, errors = self.pooling.take_outputs(self.scheduler, runner_output.pooler_output)
         processed = self.output_processor.process(
             updated, logprobs=runner_output.logprobs, prompt_logprobs=runner_output.prompt_logprobs,
-            errors=self.scheduler.finished_request_errors, now=now)
+            errors=errors, now=now)
         for sibling in self.output_processor.release_siblings():  # n > 1: the prompt is cached
             self.scheduler.add_request(sibling)
         timer.lap("output")
         self._propose_drafts(updated)
         timer.lap("propose")
         self._observe(self._record(scheduler_output, timer, runner_output, processed.stats))
-        return processed.outputs
+        return processed.outputs + pooled
 
     def _propose_drafts(self, updated: list) -> None:
         """Speculative decoding: drafts for the next step from this step's tokens (the

@@ -11,6 +11,7 @@ from workbench.engine.llm_engine import LLMEngine
 from workbench.config import EngineArgs
 from workbench.utils.heap import frozen_heap
 from workbench.engine.input_processor import PromptType
+from workbench.entrypoints.llm_pooling import PoolingMixin
 from workbench.lora.request import LoRARequest
 from workbench.outputs import RequestOutput
 from workbench.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
@@ -18,7 +19,7 @@ from workbench.sampling_params import BeamSearchParams, RequestOutputKind, Sampl
 Conversation = Sequence[Mapping[str, str]]
 
 
-class LLM:
+class LLM(PoolingMixin):
     """Offline batched generation. ``LLM()`` loads the embedded default model.
 
     Keyword arguments are :class:`~workbench.config.EngineArgs` (EngineConfig) fields.
@@ -145,6 +146,9 @@ class LLM:
         from tqdm.auto import tqdm
 
         engine = self.engine
+        if "generate" not in engine.supported_tasks:  # vLLM's check and words
+            raise ValueError("LLM.generate() is only supported for generative models. Try passing "
+                             "`--runner generate` to use the model as a generative model.")
         params = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         requests = []
         for i, (prompt, p, prio, lora) in enumerate(zip(prompts, params, priorities, loras)):

@@ -22,6 +22,7 @@ from workbench.model.attention import AttentionMetadata
 from workbench.model.llama import allocate_kv_caches
 from workbench.model.loader import load_model
 from workbench.model.model_config import ModelConfig
+from workbench.model.pooler import Pooler
 from workbench.request import Request
 from workbench.utils.errors import describe
 from workbench.utils.ranges import Ranged
@@ -79,6 +80,9 @@ class RunnerOutput:
     batch: BatchInputs | None = None
     timings: dict[str, float] = field(default_factory=dict)
     spec_decode: dict[str, SpecDecodeResult] = field(default_factory=dict)
+    #: The pooled data of each pooling request whose prompt this step completed (it samples
+    #: nothing): see :mod:`workbench.model.pooler`.
+    pooler_output: dict = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -108,6 +112,7 @@ class ModelRunner:
         self.model.eval()
         self.sampler = Sampler(seed=seed)
         self.rejection_sampler = RejectionSampler(self.sampler)
+        self.pooler = Pooler()
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
         #: Compiled (Triton) kernels get block tables of one fixed width, the model length in
@@ -349,6 +354,7 @@ class ModelRunner:
                 return self._execute(scheduler_output, requests, grammar_bitmask)
         for request_id in scheduler_output.finished_request_ids:
             self.sampler.remove(request_id)
+        self.pooler.remove(scheduler_output.finished_request_ids)
         if not scheduler_output.scheduled:
             self.input_batch.update(scheduler_output, requests)  # every row leaves
             return RunnerOutput()
@@ -381,6 +387,12 @@ class ModelRunner:
         failed: dict[str, str] = {}
         spec_decode: dict[str, SpecDecodeResult] = {}
         drafts = scheduler_output.scheduled_spec_decode_tokens
+        pooling_ids = {c.request_id for c in scheduler_output.scheduled
+                       if requests[c.request_id].pooling_params is not None}
+        pooler_output = {}
+        if pooling_ids:  # pooled instead of sampled
+            pooler_output, pool_failed = self.pooler(scheduler_output, requests, hidden)
+            failed.update(pool_failed)
         if batch.sample_request_ids:
             plain_ids = batch.sample_request_ids
             plain_logits = logits
@@ -392,6 +404,9 @@ class ModelRunner:
                     (spec_rows if rid in drafts else plain_rows).extend(range(row, row + n))
                     row += n
                 plain_logits = logits[plain_rows]
+            if pooling_ids:
+                keep = [i for i, rid in enumerate(plain_ids) if rid not in pooling_ids]
+                plain_ids, plain_logits = tuple(plain_ids[i] for i in keep), plain_logits[keep]
             if plain_ids:
                 out = self.sampler(plain_logits, list(map(requests.__getitem__, plain_ids)),
                                    _stack_masks(plain_ids, grammar_bitmask),
@@ -424,7 +439,8 @@ class ModelRunner:
             spec_decode.pop(rid, None)
         t3 = time.perf_counter()
         timings = {"forward": t2 - t1, "sample": t3 - t2}
-        return RunnerOutput(sampled, logprobs, prompt_logprobs, failed, batch, timings, spec_decode)
+        return RunnerOutput(sampled, logprobs, prompt_logprobs, failed, batch, timings, spec_decode,
+                            pooler_output)
 
     def _prompt_logprobs(
         self,

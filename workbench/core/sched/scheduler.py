@@ -163,7 +163,7 @@ class Scheduler:
         n_prompt = request.num_prompt_tokens
         if n_prompt == 0:
             raise ValueError(f"request {rid!r}: the prompt must contain at least one token.")
-        if n_prompt >= self.max_model_len:
+        if n_prompt >= self.max_model_len + (request.pooling_params is not None):  # pooling: no output
             raise ValueError(
                 f"request {rid!r}: the prompt has {n_prompt} tokens but max_model_len="
                 f"{self.max_model_len} allows at most {self.max_model_len - 1} prompt tokens "
@@ -449,6 +449,12 @@ class Scheduler:
             if request is None or request.status is not RequestStatus.RUNNING or request.num_computed_tokens != start:
                 continue
             drafts = chunk.spec_token_ids
+            if chunk.samples and request.pooling_params is not None:  # prefill-only: pooled, done
+                request.num_computed_tokens = start + chunk.num_new_tokens
+                kv.cache_blocks(request, request.num_computed_tokens)
+                self._finish(request, RequestStatus.FINISHED_STOPPED, scheduler_output.step, now)
+                any_finished = True
+                continue
             if not chunk.samples:
                 request.num_computed_tokens = num_computed = start + chunk.num_new_tokens
                 kv.cache_blocks(request, num_computed)
