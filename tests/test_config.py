@@ -12,6 +12,7 @@ from dataclasses import fields
 import pytest
 
 import workbench
+from workbench.pooling.config import PoolerConfig
 from workbench.config import (EngineArgs, EngineConfig, SpeculativeConfig, StructuredOutputsConfig,
                               teaching_config)
 
@@ -47,6 +48,9 @@ NON_DEFAULT = {
     "structured_outputs_config": ('{"backend": "guidance", "disable_any_whitespace": true}',
                                   StructuredOutputsConfig(backend="guidance",
                                                           disable_any_whitespace=True)),
+    "runner": ("pooling", "pooling"),
+    "convert": ("embed", "embed"),
+    "pooler_config": ('{"pooling_type": "MEAN", "normalize": false}', PoolerConfig("MEAN", False)),
     "speculative_config": ('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}',
                            SpeculativeConfig("ngram", 3, prompt_lookup_max=4, prompt_lookup_min=4)),
 }

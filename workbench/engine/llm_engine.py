@@ -364,9 +364,10 @@ class LLMEngine:
         output on an AsyncLLM request's queue (``OutputProcessor.abort_requests``) while
         LLMEngine's ``step()`` returns none."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
-        pooling_ids = self.pooling.abort(ids)
-        self.scheduler.finish_requests(pooling_ids, RequestStatus.FINISHED_ABORTED, now=self.clock())
-        if pooling_ids or any(rid in self.output_processor.parents for rid in ids):
+        pooled = self.pooling.abort(ids)
+        self.scheduler.finish_requests([o.request_id for o in pooled], RequestStatus.FINISHED_ABORTED,
+                                       now=self.clock())
+        if pooled or any(rid in self.output_processor.parents for rid in ids):
             # Set before the requests leave: a reader on another thread (a notebook polling a
             # served engine) sees them unfinished or unrecorded, never neither.
             self._unrecorded_aborts = True
@@ -374,7 +375,7 @@ class LLMEngine:
         self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED, now=self.clock())
         if self.proposer is not None:
             self.proposer.remove(child_ids)
-        return self.output_processor.abort(ids)
+        return self.output_processor.abort(ids) + pooled
 
     def has_unrecorded_aborts(self) -> bool:
         """Whether requests were aborted since the last ``step()``, which has not recorded them

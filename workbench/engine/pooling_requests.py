@@ -143,10 +143,14 @@ class PoolingRequests:
         pooled = {o.request_id for o in outputs}
         return outputs, {rid: e for rid, e in errors.items() if rid not in pooled}
 
-    def abort(self, request_ids: Iterable[str]) -> list[str]:
-        """Forget these requests; returns the ids that were pooling requests in flight."""
-        found = [rid for rid in request_ids if rid in self.requests]
-        for rid in found:
-            del self.requests[rid]
-            self._prompts.pop(rid, None)
+    def abort(self, request_ids: Iterable[str]) -> list[PoolingRequestOutput]:
+        """Forget these requests (unknown ids are ignored); returns the final output of each
+        one that was in flight (no data, error "abort"): what a served stream ends with."""
+        found = []
+        for rid in request_ids:
+            request = self.requests.pop(rid, None)
+            if request is not None:
+                found.append(PoolingRequestOutput(rid, None, request.prompt_token_ids,
+                                                  request.num_cached_tokens, True,
+                                                  self._prompts.pop(rid), "abort"))
         return found

@@ -22,6 +22,7 @@ import msgspec
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.lora.request import LoRARequest
 from workbench.outputs import RequestOutput
+from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 
@@ -61,6 +62,9 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     utility_output: UtilityOutput | None = None
     ready: bytes | None = None
     engine_dead: str | None = None
+    #: The step's PoolingRequestOutputs (their tensors), pickled; the decoder appends them to
+    #: ``outputs``, so a client sees one list.
+    pooling_outputs: bytes | None = None
 
 
 class _RequestWire(msgspec.Struct, array_like=True):
@@ -74,6 +78,7 @@ class _RequestWire(msgspec.Struct, array_like=True):
     trace_headers: dict[str, str] | None
     cache_salt: str | None
     lora_request: LoRARequest | None
+    pooling_params: dict[str, Any] | None = None
 
 
 def _params_to_wire(params: SamplingParams) -> dict[str, Any]:
@@ -107,12 +112,20 @@ class MsgpackEncoder:
         self._encoder = msgspec.msgpack.Encoder()
 
     def encode_request(self, request: EngineCoreRequest) -> bytes:
+        pooling = request.pooling_params
         return self._encoder.encode(_RequestWire(
             request.request_id, request.prompt, request.prompt_token_ids,
             _params_to_wire(request.sampling_params), request.eos_token_id, request.arrival_time,
-            request.priority, request.trace_headers, request.cache_salt, request.lora_request))
+            request.priority, request.trace_headers, request.cache_salt, request.lora_request,
+            None if pooling is None else dataclasses.asdict(pooling)))
 
     def encode(self, obj: Any) -> bytes:
+        if isinstance(obj, EngineCoreOutputs) and any(
+                not isinstance(o, RequestOutput) for o in obj.outputs):
+            pooled = [o for o in obj.outputs if not isinstance(o, RequestOutput)]
+            obj = EngineCoreOutputs([o for o in obj.outputs if isinstance(o, RequestOutput)],
+                                    obj.stats, obj.utility_output, obj.ready, obj.engine_dead,
+                                    dumps(pooled))
         return self._encoder.encode(obj)
 
 
@@ -130,7 +143,8 @@ class MsgpackDecoder:
         return EngineCoreRequest(w.request_id, w.prompt, w.prompt_token_ids,
                                  _params_from_wire(w.sampling_params), w.eos_token_id,
                                  w.arrival_time, w.priority, w.trace_headers, w.cache_salt,
-                                 w.lora_request)
+                                 w.lora_request,
+                                 None if w.pooling_params is None else PoolingParams(**w.pooling_params))
 
     def decode_ids(self, data: bytes) -> list[str]:
         return self._ids.decode(data)
@@ -139,7 +153,11 @@ class MsgpackDecoder:
         return self._utility.decode(data)
 
     def decode_outputs(self, data: bytes) -> EngineCoreOutputs:
-        return self._outputs.decode(data)
+        outputs = self._outputs.decode(data)
+        if outputs.pooling_outputs is not None:
+            outputs.outputs = outputs.outputs + loads(outputs.pooling_outputs)
+            outputs.pooling_outputs = None
+        return outputs
 
 
 def dumps(obj: Any) -> bytes:

@@ -56,7 +56,7 @@ class PoolerConfig:
 def resolve_runner(runner: str, convert: str, pooler_config: PoolerConfig | None
                    ) -> tuple[str, str, PoolerConfig | None]:
     """(runner, convert, pooler config) as vLLM resolves them for a ``*ForCausalLM``: runner
-    "auto" is "generate"; a pooling runner converts the model to embeddings ("auto" ->
+    "auto" is "generate" (unless convert or a pooler config asks for pooling); a pooling runner converts the model to embeddings ("auto" ->
     "embed") and pools LAST unless told otherwise. ValueError for what cannot run. Resolving
     a resolved triple changes nothing (``dataclasses.replace`` re-checks a config)."""
     if runner not in RUNNERS:
@@ -64,7 +64,8 @@ def resolve_runner(runner: str, convert: str, pooler_config: PoolerConfig | None
     if convert not in CONVERTS:
         raise ValueError(f"convert must be one of {list(CONVERTS)}, got {convert!r}.")
     if runner == "auto":
-        runner = "pooling" if convert in ("embed", "classify") else "generate"
+        pooling = convert in ("embed", "classify") or pooler_config is not None
+        runner = "pooling" if pooling else "generate"
     if runner == "generate":
         if convert not in ("auto", "none"):
             raise ValueError(f"convert={convert!r} needs runner='pooling' (--runner pooling).")

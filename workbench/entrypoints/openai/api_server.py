@@ -3,6 +3,7 @@
 Endpoints: ``POST /v1/completions`` (completion.py), ``POST /v1/chat/completions`` (chat.py),
 both JSON or SSE (``stream: true``: ``data: {json}\\n\\n`` chunks ending ``data: [DONE]\\n\\n``);
 ``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize`` (tokenization.py); ``GET /health``;
+``POST /v1/embeddings``, ``/pooling``, ``/score``, ``/rerank`` (serving_pooling.py);
 ``GET /metrics`` (vLLM's ``vllm:`` series from the engine's PrometheusStatLogger); with
 ``torch_profiler_dir``, ``POST /start_profile`` and ``POST /stop_profile``; with
 ``VLLM_SERVER_DEV_MODE=1``, ``POST /sleep``, ``POST /wake_up`` and ``GET /is_sleeping``; with
@@ -33,6 +34,8 @@ from workbench.entrypoints.openai.errors import APIError, error_response, instal
 from workbench.entrypoints.openai.serving import OpenAIServing
 from workbench.entrypoints.openai.generation_defaults import load_generation_defaults
 from workbench.entrypoints.openai.tokenization import tokenization_router
+from workbench.entrypoints.openai.serving_pooling import generation_refused_router, pooling_router
+from workbench.pooling.config import supported_tasks
 
 logger = logging.getLogger("workbench.entrypoints.openai")
 _LOGGER_NAME = "prometheus"
@@ -123,8 +126,12 @@ def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | list[str] 
     if api_key is not None:
         keys = [api_key] if isinstance(api_key, str) else list(api_key)
         app.add_middleware(_APIKeyMiddleware, api_keys=keys)
-    app.include_router(completion_router(serving))
-    app.include_router(chat_router(serving))
+    if "generate" in supported_tasks(async_llm.config.runner, async_llm.config.pooler_config):
+        app.include_router(completion_router(serving))
+        app.include_router(chat_router(serving))
+    else:  # a pooling model (--runner pooling): 400, as vLLM
+        app.include_router(generation_refused_router())
+    app.include_router(pooling_router(serving))  # each refuses a model without its task
     app.include_router(tokenization_router(serving))
 
     @app.get("/health")
