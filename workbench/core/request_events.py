@@ -98,9 +98,11 @@ class RequestFirstToken(RequestEvent):
 
 @dataclass(slots=True, unsafe_hash=True)
 class RequestFinished(RequestEvent):
-    """Finished with vLLM's ``reason`` ("stop", "length" or "abort")."""
+    """Finished with vLLM's ``reason`` ("stop", "length" or "abort"); ``pooled``: a pooling
+    request, finished ("stop") by the step that computed its prompt, with no output token."""
 
     reason: str = ""
     num_output_tokens: int = 0
+    pooled: bool = False
 
     kind = "finished"

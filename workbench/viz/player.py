@@ -319,6 +319,9 @@ class StepPlayer(widgets.VBox):
                              f"(blocks {list(event.block_ids)}).")
             elif event.kind == "resumed":
                 notes.append(f"{event.request_id} resumed after a preemption.")
+            elif event.kind == "finished" and getattr(event, "pooled", False):
+                notes.append(f"{event.request_id} was pooled (prefill-only: its embedding came from "
+                             "this step's hidden states, no decode); its blocks were freed.")
             elif event.kind == "finished":
                 notes.append(f"{event.request_id} finished ({event.reason}) with "
                              f"{event.num_output_tokens} output tokens; its blocks were freed.")

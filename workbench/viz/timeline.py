@@ -5,7 +5,9 @@ Span kinds (``[start, end)`` in steps): ``waiting`` (arrived, not yet scheduled)
 ``compile_s`` is the compile's seconds, None while it still compiles), ``prefill``
 (a prompt chunk), ``recompute`` (a chunk re-computing tokens a preemption dropped),
 ``decode`` (consecutive one-token steps, merged), ``preempted`` (from preemption to
-resumption). ``finish`` marks the step a request finished, with its reason. With speculative
+resumption). ``finish`` marks the step a request finished, with its reason ("pooled" for a
+pooling request, whose prefill chunks -- it never decodes -- carry ``pooled: True`` and are
+drawn outlined). With speculative
 decoding a decode span also keeps ``emitted``, the tokens each of its steps gave the request
 (accepted drafts plus the sampled token), drawn as a number in each step's column. Spans are derived
 from the request events each StepRecord carries, so a replayed history draws the same rows.
@@ -30,7 +32,7 @@ from workbench.viz.figures import figure_png, new_figure, png_img
 from workbench.viz.source import ViewSource
 from workbench.viz.spec_decode import emitted_tokens
 
-FINISH_MARKERS = {"stop": "o", "length": "D", "abort": "X"}
+FINISH_MARKERS = {"stop": "o", "length": "D", "abort": "X", "pooled": "P"}
 FSM_HATCH = "////"  # waiting for the grammar (WAITING_FOR_FSM)
 
 
@@ -104,8 +106,14 @@ def request_spans(history) -> tuple[list[str], list[dict]]:
                 close(rid, step + 1)
                 if rid in fsm_since:  # its grammar failed to compile
                     close_fsm(rid, step + 1, None)
+                pooled = getattr(event, "pooled", False)
+                if pooled:  # prefill-only: its chunks are marked
+                    for chunk in spans:
+                        if chunk["request_id"] == rid and chunk["kind"] in ("prefill", "recompute"):
+                            chunk["pooled"] = True
                 spans.append({"request_id": rid, "kind": "finish", "start": step, "end": step + 1,
-                              "tokens": event.num_output_tokens, "reason": event.reason})
+                              "tokens": event.num_output_tokens,
+                              "reason": "pooled" if pooled else event.reason})
         for rid in (grammar.waiting_for_fsm if grammar else ()):
             if rid not in fsm_since and rid in open_since:
                 fsm_since[rid] = open_since[rid][1]
@@ -153,7 +161,7 @@ def draw_timeline(ax, rows: list[str], spans: list[dict], *, steps: tuple[int, i
                         color=text_color(colour), fontweight="bold" if count > 1 else "normal")
         elif kind in ("prefill", "recompute"):
             ax.barh(row, width - 0.1, left=left, height=0.8, color=colour, hatch=CHUNK_HATCH[kind],
-                    edgecolor="black", linewidth=0.3)
+                    edgecolor="black", linewidth=1.6 if span.get("pooled") else 0.3)
         elif kind == "finish":
             ax.plot(span["start"], row, marker=FINISH_MARKERS.get(span["reason"], "o"), color="black",
                     markerfacecolor="white", markersize=7, markeredgewidth=1.5, linestyle="none", zorder=3)

@@ -604,7 +604,7 @@ class Scheduler:
         if self._events is not None:
             self._events.append(
                 RequestFinished(request.request_id, step, request.finished_time, status.finish_reason,
-                                request.num_output_tokens)
+                                request.num_output_tokens, request.pooling_params is not None)
             )
         del self.requests[request.request_id]
         self.kv_cache.free(request)
