@@ -250,6 +250,33 @@ class AsyncLLM:
             return None if self._client.stopping else self._client.dead_error
         return self._error
 
+    @property
+    def scheduler_stats(self):
+        """The latest step's SchedulerStats (in process, or shipped by the core process)."""
+        return self._scheduler_stats
+
+    async def check_health(self) -> None:
+        """vLLM's ``check_health``: raises EngineDeadError once the engine has stopped."""
+        if not self.is_running:
+            raise EngineDeadError(self._dead_message())
+
+    async def get_vllm_config(self):
+        """The engine's EngineConfig (vLLM's VllmConfig); ``get_*_config`` are vLLM's
+        EngineClient accessors, answered in this process in both modes."""
+        return self.config
+
+    async def get_model_config(self):
+        return self.model_config
+
+    async def get_tokenizer(self):
+        return self.input_processor.tokenizer
+
+    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (),
+                             kwargs: dict | None = None) -> list:
+        """vLLM's ``collective_rpc`` over the one worker (the runner): ``[method(*args, **kwargs)]``
+        (see :mod:`workbench.engine.collective_rpc`)."""
+        return await self.call_utility("collective_rpc", method, timeout, args, kwargs)
+
     async def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn()`` on the engine thread between two steps; return or raise its result."""
         return await asyncio.wrap_future(self.submit(fn))

@@ -125,6 +125,9 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         return self.engine.reset_prefix_cache()
 
+    def collective_rpc(self, method, timeout=None, args: tuple = (), kwargs=None) -> list:
+        return self.engine.collective_rpc(method, timeout, args, kwargs)
+
     def call_utility(self, method: str, args: tuple) -> Any:
         """``method(*args)``: one of the public methods above, by name (AttributeError else)."""
         if method.startswith("_") or method in ("engine", "call_utility") \

@@ -20,6 +20,7 @@ from workbench.core.kv_cache_manager import KVCacheManager
 from workbench.core.sched.scheduler import Scheduler
 from workbench.core.sched.output import SchedulerOutput
 from workbench.engine.history import StageTimer, StepHistory, StepRecord
+from workbench.engine.collective_rpc import collective_rpc
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.engine.fork import fork_engine
 from workbench.engine.idle import IdleWaiter
@@ -231,6 +232,13 @@ class LLMEngine:
 
     def get_tokenizer(self):
         return self.tokenizer
+
+    def collective_rpc(self, method, timeout: float | None = None, args: tuple = (),
+                       kwargs: dict | None = None) -> list:
+        """vLLM's ``collective_rpc``: ``method`` run on each worker -- here the one runner --
+        returning their results (``timeout`` is accepted for vLLM's signature: one worker in
+        this thread answers or raises)."""
+        return collective_rpc(self.runner, method, args, kwargs)
 
     # ------------------------------------------------------------------ requests
     def add_request(

@@ -105,7 +105,10 @@ def _serve(args: argparse.Namespace) -> int:
         app = build_app(async_llm, model_name=name, api_key=args.api_key,
                         enable_auto_tool_choice=args.enable_auto_tool_choice,
                         tool_call_parser=args.tool_call_parser,
-                        lora_modules=parse_lora_modules(args.lora_modules))
+                        lora_modules=parse_lora_modules(args.lora_modules),
+                        enable_log_requests=args.enable_log_requests, max_log_len=args.max_log_len,
+                        enable_server_load_tracking=args.enable_server_load_tracking,
+                        log_error_stack=args.log_error_stack)
     except ValueError as exc:  # a tool-call parser flag, a bad --lora-modules entry or adapter
         asyncio.run(async_llm.shutdown())
         if publisher is not None:
@@ -181,6 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-events-config", default=None, metavar="JSON",
                        help='publish KV cache events over ZMQ as vLLM, e.g. \'{"enable_kv_cache_events": true, '
                        '"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv-events"}\'')
+    serve.add_argument("--enable-log-requests", action="store_true",
+                       help="log each request's prompt and parameters, as vLLM")
+    serve.add_argument("--max-log-len", type=int, default=None,
+                       help="with --enable-log-requests: prompt characters and token ids logged")
+    serve.add_argument("--enable-server-load-tracking", action="store_true",
+                       help="count requests in flight (GET /load), as vLLM")
+    serve.add_argument("--log-error-stack", action="store_true",
+                       help="log the traceback of every error answer, as vLLM")
     EngineArgs.add_cli_args(serve)
     serve.set_defaults(func=_serve)
 

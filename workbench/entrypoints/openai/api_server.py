@@ -34,6 +34,7 @@ from workbench.entrypoints.openai.errors import APIError, error_response, instal
 from workbench.entrypoints.openai.serving import OpenAIServing
 from workbench.entrypoints.openai.generation_defaults import load_generation_defaults
 from workbench.entrypoints.openai.tokenization import tokenization_router
+from workbench.entrypoints.openai.request_logger import RequestLogger
 from workbench.entrypoints.openai.serving_pooling import generation_refused_router, pooling_router
 from workbench.pooling.config import supported_tasks
 
@@ -103,7 +104,9 @@ def prometheus_logger(async_llm: AsyncLLM, model_name: str) -> PrometheusStatLog
 def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | list[str] | None = None,
               generation_config: str = "auto", enable_auto_tool_choice: bool = False,
               tool_call_parser: str | None = None,
-              lora_modules: Mapping[str, str] | None = None) -> FastAPI:
+              lora_modules: Mapping[str, str] | None = None, enable_log_requests: bool = False,
+              max_log_len: int | None = None, enable_server_load_tracking: bool = False,
+              log_error_stack: bool = False) -> FastAPI:
     """The OpenAI-compatible app over ``async_llm``; ``api_key`` (one key or several) guards
     /v1* (``Authorization: Bearer <key>``, vLLM's rule); ``generation_config`` ("auto", "vllm" or
     a folder) gives the sampling defaults, as vLLM's ``--generation-config``;
@@ -111,7 +114,10 @@ def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | list[str] 
     ``tool_choice: "auto"``, as vLLM's flags of those names; ``lora_modules``
     (name -> PEFT directory, vLLM's ``--lora-modules``) are loaded now and served under their
     names (the engine needs ``enable_lora``); with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``,
-    ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` change them at run time."""
+    ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` change them at run time.
+    vLLM's flags of the same names: ``enable_log_requests`` / ``max_log_len`` (the request
+    logger), ``enable_server_load_tracking`` (``GET /load``, see load_tracking.py),
+    ``log_error_stack`` (each error answer's traceback logged)."""
     defaults = load_generation_defaults(generation_config, async_llm.model_config.path)
     serving = OpenAIServing(async_llm, model_name, defaults,
                             enable_auto_tools=enable_auto_tool_choice,
@@ -122,6 +128,11 @@ def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | list[str] 
     metrics = prometheus_logger(async_llm, model_name) if async_llm.config.log_stats else None
     app = FastAPI(title="llm-workbench OpenAI-compatible server")
     app.state.serving = serving
+    if enable_log_requests:
+        serving.request_logger = RequestLogger(max_log_len=max_log_len)
+    app.state.enable_server_load_tracking = enable_server_load_tracking
+    app.state.server_load_metrics = 0
+    app.state.log_error_stack = log_error_stack
     install_error_handlers(app)
     if api_key is not None:
         keys = [api_key] if isinstance(api_key, str) else list(api_key)
@@ -133,6 +144,11 @@ def build_app(async_llm: AsyncLLM, *, model_name: str, api_key: str | list[str] 
         app.include_router(generation_refused_router())
     app.include_router(pooling_router(serving))  # each refuses a model without its task
     app.include_router(tokenization_router(serving))
+
+    if enable_server_load_tracking:
+        @app.get("/load")
+        async def load() -> JSONResponse:
+            return JSONResponse({"server_load": app.state.server_load_metrics})
 
     @app.get("/health")
     async def health() -> Response:

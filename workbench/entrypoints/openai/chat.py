@@ -19,6 +19,7 @@ from workbench.outputs import CompletionOutput, Logprob
 from workbench.entrypoints.openai import protocol as P
 from workbench.entrypoints.openai import responses as R
 from workbench.entrypoints.openai.errors import APIError
+from workbench.entrypoints.openai.load_tracking import load_aware_call
 from workbench.entrypoints.openai.reply_parsing import ReplyReader
 from workbench.entrypoints.openai.serving import (
     ChoiceState,
@@ -211,6 +212,7 @@ def chat_router(serving: OpenAIServing) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/chat/completions")
+    @load_aware_call
     async def create_chat_completion(req: P.ChatCompletionRequest, raw: Request) -> Response:
         arrival_time = serving.llm.clock()  # before rendering, as vLLM stamps arrival_time
         base_id = serving.check_request(req, raw)

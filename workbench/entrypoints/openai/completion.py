@@ -16,6 +16,7 @@ from fastapi.responses import Response
 from workbench.outputs import CompletionOutput, Logprob
 from workbench.entrypoints.openai import protocol as P
 from workbench.entrypoints.openai import responses as R
+from workbench.entrypoints.openai.load_tracking import load_aware_call
 from workbench.entrypoints.openai.serving import (
     ChoiceState,
     OpenAIServing,
@@ -121,6 +122,7 @@ def completion_router(serving: OpenAIServing) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/completions")
+    @load_aware_call
     async def create_completion(req: P.CompletionRequest, raw: Request) -> Response:
         arrival_time = serving.llm.clock()  # before tokenizing, as vLLM stamps arrival_time
         base_id = serving.check_request(req, raw)

@@ -122,8 +122,13 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 def install_error_handlers(app: FastAPI) -> None:
     """Answer APIError, dead engines, body validation and routing errors OpenAI-shaped."""
 
+    def log_stack(status: int, message: str, exc: BaseException) -> None:
+        if getattr(app.state, "log_error_stack", False):  # vLLM's --log-error-stack
+            logger.error("error response %d: %s", status, message, exc_info=exc)
+
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        log_stack(exc.status, exc.message, exc)
         return error_response(exc.status, exc.message, exc.param)
 
     @app.exception_handler(EngineDeadError)
@@ -132,7 +137,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(400, *_validation_message(exc))
+        message, param = _validation_message(exc)
+        log_stack(400, message, exc)
+        return error_response(400, message, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -145,6 +145,8 @@ class OpenAIServing:
         #: OpenAIServingModels); ids are given in the order of loading, from 1.
         self.lora_requests: dict[str, LoRARequest] = {}
         self._lora_id_counter = itertools.count(1)
+        #: vLLM's RequestLogger (``--enable-log-requests``), else None.
+        self.request_logger = None
 
     # ------------------------------------------------------------------ LoRA adapters
     def _new_lora(self, lora_name: str, lora_path: str) -> LoRARequest:
@@ -271,6 +273,9 @@ class OpenAIServing:
             if request.prompt is None:
                 text = await self.llm.decode(request.prompt_token_ids)
                 request = dataclasses.replace(request, prompt=text)
+            if self.request_logger is not None:
+                self.request_logger.log_inputs(engine_id, request.prompt, request.prompt_token_ids,
+                                               request.sampling_params, request.lora_request)
             prepared.append(PreparedPrompt(request))
         cap = self.defaults.get("max_tokens")
         if cap is not None:

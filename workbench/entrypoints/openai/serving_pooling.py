@@ -27,6 +27,7 @@ from workbench.engine.pooling_requests import OPERATIONS, PoolingRequests
 from workbench.entrypoints.llm_pooling import cosine_scores, validate_score_input_lens
 from workbench.entrypoints.openai import pooling_protocol as PP
 from workbench.entrypoints.openai.errors import APIError
+from workbench.entrypoints.openai.load_tracking import load_aware_call
 from workbench.entrypoints.openai.responses import UsageInfo, dump
 from workbench.entrypoints.openai.serving import OpenAIServing, _until_disconnect
 from workbench.pooling.config import supported_tasks
@@ -141,6 +142,10 @@ class PoolingServing:
             except (ValueError, TypeError) as exc:
                 return APIError.bad_request(exc, set(type(ctx.request).model_fields))
         ctx.engine_prompts = requests
+        if self.serving.request_logger is not None:  # vLLM's _log_inputs
+            for r in requests:
+                self.serving.request_logger.log_inputs(r.request_id, r.prompt, r.prompt_token_ids,
+                                                       r.pooling_params, r.lora_request)
         return None
 
     def _create_pooling_params(self, ctx: ServeContext):
@@ -293,21 +298,25 @@ def pooling_router(serving: OpenAIServing) -> APIRouter:
                                  ServingScores(serving, rerank=True))
 
     @router.post("/v1/embeddings")
+    @load_aware_call
     async def create_embedding(req: PP.EmbeddingRequest, raw: Request) -> Response:
         return await embedding(req, raw)
 
     @router.post("/pooling")
+    @load_aware_call
     async def create_pooling(req: PP.PoolingRequest, raw: Request) -> Response:
         return await ServingPooling(serving)(req, raw)  # one per request: it keeps the task
 
     @router.post("/score")
     @router.post("/v1/score")
+    @load_aware_call
     async def create_score(req: PP.ScoreRequest, raw: Request) -> Response:
         return await scores(req, raw)
 
     @router.post("/rerank")
     @router.post("/v1/rerank")
     @router.post("/v2/rerank")
+    @load_aware_call
     async def do_rerank(req: PP.RerankRequest, raw: Request) -> Response:
         return await rerank(req, raw)
 
