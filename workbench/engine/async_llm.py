@@ -274,7 +274,7 @@ class AsyncLLM:
     async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (),
                              kwargs: dict | None = None) -> list:
         """vLLM's ``collective_rpc`` over the one worker (the runner): ``[method(*args, **kwargs)]``
-        (see :mod:`workbench.engine.collective_rpc`)."""
+        (see :mod:`workbench.worker.run_method`)."""
         return await self.call_utility("collective_rpc", method, timeout, args, kwargs)
 
     async def call(self, fn: Callable[[], T]) -> T:

@@ -20,7 +20,6 @@ from workbench.core.kv_cache_manager import KVCacheManager
 from workbench.core.sched.scheduler import Scheduler
 from workbench.core.sched.output import SchedulerOutput
 from workbench.engine.history import StageTimer, StepHistory, StepRecord
-from workbench.engine.collective_rpc import collective_rpc
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.engine.fork import fork_engine
 from workbench.engine.idle import IdleWaiter
@@ -38,6 +37,7 @@ from workbench.request import RequestStatus
 from workbench.metrics.request_tracker import RequestTracker
 from workbench.metrics.tracing import RequestTracer, log_tracing_disabled_warning
 from workbench.worker.model_runner import ModelRunner
+from workbench.worker.run_method import run_method
 from workbench.worker.sleep_mode import TAGS as SLEEP_TAGS
 from workbench.worker.runner_protocol import Runner, RunnerFactory
 from workbench.sampling_params import SamplingParams
@@ -238,7 +238,7 @@ class LLMEngine:
         """vLLM's ``collective_rpc``: ``method`` run on each worker -- here the one runner --
         returning their results (``timeout`` is accepted for vLLM's signature: one worker in
         this thread answers or raises)."""
-        return collective_rpc(self.runner, method, args, kwargs)
+        return [run_method(self.runner, method, args, kwargs)]
 
     # ------------------------------------------------------------------ requests
     def add_request(

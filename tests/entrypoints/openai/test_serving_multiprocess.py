@@ -40,8 +40,22 @@ from test_lora_http import peft_text
 from test_openai_client import (  # noqa: F401
     test_chat_shapes_and_stream, test_completion_stream_with_usage,
     test_errors_map_to_the_clients_exceptions)
+from test_serving_validation import (  # noqa: F401  (a 400 beside streams in flight)
+    test_errors_while_streams_run_leave_them_intact)
+from test_serving_rules import (  # noqa: F401
+    test_cache_salt_is_honoured_and_checked_as_vllm, test_null_max_tokens_is_sixteen_and_null_flags_are_their_defaults,
+    test_return_token_ids_completions_whole_and_streamed)
+from test_serving_layer import (  # noqa: F401  (the serving layer's flags, the stats from the core)
+    test_load_tracking_counts_a_stream_until_it_ends, test_orca_metrics_header_in_text_and_json,
+    test_request_logger_cuts_prompts_to_max_log_len)
 
 async_llm, app = serving_fixtures(multiprocess=True, engine={"enable_lora": True})
+
+
+@pytest.fixture(scope="module")
+def llm(async_llm):
+    """test_serving_layer's name for the module's engine."""
+    return async_llm
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +131,20 @@ def test_a_lora_adapter_loads_in_the_core_and_serves(async_llm):
     text, loaded = asyncio.run(go())
     assert loaded == {1}
     assert text == peft_text(str(embedded_lora_path("errors")), "ADRIANA:", 8)
+
+
+def test_health_configs_and_collective_rpc_reach_the_core(async_llm):
+    async def go():
+        await async_llm.check_health()
+        assert (await async_llm.get_vllm_config()).multiprocess_mode
+        assert (await async_llm.get_model_config()).architecture == "LlamaForCausalLM"
+        # the one worker, the core's runner, answers over the socket
+        assert await async_llm.collective_rpc("determine_num_blocks", kwargs=dict(
+            num_kv_blocks=5, kv_cache_memory_bytes=0, gpu_memory_utilization=0.5,
+            max_num_batched_tokens=8)) == [5]
+        with pytest.raises(AttributeError, match="no public method"):
+            await async_llm.collective_rpc("_private")
+    asyncio.run(go())
 
 
 def test_the_records_come_back_whole(async_llm, api):
