@@ -46,6 +46,12 @@ def embed_llm(**kw) -> LLM:
     return LLM(runner="pooling", convert="embed", dtype="float32", device="cpu", **kw)
 
 
+@pytest.fixture(scope="module")
+def embedder() -> LLM:
+    """An embedding LLM with the defaults (LAST, normalized), shared by the tests that only read."""
+    return embed_llm()
+
+
 def test_last_pooling_under_chunked_prefill_and_prefix_hits_matches_transformers(hf):
     llm = embed_llm(max_num_batched_tokens=16)  # prompts of 3..22 tokens: chunked
     cfg = llm.engine.config
@@ -85,8 +91,8 @@ def test_token_embed_on_a_last_engine_pools_every_position_over_chunks(hf):
         assert torch.allclose(out.outputs.data, ref, atol=1e-5)
 
 
-def test_normalize_false_and_truncation(hf):
-    llm = embed_llm()
+def test_normalize_false_and_truncation(hf, embedder):
+    llm = embedder
     (raw,) = llm.embed(TEXTS[2], pooling_params=PoolingParams(normalize=False), use_tqdm=False)
     assert torch.allclose(torch.tensor(raw.outputs.embedding), reference(hf, TEXTS[2], "LAST", False),
                           atol=1e-5)
@@ -135,3 +141,34 @@ def test_an_embedding_beside_generation_changes_no_greedy_token(hf):
     for i in range(3):
         assert mixed[f"g{i}"].outputs[0].token_ids == alone[f"g{i}"].outputs[0].token_ids
     assert torch.allclose(mixed["emb"].outputs.data, reference(hf, TEXTS[3], "LAST"), atol=1e-5)
+
+
+def test_matryoshka_dimensions_truncate_then_normalize(hf, tmp_path, embedder):
+    # the embedded model, declared matryoshka (config.json's is_matryoshka, as vLLM reads it)
+    import json
+
+    src = default_model_path()
+    for f in src.iterdir():
+        if f.is_file():
+            (tmp_path / f.name).symlink_to(f)
+    config = json.loads((src / "config.json").read_text())
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps({**config, "is_matryoshka": True}))
+    llm = embed_llm(model=str(tmp_path))
+    (out,) = llm.embed(TEXTS[0], pooling_params=PoolingParams(dimensions=16), use_tqdm=False)
+    states = reference(hf, TEXTS[0], "LAST", normalize=False)
+    assert torch.allclose(torch.tensor(out.outputs.embedding), F.normalize(states[:16], dim=-1),
+                          atol=1e-5)
+    with pytest.raises(ValueError, match="Dimensions must be greater than 0"):
+        llm.embed(TEXTS[0], pooling_params=PoolingParams(dimensions=0), use_tqdm=False)
+    with pytest.raises(ValueError, match="does not support matryoshka"):
+        embedder.embed(TEXTS[0], pooling_params=PoolingParams(dimensions=16), use_tqdm=False)
+
+
+def test_generation_and_embedding_refuse_the_other_kind_of_model(embedder):
+    with pytest.raises(ValueError, match=r"LLM.generate\(\) is only supported for generative models"):
+        embedder.generate("ROMEO:", SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="Embedding API is not supported by this model"):
+        LLM(device="cpu", num_kv_blocks=16).embed("ROMEO:")
+    with pytest.raises(ValueError, match="pooling_task is required"):
+        embedder.encode("ROMEO:")
