@@ -36,3 +36,14 @@ def test_a_pooling_request_is_a_marked_prefill_only_span():
     player = StepPlayer(engine, live_updates=False)
     player.show(3)
     assert any(n.startswith("emb was pooled (prefill-only") for n in player.notes)
+
+
+def test_an_aborted_pooling_request_is_not_marked_pooled():
+    engine = LLMEngine(device="cpu", block_size=4, num_kv_blocks=32, max_num_batched_tokens=8)
+    engine.add_request("emb", "HAMLET: To be, or not to be, that is the question", PoolingParams())
+    engine.step()  # one chunk of its prompt
+    engine.abort_request("emb")
+    engine.step()  # records the abort
+    (finish,) = [s for s in request_spans(engine.history[:])[1] if s["kind"] == "finish"]
+    assert finish["reason"] == "abort"
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks

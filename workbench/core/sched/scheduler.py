@@ -148,7 +148,7 @@ class Scheduler:
         """Queue a new request, or raise ValueError if it can never be served.
 
         Rejected: an empty prompt; a prompt of ``>= max_model_len`` tokens (one position is
-        needed for an output); with chunked prefill off, a prompt longer than
+        needed for an output; a pooling request, which has none, may fill the context); with chunked prefill off, a prompt longer than
         ``max_num_batched_tokens``; a request whose largest KV footprint -- prompt plus
         ``max_tokens - 1`` generated tokens, capped by ``max_model_len - 1`` -- needs more
         blocks than the whole pool (it could never finish, even alone).
@@ -604,7 +604,8 @@ class Scheduler:
         if self._events is not None:
             self._events.append(
                 RequestFinished(request.request_id, step, request.finished_time, status.finish_reason,
-                                request.num_output_tokens, request.pooling_params is not None)
+                                request.num_output_tokens,
+                                request.pooling_params is not None and status is RequestStatus.FINISHED_STOPPED)
             )
         del self.requests[request.request_id]
         self.kv_cache.free(request)
