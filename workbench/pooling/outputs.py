@@ -58,7 +58,7 @@ class EmbeddingOutput:
         return f"EmbeddingOutput(hidden_size={self.hidden_size})"
 
 
-@dataclass
+@dataclass(repr=False)
 class EmbeddingRequestOutput(PoolingRequestOutput):
     @classmethod
     def from_base(cls, output: PoolingRequestOutput) -> EmbeddingRequestOutput:
@@ -77,6 +77,6 @@ class ScoringOutput:
         return f"ScoringOutput(score={self.score:.6f})"
 
 
-@dataclass
+@dataclass(repr=False)
 class ScoringRequestOutput(PoolingRequestOutput):
     pass
