@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import dataclasses
 import sys
 
@@ -101,6 +102,10 @@ def _serve(args: argparse.Namespace) -> int:
         publisher = attach(engine, kv_events)
         async_llm = AsyncLLM(engine)
     name = args.served_model_name or args.model or "tiny-shakespeare"
+    if args.enable_log_requests:  # the request logger's INFO lines reach stderr, as vLLM's
+        request_log = logging.getLogger("workbench.entrypoints.openai.request_logger")
+        request_log.setLevel(logging.INFO)
+        request_log.addHandler(logging.StreamHandler())
     try:
         app = build_app(async_llm, model_name=name, api_key=args.api_key,
                         enable_auto_tool_choice=args.enable_auto_tool_choice,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-logger = logging.getLogger("workbench.entrypoints.openai")
+logger = logging.getLogger("workbench.entrypoints.openai.request_logger")
 
 
 class RequestLogger:
