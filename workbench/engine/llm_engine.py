@@ -580,6 +580,11 @@ class LLMEngine:
         (see :mod:`workbench.engine.fork`)."""
         return fork_engine(self)
 
+    def explain(self, request_id: str, step: int | None = None):
+        """Why a request waited, ran short or was preempted, step by step (see
+        :meth:`StepHistory.explain <workbench.engine.history.StepHistory.explain>`)."""
+        return self.history.explain(request_id, step)
+
     def requests_dataframe(self):
         """One row per request seen (queue time, TTFT, TPOT, e2e latency in steps and
         seconds, preemptions, recomputed and cached tokens): see

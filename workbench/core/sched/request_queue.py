@@ -74,6 +74,13 @@ class WaitingQueue:
     def __bool__(self) -> bool:
         return len(self) > 0
 
+    def unordered(self) -> Iterator[Request]:
+        """Every waiting request, those set aside in this pass included, in no particular
+        order: O(n), no sort (the explainer's walk)."""
+        if self._keyed:
+            return (e[2] for e in itertools.chain(self._heap, self._skipped))
+        return itertools.chain(self._deque, self._skipped)
+
     def __iter__(self) -> Iterator[Request]:
         if self._keyed:
             return (e[2] for e in sorted(self._heap, key=lambda e: e[:2]))

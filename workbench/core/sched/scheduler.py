@@ -63,6 +63,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from workbench.core.kv_cache_manager import KVCacheManager
+from workbench.core.sched.explain import StepExplainer
 from workbench.core.sched.policies import SchedulingPolicy, get_policy
 from workbench.core.sched.request_queue import WaitingQueue
 from workbench.core.request_events import (
@@ -135,6 +136,8 @@ class Scheduler:
         #: The grammars of constrained requests (a ``StructuredOutputManager``), else None.
         self.structured_output_manager = structured_output_manager
         self._errors: dict[str, str] = {}  # finished with an error since the last schedule()
+        #: Explains each step (``SchedulerOutput.explanation``); set to None to record no why.
+        self.explainer: StepExplainer | None = StepExplainer(kv_cache)
 
     def take_events(self) -> tuple[RequestEvent, ...]:
         """The request events since the previous call, oldest first (empty unless recording)."""
@@ -315,6 +318,8 @@ class Scheduler:
                     spec = ()
                     continue
                 victim = self.policy.pick_victim(running)
+                if self.explainer is not None:
+                    self.explainer.preempting(victim, request, self.policy, victim in running_chunks)
                 del running[running.index(victim)]
                 if victim in running_chunks:
                     budget += running_chunks.pop(victim)
@@ -374,6 +379,8 @@ class Scheduler:
                 scheduled_loras.add(lora_name)
             admitted.append((request, num_new, num_hit))
             budget -= num_new
+        why = None if self.explainer is None else self.explainer.explain_step(
+            self, running_chunks, admitted, preempted, lora_skipped, budget)
         self.waiting.restore_skipped()
 
         scheduled = [self._chunk(r, n, 0, spec_of.get(r, ())) for r, n in running_chunks.items()]
@@ -394,6 +401,7 @@ class Scheduler:
             num_free_blocks=kv.num_free_blocks,
             kv_usage=kv.usage,
             lora_skipped_request_ids=tuple(lora_skipped),
+            explanation=why,
         )
         if self._events is not None:
             step = output.step
