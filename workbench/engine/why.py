@@ -113,10 +113,11 @@ def _sentence(run: list[dict]) -> str:
     steps = f"Step {first}" if first == last else f"Steps {first}-{last}"
     row = run[0]
     text = f"{steps}: {row['state']}"
-    if row["tokens"] and row["state"] != "preempted":
-        text += f" ({sum(r['tokens'] for r in run)} tokens)"
-    if row["_why"] is not None:
+    tokens = sum(r["tokens"] for r in run)
+    if tokens and row["state"] != "preempted":
+        text += f" ({tokens} token{'s' if tokens > 1 else ''})"
+    if row["_why"] is not None and row["state"] != "preempted":  # a preemption's note says why
         text += f", because {row['_why'].sentence()}"
     if row["note"]:
-        text += f". {row['note'][0].upper()}{row['note'][1:]}"
+        text += f": {row['note']}"
     return text + "."

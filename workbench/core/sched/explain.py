@@ -214,7 +214,7 @@ class PreemptionExplanation:
     unscheduled: bool
 
     def sentence(self) -> str:
-        whom = "itself (nothing else was left to preempt)" if self.made_room_for == self.request_id \
+        whom = "itself (the rule chose it)" if self.made_room_for == self.request_id \
             else self.made_room_for
         return (f"{self.request_id} was preempted (rule: {self.rule}) to make room for {whom}: "
                 f"{self.num_blocks_freed} blocks and {self.num_tokens_lost} computed tokens lost; "
@@ -305,13 +305,12 @@ class StepExplainer:
         """``victim`` is about to be preempted for ``for_request`` (called before its blocks go)."""
         kv, bs = self.kv_cache, self.kv_cache.block_size
         table = kv.blocks_of(victim.request_id)
-        cached = 0
-        for block in table:  # the leading blocks still cached are what a resume can reuse
-            if block.block_hash is None:
+        lost = victim.num_computed_tokens
+        cached = 0  # leading computed blocks whose content is in the cache: a resume can reuse them
+        for block_hash in victim.block_hashes[:lost // bs]:
+            if kv.pool.get_cached_block(block_hash) is None:
                 break
             cached += 1
-        lost = victim.num_computed_tokens
-        cached = min(cached, lost // bs)
         self._preemptions.append(PreemptionExplanation(
             victim.request_id, for_request.request_id, victim_rule(policy), len(table), lost,
             cached, lost - cached * bs, unscheduled))
