@@ -276,6 +276,21 @@ class StepExplanation:
 EMPTY = StepExplanation(FrozenDict())
 
 
+def explain_stats(scheduler, scheduler_output) -> dict:
+    """The SchedulerStats fields of a step's why: the waiting queue split by reason, as it is
+    now (vLLM reads the queue's statuses, so the two sum to the waiting count), and the
+    step's preemptions by reason."""
+    deferred = 0
+    if scheduler.structured_output_manager is not None:
+        deferred = sum(1 for r in scheduler.waiting.unordered() if r.status is RequestStatus.WAITING_FOR_FSM)
+    by_reason = {"made_room": 0, "own_victim": 0}
+    why = scheduler_output.explanation
+    for p in why.preemptions if why is not None else ():
+        by_reason["own_victim" if p.made_room_for == p.request_id else "made_room"] += 1
+    return {"num_waiting_reqs_by_reason": {"capacity": len(scheduler.waiting) - deferred, "deferred": deferred},
+            "num_preemptions_by_reason": by_reason}
+
+
 def victim_rule(policy) -> str:
     """The name of the rule by which ``policy`` picks a preemption victim."""
     from workbench.core.sched import policies
@@ -300,6 +315,14 @@ class StepExplainer:
         kv_cache.attach_prefix_memory(self.memory)
         self._preemptions: list[PreemptionExplanation] = []
         self._stopped_at: str | None = None  # a running request that was its own victim
+        self._deferred_since: dict[str, float] = {}  # id -> arrival, while its grammar compiles
+        self._deferred_done: list[tuple[str, float]] = []
+
+    def take_deferred_times(self) -> list[tuple[str, float]]:
+        """(reason, seconds) of the requests whose deferral ended since the last call: a
+        grammar seen compiling at a step and ready at a later one, from its arrival."""
+        done, self._deferred_done = self._deferred_done, []
+        return done
 
     def preempting(self, victim: Request, for_request: Request, policy, unscheduled: bool) -> None:
         """``victim`` is about to be preempted for ``for_request`` (called before its blocks go)."""
@@ -373,7 +396,21 @@ class StepExplainer:
                                                tuple(sorted(loras | scheduler.pinned_loras)))
             elif common is not None:
                 reasons[rid] = common
+        if self._deferred_since or any(w.reason is Reason.GRAMMAR_COMPILING for w in reasons.values()):
+            self._track_deferred(scheduler, reasons)
         return StepExplanation(FrozenDict(reasons), preemptions, tuple(lookups))
+
+    def _track_deferred(self, scheduler, reasons: dict) -> None:
+        since = self._deferred_since
+        for rid, w in reasons.items():
+            if w.reason is Reason.GRAMMAR_COMPILING and rid not in since:
+                since[rid] = scheduler.requests[rid].arrival_time
+        now = None
+        for rid in [rid for rid in since if rid not in reasons or reasons[rid].reason is not Reason.GRAMMAR_COMPILING]:
+            arrival = since.pop(rid)
+            if rid in scheduler.requests:  # not aborted or failed
+                now = scheduler.clock() if now is None else now
+                self._deferred_done.append(("grammar", max(0.0, now - arrival)))
 
     def _head_reason(self, scheduler, head: Request, budget: int):
         """Why the waiting pass stopped at ``head`` (budget and seats were left)."""
