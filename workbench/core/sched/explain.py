@@ -276,6 +276,17 @@ class StepExplanation:
 EMPTY = StepExplanation(FrozenDict())
 
 
+def reason_counts(reasons_by_step: dict, request_id: str, start: int, end: int) -> dict[str, int]:
+    """{reason value: steps} of ``request_id`` over steps ``start..end-1``, from
+    ``{step: that step's reasons}`` (a span's summary for the timeline and the trace)."""
+    counts: dict[str, int] = {}
+    for step in range(start, end):
+        why = reasons_by_step.get(step, {}).get(request_id)
+        if why is not None:
+            counts[why.reason.value] = counts.get(why.reason.value, 0) + 1
+    return counts
+
+
 def explain_stats(scheduler, scheduler_output) -> dict:
     """The SchedulerStats fields of a step's why: the waiting queue split by reason, as it is
     now (vLLM reads the queue's statuses, so the two sum to the waiting count), and the
