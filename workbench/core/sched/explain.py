@@ -329,6 +329,11 @@ class StepExplainer:
         self._deferred_since: dict[str, float] = {}  # id -> arrival, while its grammar compiles
         self._deferred_done: list[tuple[str, float]] = []
 
+    def detach(self) -> None:
+        """Stop the KV cache telling this explainer's memory anything (to run without a why:
+        ``scheduler.explainer.detach(); scheduler.explainer = None``)."""
+        self.kv_cache.prefix_memory = self.kv_cache.pool.prefix_memory = None
+
     def take_deferred_times(self) -> list[tuple[str, float]]:
         """(reason, seconds) of the requests whose deferral ended since the last call: a
         grammar seen compiling at a step and ready at a later one, from its arrival."""
@@ -353,31 +358,43 @@ class StepExplainer:
 
     def explain_step(self, scheduler, running_chunks: dict, admitted: list, preempted: list,
                      lora_skipped: list, budget: int) -> StepExplanation:
-        """The step's explanation, from the state the scheduler's passes left."""
+        """The step's explanation, from the state the scheduler's passes left. O(running +
+        waiting) dictionary work: a chunk can be cut short only where the budget ran out (the
+        last of each pass), and a reason shared by many requests is one object."""
         self.memory.step = scheduler.step_count + 1
         preemptions, self._preemptions = tuple(self._preemptions), []
         stopped_at, self._stopped_at = self._stopped_at, None
         reasons: dict[str, object] = {}
-        spent = tuple((r.request_id, n) for r, n in running_chunks.items()) + tuple(
-            (r.request_id, n) for r, n, _ in admitted)
-        out_of_budget = TokenBudgetSpent(scheduler.max_num_batched_tokens, spent)
-        # Running: cut short, or left out.
-        for request, n in running_chunks.items():
+        spent = None
+
+        def out_of_budget() -> TokenBudgetSpent:
+            nonlocal spent
+            if spent is None:
+                spent = TokenBudgetSpent(scheduler.max_num_batched_tokens, tuple(
+                    (r.request_id, n) for r, n in running_chunks.items()) + tuple(
+                    (r.request_id, n) for r, n, _ in admitted))
+            return spent
+
+        if running_chunks:  # running: the last chunk may be cut short by the budget
+            request, n = next(reversed(running_chunks.items()))
             remaining = request.num_tokens - request.num_computed_tokens
             if n < remaining:
                 reasons[request.request_id] = ChunkedPrefillLimit(n, remaining, n)
-        behind = BehindInOrder(stopped_at, "running") if stopped_at else out_of_budget
-        for request in scheduler.running[:len(scheduler.running) - len(admitted)]:  # admitted last
-            if request not in running_chunks:
-                reasons[request.request_id] = behind
+        running = scheduler.running
+        num_before = len(running) - len(admitted)  # the admitted join the end
+        if len(running_chunks) < num_before:  # some running requests were left out
+            behind = BehindInOrder(stopped_at, "running") if stopped_at else out_of_budget()
+            for request in running[:num_before]:
+                if request not in running_chunks:
+                    reasons[request.request_id] = behind
         lookups = []
-        for request, n, num_hit in admitted:
-            remaining = request.num_tokens - num_hit
-            if n < remaining:
-                reasons[request.request_id] = ChunkedPrefillLimit(n, remaining, n)
+        if admitted:
+            request, n, num_hit = admitted[-1]
+            if n < request.num_tokens - num_hit:
+                reasons[request.request_id] = ChunkedPrefillLimit(n, request.num_tokens - num_hit, n)
             if self.kv_cache.enable_prefix_caching:
-                lookups.append(self._lookup(request, num_hit))
-        # Waiting: why the pass stopped, then per request.
+                lookups = [self._lookup(r, num_hit) for r, _, num_hit in admitted]
+        # Waiting: the reason that stopped the pass, for all; then those with their own.
         waiting = scheduler.waiting
         head = waiting.peek() if waiting else None
         if preempted:
@@ -385,29 +402,27 @@ class StepExplainer:
         elif head is None:
             common = None
         elif budget <= 0:
-            common = out_of_budget
-        elif len(scheduler.running) >= scheduler.max_num_seqs:
-            common = MaxNumSeqsReached(scheduler.max_num_seqs, len(scheduler.running))
+            common = out_of_budget()
+        elif len(running) >= scheduler.max_num_seqs:
+            common = MaxNumSeqsReached(scheduler.max_num_seqs, len(running))
         else:
-            reasons[head.request_id] = self._head_reason(scheduler, head, budget)
             common = BehindInOrder(head.request_id)
-        made_room = {p.request_id: p.made_room_for for p in preemptions}
-        skipped = set(lora_skipped)
-        for request in waiting.unordered():
-            rid = request.request_id
-            if rid in reasons:
-                continue
-            if request.status is RequestStatus.WAITING_FOR_FSM:
-                reasons[rid] = GrammarCompiling()
-            elif rid in made_room:
-                reasons[rid] = Preempted(made_room[rid])
-            elif rid in skipped:
-                loras = {r.lora_name for r in scheduler.running if r.lora_request is not None}
-                reasons[rid] = MaxLorasReached(request.lora_name, scheduler.max_loras,
-                                               tuple(sorted(loras | scheduler.pinned_loras)))
-            elif common is not None:
-                reasons[rid] = common
-        if self._deferred_since or any(w.reason is Reason.GRAMMAR_COMPILING for w in reasons.values()):
+        compiling = GrammarCompiling()
+        fsm = RequestStatus.WAITING_FOR_FSM
+        reasons.update({r.request_id: compiling if r.status is fsm else common for r in waiting.unordered()})
+        if common is not None and common.reason is Reason.BEHIND_IN_ORDER:
+            reasons[head.request_id] = self._head_reason(scheduler, head, budget)
+        for p in preemptions:
+            if p.request_id in reasons or p.request_id in scheduler.requests:
+                reasons[p.request_id] = Preempted(p.made_room_for)
+        if lora_skipped:
+            loras = tuple(sorted({r.lora_name for r in running if r.lora_request is not None}
+                                 | scheduler.pinned_loras))
+            for rid in lora_skipped:
+                reasons[rid] = MaxLorasReached(scheduler.requests[rid].lora_name, scheduler.max_loras, loras)
+        if common is None:  # the queue was served to its end: only the set-aside ones wait
+            reasons = {rid: w for rid, w in reasons.items() if w is not None}
+        if scheduler.structured_output_manager is not None or self._deferred_since:
             self._track_deferred(scheduler, reasons)
         return StepExplanation(FrozenDict(reasons), preemptions, tuple(lookups))
 
