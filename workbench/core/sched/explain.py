@@ -74,12 +74,20 @@ class TokenBudgetSpent:
 
 @dataclass(frozen=True)
 class MaxNumSeqsReached:
+    """``num_running`` running plus ``num_seats_held`` seats the policy counts as taken
+    (``SchedulingPolicy.seats_held``: deferred requests, for vLLM #53130's gate) filled
+    ``max_num_seqs``."""
+
     reason: ClassVar[Reason] = Reason.MAX_NUM_SEQS
     max_num_seqs: int
     num_running: int
+    num_seats_held: int = 0
 
     def sentence(self) -> str:
-        return f"{self.num_running} requests were running, max_num_seqs={self.max_num_seqs}"
+        held = (f" and the policy counted {self.num_seats_held} seats held by deferred requests"
+                if self.num_seats_held else "")
+        running = "1 request was" if self.num_running == 1 else f"{self.num_running} requests were"
+        return f"{running} running{held}, max_num_seqs={self.max_num_seqs}"
 
 
 @dataclass(frozen=True)
@@ -357,7 +365,7 @@ class StepExplainer:
             self._stopped_at = victim.request_id
 
     def explain_step(self, scheduler, running_chunks: dict, admitted: list, preempted: list,
-                     lora_skipped: list, budget: int) -> StepExplanation:
+                     lora_skipped: list, budget: int, seats_held: int = 0) -> StepExplanation:
         """The step's explanation, from the state the scheduler's passes left. O(running +
         waiting) dictionary work: a chunk can be cut short only where the budget ran out (the
         last of each pass), and a reason shared by many requests is one object."""
@@ -403,8 +411,8 @@ class StepExplainer:
             common = None
         elif budget <= 0:
             common = out_of_budget()
-        elif len(running) >= scheduler.max_num_seqs:
-            common = MaxNumSeqsReached(scheduler.max_num_seqs, len(running))
+        elif len(running) + seats_held >= scheduler.max_num_seqs:
+            common = MaxNumSeqsReached(scheduler.max_num_seqs, len(running), seats_held)
         else:
             common = BehindInOrder(head.request_id)
         compiling = GrammarCompiling()

@@ -340,7 +340,8 @@ class Scheduler:
         lora_skipped: list[str] = []
         # The batch's adapters: every running request is scheduled when this pass runs.
         scheduled_loras = {r.lora_name for r in running if r.lora_request is not None}
-        while not preempted and self.waiting and budget > 0 and len(running) < self.max_num_seqs:
+        held = self.policy.seats_held(self)  # seats the policy counts besides the running
+        while not preempted and self.waiting and budget > 0 and len(running) + held < self.max_num_seqs:
             request = self.waiting.peek()
             if request.status is RequestStatus.WAITING_FOR_FSM:  # vLLM: skipped, not blocking
                 self.waiting.skip_front()
@@ -380,7 +381,7 @@ class Scheduler:
             admitted.append((request, num_new, num_hit))
             budget -= num_new
         why = None if self.explainer is None else self.explainer.explain_step(
-            self, running_chunks, admitted, preempted, lora_skipped, budget)
+            self, running_chunks, admitted, preempted, lora_skipped, budget, held)
         self.waiting.restore_skipped()
 
         scheduled = [self._chunk(r, n, 0, spec_of.get(r, ())) for r, n in running_chunks.items()]
