@@ -226,8 +226,8 @@ class PreemptionExplanation:
             else self.made_room_for
         return (f"{self.request_id} was preempted (rule: {self.rule}) to make room for {whom}: "
                 f"{self.num_blocks_freed} blocks and {self.num_tokens_lost} computed tokens lost; "
-                f"resuming recomputes {self.recompute_tokens} tokens if its {self.num_cached_blocks} "
-                f"cached blocks survive, else {self.num_tokens_lost}")
+                f"resuming recomputes {self.recompute_tokens} token{'' if self.recompute_tokens == 1 else 's'} "
+                f"if its {self.num_cached_blocks} cached blocks survive, else {self.num_tokens_lost}")
 
 
 class MissCause(str, enum.Enum):
