@@ -66,6 +66,26 @@ print(why)
 why.table.set_index("step")[["state", "reason", "tokens", "numbers"]]
 
 # %% [markdown]
+# Over the whole run: how many requests each reason held back, step by step.
+
+# %%
+import matplotlib.pyplot as plt
+
+reasons = sorted({w.reason.value for r in run.history for w in r.reasons.values()})
+steps = [r.step for r in run.history]
+fig, ax = plt.subplots(figsize=(9, 3.2), layout="constrained")
+bottom = [0] * len(steps)
+for reason in reasons:
+    counts = [sum(w.reason.value == reason for w in r.reasons.values()) for r in run.history]
+    ax.bar(steps, counts, bottom=bottom, label=reason)
+    bottom = [b + c for b, c in zip(bottom, counts)]
+ax.set_xlabel("step")
+ax.set_ylabel("requests not fully scheduled")
+ax.set_title("Why, step by step")
+ax.legend(fontsize="small", ncols=2)
+plt.show()
+
+# %% [markdown]
 # ## One preemption
 #
 # At step 5, `b`'s next token needed a block and none was free, so the policy picked a victim.
