@@ -6,8 +6,9 @@ restart. The count of deferred requests is kept beside the queue and a deferred 
 ends without ever running (its grammar failed, it was aborted) is never taken off it, so the
 seats it holds leak.
 
-:class:`DeferredGatePolicy` reproduces that gate on top of FCFS order: a request that arrives
-deferred (WAITING_FOR_FSM) joins its count, and leaves it only when the policy sees it running.
+DeferredGatePolicy reproduces that gate on top of FCFS order: a request that arrives deferred
+(WAITING_FOR_FSM) joins its count and leaves it when the policy sees it ready (no longer
+WAITING_FOR_FSM); one that ended first never leaves it.
 ``seats_held`` is that count, which the scheduler adds to the running requests before admitting
 anyone. The fix is the built-in gate (``seats_held`` = 0: only running requests hold seats):
 ``run.fork_at(step, policy="fcfs")``.
@@ -22,7 +23,7 @@ from workbench.request import Request, RequestStatus
 class DeferredGatePolicy(SchedulingPolicy):
     """FCFS order; admission counts the deferred requests it saw arrive (see the module
     docstring). Invariant: ``deferred`` holds every request that arrived deferred and has not
-    been seen running since, finished ones included (the leak)."""
+    been seen ready since, ended ones included (the leak)."""
 
     name = "deferred_gate"
 
@@ -37,6 +38,6 @@ class DeferredGatePolicy(SchedulingPolicy):
 
     def seats_held(self, scheduler) -> int:
         requests = scheduler.requests
-        self.deferred = {rid for rid in self.deferred
-                         if rid not in requests or requests[rid].status is not RequestStatus.RUNNING}
+        self.deferred = {rid for rid in self.deferred  # ready ones leave; ended ones leak
+                         if rid not in requests or requests[rid].status is RequestStatus.WAITING_FOR_FSM}
         return len(self.deferred)
