@@ -335,6 +335,7 @@ class StepExplainer:
         self._preemptions: list[PreemptionExplanation] = []
         self._stopped_at: str | None = None  # a running request that was its own victim
         self._deferred_since: dict[str, float] = {}  # id -> arrival, while its grammar compiles
+        self._last_waiting: tuple | None = None  # (queue, its version, common reason, {id: reason})
         self._deferred_done: list[tuple[str, float]] = []
 
     def detach(self) -> None:
@@ -415,9 +416,15 @@ class StepExplainer:
             common = MaxNumSeqsReached(scheduler.max_num_seqs, len(running), seats_held)
         else:
             common = BehindInOrder(head.request_id)
-        compiling = GrammarCompiling()
-        fsm = RequestStatus.WAITING_FOR_FSM
-        reasons.update({r.request_id: compiling if r.status is fsm else common for r in waiting.unordered()})
+        last = self._last_waiting
+        if (last is not None and last[0] is waiting and last[1] == waiting.version and last[2] == common
+                and scheduler.structured_output_manager is None):  # statuses change only with grammars
+            reasons.update(last[3])  # the same queue held back for the same reason: reuse
+        else:
+            compiling, fsm = GrammarCompiling(), RequestStatus.WAITING_FOR_FSM
+            shared = {r.request_id: compiling if r.status is fsm else common for r in waiting.unordered()}
+            self._last_waiting = (waiting, waiting.version, common, shared)
+            reasons.update(shared)
         if common is not None and common.reason is Reason.BEHIND_IN_ORDER:
             reasons[head.request_id] = self._head_reason(scheduler, head, budget)
         for p in preemptions:
