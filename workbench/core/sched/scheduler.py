@@ -51,6 +51,10 @@ waiting one has no blocks, no drafts and ``num_computed_tokens == 0``; a chunk's
 follow its request's last known token; plus the KV cache's own.
 Per-step work is O(scheduled requests + their block tables), never O(all blocks).
 
+Each step's why -- the reason of every request it did not fully schedule, its preemptions and
+its prefix lookups -- is ``SchedulerOutput.explanation`` (:mod:`workbench.core.sched.explain`).
+A policy's ``seats_held`` counts seats of ``max_num_seqs`` besides the running (0 built in).
+
 With ``record_events`` the scheduler logs each request's life (arrival, chunks, prefix
 hits, preemptions, resumes, first token, finish: :mod:`workbench.core.request_events`);
 ``take_events()`` drains the log.
@@ -136,7 +140,8 @@ class Scheduler:
         #: The grammars of constrained requests (a ``StructuredOutputManager``), else None.
         self.structured_output_manager = structured_output_manager
         self._errors: dict[str, str] = {}  # finished with an error since the last schedule()
-        #: Explains each step (``SchedulerOutput.explanation``); set to None to record no why.
+        #: Explains each step (``SchedulerOutput.explanation``: :mod:`workbench.core.sched.explain`);
+        #: ``explainer.detach()`` then None records no why.
         self.explainer: StepExplainer | None = StepExplainer(kv_cache)
 
     def take_events(self) -> tuple[RequestEvent, ...]:
