@@ -42,3 +42,16 @@ def test_small_blocks_change_tables_every_few_steps_and_still_match():
         prompt_len=5, block_size=4, steps=12, max_num_batched_tokens=64, policy="fcfs",
         no_prefix_caching=False))
     assert r["running"] == 3 and r["scratch_us"] > 0 and r["persistent_us"] > 0
+
+
+def test_why_rows_with_waiting_requests(capsys):
+    """--why both: a row without the explainer (0% share) and one with it, whose share of the
+    step is a fraction; --waiting keeps requests waiting behind max_num_seqs."""
+    assert scheduler.main(["--num-running", "4", "--waiting", "8", "--steps", "10", "--prompt-len", "20",
+                           "--events", "off", "--why", "both"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.split("runner preparation")[0].splitlines()[3:]
+            if line.strip()]
+    assert [(r[0], r[2], r[-1] == "0.0%") for r in rows] == [("4", "off", True), ("4", "on", False)]
+    assert 0 < float(rows[1][-1].rstrip("%")) < 100
+    with pytest.raises(SystemExit):
+        scheduler.main(["--waiting", "-1"])

@@ -6,7 +6,15 @@ all N requests one token (blocks are allocated as they fill, and, with prefix ca
 newly full blocks are hashed and cached). Prints one table row per N and event recording
 setting: with ``events on`` the KV cache and scheduler log their block and request events and
 each step drains them, as the engine does; ``--events both`` (default) measures the two side
-by side.
+by side. ``--why`` (default both) times the step with and without the scheduler's explainer
+(:mod:`workbench.core.sched.explain`), and ``--waiting W`` keeps W more requests waiting
+behind ``max_num_seqs`` (each one gets a reason every step), so the table shows what recording
+the why costs::
+
+    workbench bench scheduler --num-running 64 256 --waiting 256 --events on --why both
+
+``why share`` is the median, over the timed steps, of the fraction of each step spent in the
+explainer and its prefix memory (timed inside the step, so a busy machine shifts both alike).
 
 A second table times the runner's preparation of the same decode steps' model inputs (the
 :class:`~workbench.worker.batch_inputs.BatchInputs` a forward pass consumes): packed from scratch
@@ -35,12 +43,12 @@ from workbench.worker.input_batch import InputBatch
 FAKE_TOKEN = 7
 
 
-def _build(n: int, args: argparse.Namespace, record_events: bool) -> Scheduler:
+def _build(n: int, args: argparse.Namespace, record_events: bool, why: bool = True) -> Scheduler:
     budget = max(n, args.max_num_batched_tokens)
     # Room for the prefill steps (early finishers decode meanwhile) and the timed steps,
     # so that no request finishes while timed.
     total_len = args.prompt_len + cdiv(n * args.prompt_len, budget) + args.steps + 8
-    num_blocks = n * cdiv(total_len, args.block_size)
+    num_blocks = (n + getattr(args, "waiting", 0)) * cdiv(total_len, args.block_size)
     kv = KVCacheManager(
         num_blocks, args.block_size, enable_prefix_caching=not args.no_prefix_caching, record_events=record_events
     )
@@ -52,8 +60,11 @@ def _build(n: int, args: argparse.Namespace, record_events: bool) -> Scheduler:
         policy=args.policy,
         record_events=record_events,
     )
+    if not why:
+        sched.explainer.detach()
+        sched.explainer = None
     params = SamplingParams(max_tokens=None, ignore_eos=True)
-    for i in range(n):
+    for i in range(n + getattr(args, "waiting", 0)):
         prompt = [i * 100_003 + j for j in range(args.prompt_len)]  # distinct: no prefix sharing
         sched.add_request(Request(f"r{i}", prompt, params, arrival_time=float(i)))
     return sched
@@ -63,8 +74,31 @@ def _fake_runner(out) -> dict[str, int]:
     return {c.request_id: FAKE_TOKEN for c in out.scheduled if c.samples}
 
 
-def _measure(n: int, args: argparse.Namespace, record_events: bool) -> dict:
-    sched = _build(n, args, record_events)
+def _time_explainer(sched: Scheduler) -> list[float]:
+    """Wrap the explainer's entry points (and its prefix memory's) so that the seconds spent
+    in them accumulate in the returned one-element list."""
+    spent = [0.0]
+
+    def timed(fn):
+        def call(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[0] += time.perf_counter() - t0
+        return call
+
+    explainer = sched.explainer
+    explainer.explain_step, explainer.preempting = timed(explainer.explain_step), timed(explainer.preempting)
+    memory = explainer.memory
+    memory.stored, memory.evicted = timed(memory.stored), timed(memory.evicted)
+    return spent
+
+
+def _measure(n: int, args: argparse.Namespace, record_events: bool, why: bool = True) -> dict:
+    sched = _build(n, args, record_events, why)
+    spent = _time_explainer(sched) if why else [0.0]
+    shares = []
     # Prefill (untimed) until every request is decoding.
     while True:
         out = sched.schedule()
@@ -73,6 +107,7 @@ def _measure(n: int, args: argparse.Namespace, record_events: bool) -> dict:
             break
     t_sched, t_update, totals = [], [], []
     for _ in range(args.steps):
+        spent[0] = 0.0
         t0 = time.perf_counter()
         out = sched.schedule()
         t1 = time.perf_counter()
@@ -83,6 +118,7 @@ def _measure(n: int, args: argparse.Namespace, record_events: bool) -> dict:
             sched.kv_cache.take_events()
             sched.take_events()
         t3 = time.perf_counter()
+        shares.append(spent[0] / ((t1 - t0) + (t3 - t2)))
         assert len(out.scheduled) == n and not any(c.is_prefill for c in out.scheduled)
         t_sched.append(t1 - t0)
         t_update.append(t3 - t2)
@@ -91,11 +127,13 @@ def _measure(n: int, args: argparse.Namespace, record_events: bool) -> dict:
     return {
         "running": n,
         "events": "on" if record_events else "off",
+        "why": "on" if why else "off",
         "schedule_us": statistics.fmean(t_sched) * us,
         "update_us": statistics.fmean(t_update) * us,
         "total_us": statistics.fmean(totals) * us,
         "p50_us": statistics.median(totals) * us,
         "per_req_us": statistics.fmean(totals) * us / n,
+        "why_share": statistics.median(shares),  # of each step's time, in the explainer
     }
 
 
@@ -151,26 +189,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--events", choices=("off", "on", "both"), default="both",
                         help="record block and request events (default: both, side by side)")
+    parser.add_argument("--why", choices=("off", "on", "both"), default="both",
+                        help="explain each step (reasons, preemptions, prefix lookups; default: both)")
+    parser.add_argument("--waiting", type=int, default=0, metavar="W",
+                        help="requests kept waiting behind max_num_seqs (default: 0)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.prompt_len < 1 or args.block_size < 1 or min(args.num_running) < 1:
         parser.error("--steps, --prompt-len, --block-size and --num-running must be >= 1")
+    if args.waiting < 0:
+        parser.error(f"--waiting must be >= 0, got {args.waiting}")
 
     print(
         f"scheduler step cost: {args.steps} decode steps, prompt {args.prompt_len} tokens, "
         f"block_size {args.block_size}, policy {args.policy}, "
         f"prefix caching {'off' if args.no_prefix_caching else 'on'}"
     )
-    header = f"{'running':>8} {'events':>7} {'schedule us':>12} {'update us':>10} {'total us':>9} {'p50 us':>8} {'us/request':>11}"
+    header = (f"{'running':>8} {'events':>7} {'why':>4} {'schedule us':>12} {'update us':>10} {'total us':>9} "
+              f"{'p50 us':>8} {'us/request':>11} {'why share':>10}")
     print(header)
     print("-" * len(header))
     settings = {"off": (False,), "on": (True,), "both": (False, True)}[args.events]
+    whys = {"off": (False,), "on": (True,), "both": (False, True)}[args.why]
     for n in args.num_running:
         for record_events in settings:
-            r = _measure(n, args, record_events)
-            print(
-                f"{r['running']:>8} {r['events']:>7} {r['schedule_us']:>12.1f} {r['update_us']:>10.1f} "
-                f"{r['total_us']:>9.1f} {r['p50_us']:>8.1f} {r['per_req_us']:>11.2f}"
-            )
+            for why in whys:
+                r = _measure(n, args, record_events, why)
+                print(
+                    f"{r['running']:>8} {r['events']:>7} {r['why']:>4} {r['schedule_us']:>12.1f} {r['update_us']:>10.1f} "
+                    f"{r['total_us']:>9.1f} {r['p50_us']:>8.1f} {r['per_req_us']:>11.2f} "
+                    f"{100 * r['why_share']:>9.1f}%"
+                )
     print("\nrunner preparation: the model inputs of one decode step (BatchInputs), median")
     header = f"{'running':>8} {'from scratch us':>16} {'persistent batch us':>20} {'speed-up':>9}"
     print(header)

@@ -171,6 +171,8 @@ class BlockPool:
         self.num_freed = 0
         self.cache_version = 0
         self._events: list[KVEvent] | None = [] if record_events else None
+        #: Told of each eviction (a ``PrefixMemory``; None: nobody listens).
+        self.prefix_memory = None
 
     @property
     def record_events(self) -> bool:
@@ -209,6 +211,8 @@ class BlockPool:
             if block.block_hash is not None:
                 if events is not None:
                     events.append(BlockRemoved((block.block_hash,), (block.block_id,)))
+                if self.prefix_memory is not None:
+                    self.prefix_memory.evicted(block.block_hash, owner)
                 del self.cached[block.block_hash]
                 block.block_hash = None
                 self.num_evicted += 1

@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields
 
 from workbench.core.block_pool import BlockPool, KVCacheBlock
 from workbench.core.kv_events import KVEvent
+from workbench.core.prefix_memory import PrefixMemory
 from workbench.core.kv_state import KVState, block_state
 from workbench.core.kv_cache_utils import block_extra_keys, hash_block_tokens
 from workbench.request import Request
@@ -110,6 +111,12 @@ class KVCacheManager:
         # The last prefix lookup (request, pool.cache_version, num_tokens, hits): a waiting
         # request that does not fit is looked up again every step until the cache changes.
         self._last_lookup: tuple[Request, int, int, list[KVCacheBlock]] | None = None
+        #: Remembers evictions and cached contents to explain prefix misses (None: not kept).
+        self.prefix_memory: PrefixMemory | None = None
+
+    def attach_prefix_memory(self, memory: PrefixMemory) -> None:
+        """Keep ``memory`` informed of every eviction and newly cached block from now on."""
+        self.prefix_memory = self.pool.prefix_memory = memory
 
     # ----------------------------------------------------------------- views
     @property
@@ -138,6 +145,10 @@ class KVCacheManager:
     def block_table(self, request_id: str) -> list[int]:
         """Physical block ids of the request, in logical order ([] when it holds none)."""
         return list(self._table_ids.get(request_id, ()))
+
+    def blocks_of(self, request_id: str) -> tuple[KVCacheBlock, ...]:
+        """The request's blocks, in logical order (empty when it holds none)."""
+        return tuple(self._tables.get(request_id, ()))
 
     def block_ids(self, request_id: str) -> tuple[int, ...]:
         """``block_table`` as a tuple (what a ScheduledRequest carries); O(1)."""
@@ -285,6 +296,8 @@ class KVCacheManager:
                     table[filled:num_full], hashes[filled:num_full],
                     hashes[filled - 1] if filled else None, tokens, bs,
                 )
+                if self.prefix_memory is not None:
+                    self.prefix_memory.stored(request, filled, num_full)
             else:
                 for block, block_tokens in zip(table[filled:num_full], tokens):
                     self.pool.write_tokens(block, block_tokens)

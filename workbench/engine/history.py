@@ -93,6 +93,24 @@ class StepRecord:
                 object.__setattr__(self, name, FrozenDict(value))
 
     @property
+    def reasons(self) -> FrozenDict:
+        """Request id -> why it was not (fully) scheduled this step (``core.sched.explain``)."""
+        why = self.scheduler_output.explanation
+        return why.reasons if why is not None else FrozenDict()
+
+    @property
+    def preemptions(self) -> tuple:
+        """This step's preemptions, explained (``PreemptionExplanation``s)."""
+        why = self.scheduler_output.explanation
+        return why.preemptions if why is not None else ()
+
+    @property
+    def prefix_lookups(self) -> tuple:
+        """This step's admissions' prefix lookups, explained (``PrefixLookup``s)."""
+        why = self.scheduler_output.explanation
+        return why.prefix_lookups if why is not None else ()
+
+    @property
     def num_running(self) -> int:
         return self.scheduler_stats.num_running_reqs
 
@@ -351,6 +369,13 @@ class StepHistory:
     def request_log(self, request_id: str) -> list[RequestEvent]:
         """The kept events of one request, oldest first."""
         return [e for r in self._records for e in r.request_events if e.request_id == request_id]
+
+    def explain(self, request_id: str, step: int | None = None):
+        """Why ``request_id`` waited, ran short or was preempted, over the kept steps (``step``:
+        that one): a :class:`~workbench.engine.why.RequestExplanation` (``.table``, ``str()``)."""
+        from workbench.engine.why import explain_request
+
+        return explain_request(self._records, request_id, step)
 
     def to_dataframe(self):
         """One row per step (pandas DataFrame indexed by step)."""

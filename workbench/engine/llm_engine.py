@@ -17,6 +17,7 @@ import torch
 
 from workbench.config import EngineConfig, default_max_num_batched_tokens, default_max_num_seqs
 from workbench.core.kv_cache_manager import KVCacheManager
+from workbench.core.sched.explain import explain_stats
 from workbench.core.sched.scheduler import Scheduler
 from workbench.core.sched.output import SchedulerOutput
 from workbench.engine.history import StageTimer, StepHistory, StepRecord
@@ -549,11 +550,14 @@ class LLMEngine:
             num_blocks_evicted=kv_stats.num_blocks_evicted,
             **(self._lora_stats() if self.config.enable_lora else {}),
             spec_decoding_stats=SpecDecodingStats.of(result.spec_decode.values()) if result is not None else None,
+            **explain_stats(scheduler, scheduler_output),
         )
         grammar_step = scheduler.take_grammar_step()
         iteration_stats = iteration_stats or IterationStats()
         iteration_stats.grammar_compile_seconds = list(grammar_step.compile_seconds)
         iteration_stats.num_grammar_cache_hits = len(grammar_step.cache_hits)
+        if scheduler.explainer is not None:
+            iteration_stats.deferred_times = scheduler.explainer.take_deferred_times()
         events = kv.take_events(), scheduler.take_events()
         timer.lap("record")
         self._step_end = time.perf_counter() if self.has_unfinished_requests() else None
@@ -611,6 +615,11 @@ class LLMEngine:
         RuntimeError while it sleeps, is being profiled, or is served from another thread
         (see :mod:`workbench.engine.fork`)."""
         return fork_engine(self)
+
+    def explain(self, request_id: str, step: int | None = None):
+        """Why a request waited, ran short or was preempted, step by step (see
+        :meth:`StepHistory.explain <workbench.engine.history.StepHistory.explain>`)."""
+        return self.history.explain(request_id, step)
 
     def requests_dataframe(self):
         """One row per request seen (queue time, TTFT, TPOT, e2e latency in steps and

@@ -152,6 +152,11 @@ class RunResult:
         return dataclasses.replace(branch, workload=RunSource.with_added(self.workload, list(edit.add)),
                                    simulated=self.simulated)
 
+    def explain(self, request_id: str, step: int | None = None):
+        """Why a request of this run waited, ran short or was preempted (see
+        :meth:`StepHistory.explain <workbench.engine.history.StepHistory.explain>`)."""
+        return self.history.explain(request_id, step)
+
     @property
     def num_steps(self) -> int:
         return len(self.history) if self.total_steps is None else self.total_steps

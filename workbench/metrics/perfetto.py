@@ -6,7 +6,8 @@ run is one process of the trace with:
 * an ``engine`` track: one slice per step, the stage slices nested in it (a simulated step:
   one ``simulated`` slice, the cost model's duration);
 * one track per request: a ``request`` slice from arrival to finish (``B``/``E``) holding
-  ``waiting`` (arrival -> first scheduled), ``preempted`` (preemption -> resumed), a slice per
+  ``waiting`` (arrival -> first scheduled), ``preempted`` (preemption -> resumed) -- their
+  args' ``reasons``: {reason: steps} from the records' why -- a slice per
   prefill chunk (``recompute`` when it recomputes tokens lost to a preemption), ``decode``
   (consecutive decode steps), and instants ``first token`` and ``finished: REASON``;
 * counter tracks ``running``, ``waiting``, ``kv usage (%)`` and ``tokens`` (prefill, decode),
@@ -27,6 +28,7 @@ import pathlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from workbench.core.sched.explain import reason_counts
 from workbench.core.kv_events import BlockAllocated, BlockFreed
 from workbench.core.request_events import (
     RequestArrived,
@@ -148,14 +150,15 @@ def trace_events(records: Iterable, *, pid: int = 1, name: str = "engine",
     flows = {key: pid * 1_000_000 + i  # (step, beneficiary) -> flow id, unique in the trace
              for i, key in enumerate(sorted(set((step, b) for (step, _), b in beneficiaries.items())))}
     run_end = max(step_ends.values(), default=origin)
+    reasons = {r.step: r.reasons for r in records}  # a wait's args: its steps' reasons
     for i, life in enumerate(lives):
         events += _request_track(life, pid, ENGINE_TID + 1 + i, ts, placed, step_ends, run_end, beneficiaries,
-                                 flows)
+                                 flows, reasons)
     return events
 
 
 def _request_track(life: _Life, pid: int, tid: int, ts, placed, step_ends, run_end: float, beneficiaries,
-                   flows) -> list[dict]:
+                   flows, reasons) -> list[dict]:
     """One request's track (see the module docstring); an unfinished request's ends with the run."""
     a = life.arrived
     rid = a.request_id
@@ -174,7 +177,10 @@ def _request_track(life: _Life, pid: int, tid: int, ts, placed, step_ends, run_e
          "args": {"request_id": rid, "num_prompt_tokens": a.num_prompt_tokens, "priority": a.priority,
                   "arrival_step": a.step}},
     ]
-    wait_from, wait_name = a.time, "waiting"
+    wait_from, wait_name, wait_step = a.time, "waiting", a.step
+
+    def wait_args(until_step: int) -> dict:
+        return {"reasons": reason_counts(reasons, rid, wait_step, until_step)}
     lost = 0  # tokens computed before the latest preemption
     decode = None  # [start, stop, tokens, first step, last step] of the open decode slice
 
@@ -188,7 +194,7 @@ def _request_track(life: _Life, pid: int, tid: int, ts, placed, step_ends, run_e
     for e in life.events:
         if isinstance(e, RequestScheduled):
             if wait_from is not None:
-                out.append(slice_(wait_name, wait_from, e.time, wait_name))
+                out.append(slice_(wait_name, wait_from, e.time, wait_name, **wait_args(e.step)))
                 wait_from = None
             start, stop = placed[e.step][0], step_ends[e.step]
             if (e.step, rid) in flows:  # a preemption in this step made room for this chunk
@@ -207,7 +213,7 @@ def _request_track(life: _Life, pid: int, tid: int, ts, placed, step_ends, run_e
                 decode[1], decode[2], decode[4] = stop, decode[2] + 1, e.step
         elif isinstance(e, RequestPreempted):
             close_decode()
-            wait_from, wait_name, lost = e.time, "preempted", e.num_computed_tokens
+            wait_from, wait_name, lost, wait_step = e.time, "preempted", e.num_computed_tokens, e.step
             beneficiary = beneficiaries.get((e.step, rid))
             if beneficiary is not None:
                 out.append({"ph": "s", "pid": pid, "tid": tid, "name": "preemption", "cat": "preemption",
@@ -222,7 +228,7 @@ def _request_track(life: _Life, pid: int, tid: int, ts, placed, step_ends, run_e
                         "args": {"reason": e.reason, "num_output_tokens": e.num_output_tokens}})
     close_decode()
     if wait_from is not None:
-        out.append(slice_(wait_name, wait_from, end_time, wait_name))
+        out.append(slice_(wait_name, wait_from, end_time, wait_name, **wait_args(max(reasons, default=0) + 1)))
     out.append({"ph": "E", "pid": pid, "tid": tid, "name": f"request {rid}", "cat": "request",
                 "ts": ts(end_time), "args": {"finished": finish is not None}})
     # Time order; at one instant the span opens first and closes last, and of two sibling

@@ -63,6 +63,22 @@ class PrometheusStatLogger(StatLoggerBase):
             "vllm:num_requests_running", "Number of requests in model execution batches.")
         self.num_requests_waiting = gauge(
             "vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        by_reason = Gauge(
+            "vllm:num_requests_waiting_by_reason", "Number of requests waiting, by reason: "
+            "capacity (blocked on budget, seats or KV) or deferred (grammar, remote KV).",
+            labels + ["reason"], registry=reg)
+        self.num_requests_waiting_by_reason = {r: by_reason.labels(model_name, r)
+                                               for r in ("capacity", "deferred")}
+        deferred = Histogram(
+            "vllm:request_deferred_time_seconds", "Histogram of time a request was deferred "
+            "(its grammar compiling, or its KV on a remote instance) in seconds.",
+            labels + ["reason"], buckets=seconds, registry=reg)
+        self.request_deferred_time = {r: deferred.labels(model_name, r) for r in ("grammar", "remote_kv")}
+        preempted = Counter(
+            "workbench:num_preemptions_by_reason", "Cumulative preemptions by reason: made_room "
+            "(for another request) or own_victim (the request short of KV blocks was chosen).",
+            labels + ["reason"], registry=reg)
+        self.num_preemptions_by_reason = {r: preempted.labels(model_name, r) for r in ("made_room", "own_victim")}
         self.kv_cache_usage_perc = gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         self.prefix_cache_queries = counter(
@@ -142,6 +158,13 @@ class PrometheusStatLogger(StatLoggerBase):
         s, it = scheduler_stats, iteration_stats
         self.num_requests_running.set(s.num_running_reqs)
         self.num_requests_waiting.set(s.num_waiting_reqs)
+        by_reason = s.num_waiting_reqs_by_reason or {"capacity": s.num_waiting_reqs}
+        for reason, series in self.num_requests_waiting_by_reason.items():
+            series.set(by_reason.get(reason, 0))
+        for reason, n in s.num_preemptions_by_reason.items():
+            self.num_preemptions_by_reason[reason].inc(n)
+        for reason, seconds in it.deferred_times:
+            self.request_deferred_time[reason].observe(seconds)
         self.kv_cache_usage_perc.set(s.kv_cache_usage)
         self.prefix_cache_queries.inc(s.prefix_cache_queries)
         self.prefix_cache_hits.inc(s.prefix_cache_hits)

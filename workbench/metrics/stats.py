@@ -41,6 +41,12 @@ class SchedulerStats:
     running_lora_adapters: dict[str, int] = field(default_factory=dict)
     waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
     spec_decoding_stats: SpecDecodingStats | None = None  # this step; None without drafts
+    #: vLLM's ``num_requests_waiting_by_reason``: "capacity" and "deferred" (a grammar
+    #: compiling, remote KV), summing to ``num_waiting_reqs``.
+    num_waiting_reqs_by_reason: dict[str, int] = field(default_factory=dict)
+    #: This step's preemptions by reason ("made_room": for another request, "own_victim":
+    #: the request short of blocks was the victim).
+    num_preemptions_by_reason: dict[str, int] = field(default_factory=dict)
 
     def _repr_html_(self) -> str:
         return html_table("SchedulerStats", asdict(self))
@@ -112,6 +118,9 @@ class IterationStats:
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
     grammar_compile_seconds: list[float] = field(default_factory=list)
     num_grammar_cache_hits: int = 0
+    #: (reason, seconds) of each request whose deferral ended this step ("grammar": it left
+    #: WAITING_FOR_FSM; "remote_kv" reserved): vLLM's ``request_deferred_time_seconds``.
+    deferred_times: list[tuple[str, float]] = field(default_factory=list)
 
     def __repr__(self) -> str:  # latencies vary from run to run: counts only
         return (

@@ -28,6 +28,7 @@ from workbench.viz.colors import SPEC_COLORS, SPEC_MARKS, STATE_COLORS, assign_c
 from workbench.viz.live import LiveUpdater
 from workbench.viz.source import ViewSource
 from workbench.viz.spec_decode import budget_split, draft_fates, draft_slots
+from workbench.viz.why import why_rows, why_table
 
 
 def request_states(records, step: int) -> tuple[list[str], list[str], set[str]]:
@@ -283,6 +284,10 @@ class StepPlayer(widgets.VBox):
                 "drafts": [{"token_id": t, "text": self.source.decode([t]), "fate": fate}
                            for t, fate in draft_fates(record, chunk.request_id)],
             })
+        self.why_rows = why_rows(record)  # every request not fully scheduled, and why
+        partial = {r["request_id"]: r["why"] for r in self.why_rows}
+        for row in rows:
+            row["why"] = partial.get(row["request_id"], "")
         self.batch_rows = rows
         last = self.source.last_step
         pending = self.source.pending(seen) if step == last else []
@@ -350,7 +355,7 @@ class StepPlayer(widgets.VBox):
         speculating = any(r["drafts"] for r in self.batch_rows)
         columns = ["request", *(["adapter"] if lora else []), "kind", "tokens [from, to)", "new",
                    "prefix hit", "block table", "sampled", *(["grammar mask"] if constrained else []),
-                   *(["drafts (✓ accepted, ✕ rejected, + bonus, ↳ recovered)"] if speculating else [])]
+                   *(["drafts (✓ accepted, ✕ rejected, + bonus, ↳ recovered)"] if speculating else []), "why"]
         head = "".join(f"<th>{h}</th>" for h in columns)
         body = "".join(
             "<tr>" + f"<td>{request_chip(r['request_id'])}</td>"
@@ -359,19 +364,20 @@ class StepPlayer(widgets.VBox):
             f"<td>{r['num_cached_tokens'] or ''}</td><td>{' '.join(map(str, r['block_ids']))}</td>"
             f"<td><code>{html.escape(repr(r['sampled'])) if r['sampled'] is not None else ''}</code></td>"
             + (f"<td>{grammar_cell(r['grammar'])}</td>" if constrained else "")
-            + (f"<td>{drafts_html(r['drafts'])}</td>" if speculating else "") + "</tr>"
+            + (f"<td>{drafts_html(r['drafts'])}</td>" if speculating else "")
+            + f"<td>{html.escape(r['why'])}</td></tr>"
             for r in self.batch_rows
         )
         if not so.scheduled:
             reason = html.escape(empty_batch_reason(record))
             return (f'<b>Step {record.step}</b>: <span style="background:{STATE_COLORS["empty batch"]};'
-                    f'color:#fff;padding:0 4px">{reason}</span>')
+                    f'color:#fff;padding:0 4px">{reason}</span>' + why_table(self.why_rows))
         split_text = ", ".join(f"{split[k]} {k}" for k, _ in parts if split[k])
         return (
             f"<b>Step {record.step}</b>: {len(so.scheduled)} requests, budget used {bar} "
             f"<b>{used}</b> / {budget} tokens ({split_text}); KV usage after the step {record.kv_usage:.0%} "
             f"({record.num_free_blocks} blocks free)"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>" + why_table(self.why_rows)
         )
 
     def close(self) -> None:

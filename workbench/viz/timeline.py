@@ -31,6 +31,7 @@ from workbench.viz.encoding import CHUNK_HATCH, chunk_handles
 from workbench.viz.figures import figure_png, new_figure, png_img
 from workbench.viz.source import ViewSource
 from workbench.viz.spec_decode import emitted_tokens
+from workbench.viz.why import annotate_waiting_spans
 
 FINISH_MARKERS = {"stop": "o", "length": "D", "abort": "X", "pooled": "P"}
 FSM_HATCH = "////"  # waiting for the grammar (WAITING_FOR_FSM)
@@ -226,6 +227,7 @@ class RequestTimeline(widgets.VBox):
         step's column."""
         records = self.source.records()
         rows, spans = request_spans(records)
+        spans = annotate_waiting_spans(spans, records)
         if self.last and len(records) > self.last:
             records = records[-self.last:]
             first = records[0].step
@@ -293,6 +295,7 @@ class RequestTimeline(widgets.VBox):
         chunks = ", ".join(f"{s['kind']} {s['start']}" + (f"–{s['end'] - 1}" if s["end"] - s["start"] > 1 else "")
                            + (f" ({s['tokens']} tok)" if s["tokens"] and s["kind"] != "finish" else "")
                            + _compile_note(s)
+                           + (f" (why: {s['reason']})" if s["kind"] in ("waiting", "preempted") and s["reason"] else "")
                            for s in own if s["kind"] != "finish")
         finish = next((s for s in own if s["kind"] == "finish"), None)
         metrics = self.source.request_row(rid)

@@ -89,6 +89,9 @@ class SchedulerOutput:
     kv_usage: float = 0.0  # after scheduling, in [0, 1]
     #: Waiting requests passed over because their adapter would exceed ``max_loras``.
     lora_skipped_request_ids: tuple[str, ...] = ()
+    #: Why (``workbench.core.sched.explain.StepExplanation``): the reason of every request
+    #: not fully scheduled, the preemptions and the prefix lookups; None when not recorded.
+    explanation: object | None = None
 
     @property
     def lora_names(self) -> tuple[str, ...]:

@@ -13,6 +13,8 @@ A policy is a small object with two decisions, both overridable in a notebook::
   queue order: arrivals join the back, preempted requests go back to the front. A key
   turns the waiting queue into a heap on ``(key, insertion number)``; a preempted request
   re-enters at its key's place (as vLLM's priority scheduling does).
+* ``seats_held(scheduler)``: seats of ``max_num_seqs`` taken besides the running requests
+  (0 here).
 * ``pick_victim(running)`` names the running request to preempt (by recompute) when a
   running request cannot get KV blocks. The default takes the running request with the
   largest ``sort_key`` -- the one the policy would serve last -- ties (and FCFS) going to
@@ -49,6 +51,12 @@ class SchedulingPolicy:
             return ((0,) if key is None else (1, key)), r.arrival_time, i
 
         return max(enumerate(running), key=rank)[1]
+
+    def seats_held(self, scheduler) -> int:
+        """Seats of ``max_num_seqs`` the policy counts as taken besides the running requests,
+        asked once per step before admission (0: vLLM's gate, running requests only; see
+        :mod:`workbench.core.sched.deferred_gate` for the gate of vLLM issue #53130)."""
+        return 0
 
     @property
     def uses_priority(self) -> bool:

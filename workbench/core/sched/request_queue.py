@@ -28,8 +28,11 @@ class WaitingQueue:
         self._heap: list[tuple[object, int, Request]] = []
         self._seq = itertools.count()
         self._skipped: list = []  # heap entries or requests set aside during one pass
+        #: Grows whenever a request joins or leaves (not when one is set aside and restored).
+        self.version = 0
 
     def add(self, request: Request) -> None:
+        self.version += 1
         if self._keyed:
             heapq.heappush(self._heap, (self._policy.sort_key(request), next(self._seq), request))
         else:
@@ -40,6 +43,7 @@ class WaitingQueue:
         if self._keyed:
             self.add(request)
         else:
+            self.version += 1
             self._deque.appendleft(request)
 
     def peek(self) -> Request:
@@ -59,9 +63,11 @@ class WaitingQueue:
         self._skipped = []
 
     def pop(self) -> Request:
+        self.version += 1
         return heapq.heappop(self._heap)[2] if self._keyed else self._deque.popleft()
 
     def remove(self, request: Request) -> None:
+        self.version += 1
         if self._keyed:
             self._heap = [e for e in self._heap if e[2] is not request]
             heapq.heapify(self._heap)
@@ -73,6 +79,13 @@ class WaitingQueue:
 
     def __bool__(self) -> bool:
         return len(self) > 0
+
+    def unordered(self) -> Iterator[Request]:
+        """Every waiting request, those set aside in this pass included, in no particular
+        order: O(n), no sort (the explainer's walk)."""
+        if self._keyed:
+            return (e[2] for e in itertools.chain(self._heap, self._skipped))
+        return itertools.chain(self._deque, self._skipped)
 
     def __iter__(self) -> Iterator[Request]:
         if self._keyed:

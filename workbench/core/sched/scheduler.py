@@ -51,6 +51,10 @@ waiting one has no blocks, no drafts and ``num_computed_tokens == 0``; a chunk's
 follow its request's last known token; plus the KV cache's own.
 Per-step work is O(scheduled requests + their block tables), never O(all blocks).
 
+Each step's why -- the reason of every request it did not fully schedule, its preemptions and
+its prefix lookups -- is ``SchedulerOutput.explanation`` (:mod:`workbench.core.sched.explain`).
+A policy's ``seats_held`` counts seats of ``max_num_seqs`` besides the running (0 built in).
+
 With ``record_events`` the scheduler logs each request's life (arrival, chunks, prefix
 hits, preemptions, resumes, first token, finish: :mod:`workbench.core.request_events`);
 ``take_events()`` drains the log.
@@ -63,6 +67,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from workbench.core.kv_cache_manager import KVCacheManager
+from workbench.core.sched.explain import StepExplainer
 from workbench.core.sched.policies import SchedulingPolicy, get_policy
 from workbench.core.sched.request_queue import WaitingQueue
 from workbench.core.request_events import (
@@ -135,6 +140,9 @@ class Scheduler:
         #: The grammars of constrained requests (a ``StructuredOutputManager``), else None.
         self.structured_output_manager = structured_output_manager
         self._errors: dict[str, str] = {}  # finished with an error since the last schedule()
+        #: Explains each step (``SchedulerOutput.explanation``: :mod:`workbench.core.sched.explain`);
+        #: ``explainer.detach()`` then None records no why.
+        self.explainer: StepExplainer | None = StepExplainer(kv_cache)
 
     def take_events(self) -> tuple[RequestEvent, ...]:
         """The request events since the previous call, oldest first (empty unless recording)."""
@@ -315,6 +323,8 @@ class Scheduler:
                     spec = ()
                     continue
                 victim = self.policy.pick_victim(running)
+                if self.explainer is not None:
+                    self.explainer.preempting(victim, request, self.policy, victim in running_chunks)
                 del running[running.index(victim)]
                 if victim in running_chunks:
                     budget += running_chunks.pop(victim)
@@ -335,7 +345,8 @@ class Scheduler:
         lora_skipped: list[str] = []
         # The batch's adapters: every running request is scheduled when this pass runs.
         scheduled_loras = {r.lora_name for r in running if r.lora_request is not None}
-        while not preempted and self.waiting and budget > 0 and len(running) < self.max_num_seqs:
+        held = self.policy.seats_held(self)  # seats the policy counts besides the running
+        while not preempted and self.waiting and budget > 0 and len(running) + held < self.max_num_seqs:
             request = self.waiting.peek()
             if request.status is RequestStatus.WAITING_FOR_FSM:  # vLLM: skipped, not blocking
                 self.waiting.skip_front()
@@ -374,6 +385,8 @@ class Scheduler:
                 scheduled_loras.add(lora_name)
             admitted.append((request, num_new, num_hit))
             budget -= num_new
+        why = None if self.explainer is None else self.explainer.explain_step(
+            self, running_chunks, admitted, preempted, lora_skipped, budget, held)
         self.waiting.restore_skipped()
 
         scheduled = [self._chunk(r, n, 0, spec_of.get(r, ())) for r, n in running_chunks.items()]
@@ -394,6 +407,7 @@ class Scheduler:
             num_free_blocks=kv.num_free_blocks,
             kv_usage=kv.usage,
             lora_skipped_request_ids=tuple(lora_skipped),
+            explanation=why,
         )
         if self._events is not None:
             step = output.step

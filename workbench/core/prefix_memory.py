@@ -1,0 +1,75 @@
+"""PrefixMemory: what the prefix cache remembers so that a miss can be explained.
+
+Two bounded maps, written as the cache works and read only to explain a lookup:
+
+* ``evictions``: block hash -> (step, request id) -- the step whose allocation dropped the
+  hash from the cache, and the request the freed block was handed to;
+* the content index: a block's *content key* (its tokens chained with its predecessors',
+  with no ``cache_salt`` and no adapter mixed in) -> the (cache_salt, LoRA name) it was last
+  cached under, so a miss on the same tokens cached under another salt or adapter is named.
+
+Each map keeps at most ``capacity`` entries, the oldest dropped first (a long run never
+grows them past that). Costs: O(1) per eviction, one Python ``hash`` per newly cached block.
+"""
+
+from __future__ import annotations
+
+from workbench.request import Request
+
+
+class PrefixMemory:
+    """Evictions and cached contents, bounded (see the module docstring)."""
+
+    def __init__(self, block_size: int, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}.")
+        self.block_size = block_size
+        self.capacity = capacity
+        #: The step now being scheduled (the explainer advances it after each step).
+        self.step = 0
+        self.evictions: dict[bytes, tuple[int, str]] = {}
+        self._content_of: dict[bytes, int] = {}  # block hash -> content key
+        self._stored_under: dict[int, tuple[str | None, str | None]] = {}  # content key -> (salt, lora)
+
+    @staticmethod
+    def _bound(mapping: dict, capacity: int) -> None:
+        while len(mapping) > capacity:
+            del mapping[next(iter(mapping))]
+
+    def evicted(self, block_hash: bytes, for_request: str) -> None:
+        """A cached block lost ``block_hash`` to serve ``for_request`` in the current step."""
+        self.evictions.pop(block_hash, None)  # re-insert: the newest eviction is kept last
+        self.evictions[block_hash] = (self.step, for_request)
+        self._bound(self.evictions, self.capacity)
+
+    def content_key(self, request: Request, index: int) -> int:
+        """The content key of the request's block ``index`` (a full block): its tokens chained
+        with those before it, salt and adapter left out. O(1) when the previous block's key
+        is remembered, else O(index)."""
+        hashes, bs = request.block_hashes, self.block_size
+        start, key = index, 0
+        while start > 0:  # back to the nearest remembered key
+            known = self._content_of.get(hashes[start - 1]) if start - 1 < len(hashes) else None
+            if known is not None:
+                key = known
+                break
+            start -= 1
+        for i in range(start, index + 1):
+            key = hash((key, tuple(request.token_ids_slice(i * bs, (i + 1) * bs))))
+        return key
+
+    def stored(self, request: Request, first: int, end: int) -> None:
+        """The request's full blocks ``first..end-1`` were just cached (or written)."""
+        hashes = request.block_hashes
+        under = (request.cache_salt, request.lora_name)
+        for i in range(first, min(end, len(hashes))):
+            key = self.content_key(request, i)
+            self._content_of[hashes[i]] = key
+            self._stored_under[key] = under
+        self._bound(self._content_of, self.capacity)
+        self._bound(self._stored_under, self.capacity)
+
+    def stored_under(self, request: Request, index: int) -> tuple[str | None, str | None] | None:
+        """(cache_salt, LoRA name) the request's block ``index``'s tokens were last cached
+        under, or None when this content was never cached (as far as remembered)."""
+        return self._stored_under.get(self.content_key(request, index))
