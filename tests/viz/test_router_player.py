@@ -35,7 +35,7 @@ def test_candidates_by_hand(hand):
     assert len(frame) == 3 * 2 and frame["chosen"].tolist() == [True, False, False, True, True, False]
     c = frame[frame["request_id"] == "c"].set_index("replica")
     assert c.loc[0, "cached_tokens"] == 12 and c.loc[1, "cached_tokens"] == 0  # P's 3 full blocks, on 0 only
-    assert c.loc[0, "prefix_match"] == pytest.approx(12 / 15)
+    assert c.loc[0, "prefix_match"] == pytest.approx(12 / 15) and (c["prompt_tokens"] == 15).all()
     assert c["num_requests"].tolist() == [0, 0]  # both finished by step 10
     b = frame[frame["request_id"] == "b"].set_index("replica")
     assert b.loc[0, "num_waiting"] == 1 and b.loc[0, "num_requests"] == 1  # a waits on 0: no step yet
@@ -50,7 +50,7 @@ def test_player_shows_a_decision_and_its_regret(hand):
     player.show(2)
     assert player.slider.value == 2 and player.index == 2 and player.play.value == 2
     assert [r["cached_tokens"] for r in player.rows] == [12, 0]
-    assert "replica 0" in player.heading.value and "c" in player.heading.value
+    assert "replica 0" in player.heading.value and "c arrives at 10 step, 15 prompt tokens" in player.heading.value
     player.show(99)
     assert player.index == 2  # clamped
     player.ask_regret()

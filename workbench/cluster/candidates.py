@@ -5,7 +5,7 @@ request forced to the replica it went to (so the assignments are the run's, what
 router would say on a wall clock measured anew) and the router still asked; at each
 arrival it reads every replica as the router saw it. One row per (decision, replica):
 
-* ``decision`` (its index), ``arrival``, ``request_id``, ``replica``, ``chosen`` (the request
+* ``decision`` (its index), ``arrival``, ``request_id``, ``prompt_tokens``, ``replica``, ``chosen`` (the request
   went there), ``router_choice`` (what the router said: differs where a fork forced another);
 * ``num_requests`` / ``num_waiting`` / ``num_running``, ``kv_usage``: the replica's
   :class:`~workbench.cluster.replica.ReplicaView`;
@@ -65,7 +65,7 @@ class _Watching(Router):
         for v in replicas:
             hits = cached_tokens(v.engine, tokens, lora_name)
             self.rows.append({"decision": decision, "arrival": request.arrival, "request_id": request.request_id,
-                              "replica": v.index, "num_requests": v.num_requests, "num_waiting": v.num_waiting,
+                              "prompt_tokens": len(tokens), "replica": v.index, "num_requests": v.num_requests, "num_waiting": v.num_waiting,
                               "num_running": v.num_running, "kv_usage": v.kv_usage, "cached_tokens": hits,
                               "prefix_match": hits / len(tokens) if tokens else 0.0})
         return answer

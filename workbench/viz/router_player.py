@@ -83,11 +83,10 @@ class RouterPlayer(widgets.VBox):
         forced = "" if decision["router_choice"] == chosen else (
             f" (forced; the router said {decision['router_choice']})")
         unit = "step" if self.result.clock == "steps" else "s"
-        tokens = self.rows[0]["cached_tokens"] / self.rows[0]["prefix_match"] if self.rows[0]["prefix_match"] else None
         self.heading.value = (
             f"<b>decision {k} of {len(self.result.decision_rows)}</b>: "
             f"<span style='color:{request_color(rid)}'>&#9632;</span> {html.escape(rid)} arrives at "
-            f"{decision['arrival']:.4g} {unit}{'' if tokens is None else f', {tokens:.0f} prompt tokens'}; "
+            f"{decision['arrival']:.4g} {unit}, {self.rows[0]['prompt_tokens']} prompt tokens; "
             f"{html.escape(self.result.router)} sends it to <b>replica {chosen}</b>{forced}")
         self._plot(chosen)
         self.table.value = self._table(chosen)
