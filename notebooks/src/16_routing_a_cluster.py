@@ -155,6 +155,28 @@ ax.tick_params(axis="x", labelrotation=90, labelsize=7)
 Image(figure_png(figure))
 
 # %% [markdown]
+# ## The router player: every candidate at every decision
+#
+# `RouterPlayer(result)` steps through the decisions. At each one it shows every replica as the
+# router saw it at that arrival -- its queue (waiting over running), its KV use, how much of the
+# prompt its prefix cache really held (`prefix held`, read from the replica's own cache, whatever
+# the router guessed), and the router's scores -- with the chosen replica outlined. "regret of
+# this choice" forks the run once per alternative and shows what the request (and the cluster)
+# would have got there. `ClusterDashboard(result)` puts the replicas' table, the timeline and
+# this player in tabs.
+
+# %%
+from workbench.viz import ClusterDashboard, RouterPlayer
+
+player = RouterPlayer(run)
+player.show(40)
+player.ask_regret()
+player
+
+# %%
+ClusterDashboard(run)
+
+# %% [markdown]
 # ## KV events, as vLLM publishes them
 #
 # `precise_prefix` reads the replicas' KV events: after each step that changed its prefix

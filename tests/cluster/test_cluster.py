@@ -99,3 +99,32 @@ def test_precise_prefix_sees_each_replicas_live_prefix_cache_at_every_arrival():
                           num_prefix_groups=3, prefix_len=16, text=False)
     result = Cluster.simulated(3, {"block_size": 4, "num_kv_blocks": 24}, cost_model=TEN_MS, router=Checked()).run(wl)
     assert max(seen) > 0 and result.summary()["prefix_hit_rate"] > 0
+
+
+def test_the_views_a_router_gets_are_the_replicas_as_they_are_now():
+    """Views are made once per change (step, add, clock jump): every one handed to the router
+    equals one read afresh from its engine at that arrival, on both clocks."""
+    from workbench.cluster import ReplicaView, Router
+
+    class Checking(Router):
+        name = "checking"
+
+        def __init__(self):
+            self.seen = 0
+
+        def route(self, request, replicas):
+            for v in replicas:
+                e = v.engine
+                waiting, running = len(e.scheduler.waiting), len(e.scheduler.running)
+                fresh = ReplicaView(v.index, waiting + running, waiting, running, e.kv_cache.usage,
+                                    e.kv_cache.num_free_blocks, e.config.block_size, v.now, e)
+                assert v == fresh
+            self.seen += 1
+            return self.seen % len(replicas)
+
+    for clock in ("wall", "steps"):
+        wl = Workload.poisson(40, rate=30.0, input_len=(10, 40), output_len=(2, 12), seed=5, clock=clock,
+                              num_prefix_groups=3, prefix_len=9, text=False)
+        result = Cluster.simulated(3, SMALL, cost_model=TEN_MS, router=Checking()).run(wl)
+        assert result.summary()["num_finished"] == 40
+        assert sorted(result.requests["replica"].value_counts().tolist()) == [13, 13, 14]

@@ -1,7 +1,9 @@
 """The qualitative headline on a shared-prefix workload (simulated): cache-aware and precise-prefix
 routing find the shared prefixes more often than round robin and cut the time to first token."""
 
-from workbench.benchmarks.cluster import build_parser, routers, scale
+import math
+
+from workbench.benchmarks.cluster import build_parser, routers, scale, simreal
 
 
 def test_prefix_aware_routers_raise_the_hit_rate_and_lower_ttft(capsys):
@@ -19,3 +21,15 @@ def test_the_scale_command_prints_its_row(capsys):
     got = scale(build_parser().parse_args(["scale", "--replicas", "4", "--requests", "200"]))
     assert got["requests"] == 200 and got["steps"] > 0
     assert "req/s" in capsys.readouterr().out
+
+
+def test_the_simreal_command_compares_a_real_and_a_simulated_cluster(capsys):
+    """cache_aware's choices here depend on the prefixes only (loads stay balanced): the real
+    runs and the simulation send every request to the same replica."""
+    got = simreal(build_parser().parse_args(["simreal", "--replicas", "2", "--requests", "6", "--groups", "2",
+                                             "--rate", "4"]))
+    assert got["counts_equal"]
+    for metric in ("ttft_s", "e2e_s"):
+        assert math.isfinite(got[metric]["floor"]) and math.isfinite(got[metric]["sim_err"])
+        assert got[metric]["within"] == (got[metric]["sim_err"] <= got[metric]["floor"])
+    assert "real-vs-real floor" in capsys.readouterr().out

@@ -68,7 +68,7 @@ def test_every_tutorial_opens_without_errors(lab, tmp_path):
                 check_colours_and_labels(notebook.element_handle())
                 for player in notebook.locator(".widget-vbox:has(> .widget-hbox .widget-play)").all():
                     readout = player.locator(".widget-readout").first.inner_text()
-                    shown = re.search(r"step (\d+) of", player.inner_text()).group(1)
+                    shown = re.search(r"(?:step|decision) (\d+) of", player.inner_text()).group(1)
                     assert readout == shown, f"{path.name}: the slider reads {readout}, the player shows {shown}"
                 for prefix, code, name in SHOTS:
                     if path.name.startswith(prefix):

@@ -12,6 +12,13 @@ minutes on a CPU)::
 run took and requests per second::
 
     workbench bench cluster scale --replicas 16 --requests 20000
+
+``simreal``: the same shared-prefix trace on a real cluster (twice, after an untimed warm-up)
+and on a simulated one whose cost model is rescaled to those two runs' measured steps (this
+machine's pace now); per-replica request counts of all three, and per metric the median
+error of the simulation against the real runs' mean beside the real-vs-real floor::
+
+    workbench bench cluster simreal --replicas 4 --requests 24
 """
 
 from __future__ import annotations
@@ -70,6 +77,40 @@ def scale(args: argparse.Namespace) -> dict:
     return {"seconds": took, "requests": s["num_requests"], "steps": steps}
 
 
+def simreal(args: argparse.Namespace) -> dict:
+    import numpy as np
+
+    from workbench.lab.sim.cost_model import CostModel
+
+    wl = shared_prefix_workload(args.requests, args.rate, num_groups=args.groups, prefix_len=args.prefix_len,
+                                input_len=(args.prefix_len + 8, args.prefix_len + 24), output_len=(4, 8),
+                                seed=args.seed)
+    config = {"block_size": 16, "num_kv_blocks": args.num_kv_blocks}
+    real = Cluster([config] * args.replicas, router=args.router)
+    real.run(wl)  # untimed: first passes over new shapes
+    runs = [real.run(wl) for _ in range(2)]
+    model = CostModel.default().rescaled_to([r.history for run in runs for r in run.replicas])
+    sim = Cluster.simulated(args.replicas, config, cost_model=model, router=args.router).run(wl)
+    counts = {name: [len(r.requests) for r in run.replicas] for name, run in
+              (("real 1", runs[0]), ("real 2", runs[1]), ("simulated", sim))}
+    out = {"counts_equal": len({tuple(c) for c in counts.values()}) == 1}
+    print(f"{args.replicas} replicas, {args.requests} shared-prefix requests at {args.rate}/s, router {args.router}")
+    for name, c in counts.items():
+        print(f"  requests per replica, {name:9s}: {c}")
+    print(f"{'metric':8s} {'real-vs-real floor':>18s} {'sim vs real mean':>16s} {'within':>6s}")
+    for metric in ("ttft_s", "e2e_s"):
+        a, b = (run.requests.set_index("request_id")[metric].astype("float64") for run in runs)
+        s = sim.requests.set_index("request_id")[metric].astype("float64").reindex(a.index)
+        floor = float(np.median(np.abs(a - b) / a))
+        mean = (a + b) / 2
+        err = float(np.median(np.abs(s - mean) / mean))
+        out[metric] = {"floor": floor, "sim_err": err, "within": err <= floor}
+        print(f"{metric:8s} {floor:18.3f} {err:16.3f} {str(err <= floor):>6s}")
+    print(f"cost model rescaled: prefill x{model.fit_stats['rescale_prefill']:.2f}, "
+          f"other x{model.fit_stats['rescale_other']:.2f}")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench bench cluster", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -89,12 +130,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rate", type=float, default=2000.0, help="arrivals per second (simulated)")
     s.add_argument("--router", default="least_requests")
     s.add_argument("--seed", type=int, default=1)
+    m = sub.add_parser("simreal", help="a real and a simulated cluster on one trace: counts, latency errors")
+    m.add_argument("--replicas", type=int, default=4)
+    m.add_argument("--requests", type=int, default=24)
+    m.add_argument("--rate", type=float, default=2.0, help="arrivals per second")
+    m.add_argument("--groups", type=int, default=4, help="shared prefixes")
+    m.add_argument("--prefix-len", type=int, default=32)
+    m.add_argument("--num-kv-blocks", type=int, default=64, help="per replica (16 tokens each)")
+    m.add_argument("--router", default="cache_aware")
+    m.add_argument("--seed", type=int, default=1)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    routers(args) if args.what == "routers" else scale(args)
+    {"routers": routers, "scale": scale, "simreal": simreal}[args.what](args)
     return 0
 
 

@@ -138,6 +138,8 @@ class _Run:
         self.decisions: list[dict] = []
         self.outputs: dict[str, object] = {}
         self.rejected: dict[str, str] = {}
+        self.busy = [r.busy for r in self.replicas]  # kept by _step and _add: the loop reads it
+        self._columns: dict[str, list[str]] = {}  # score name -> its decision columns
         if self.router.reads_kv_events:
             for replica in self.replicas:
                 replica.engine.on_step.append(self._kv_hook(replica.index))
@@ -153,15 +155,15 @@ class _Run:
 
     def loop(self) -> None:
         steps = self.clock == "steps"
-        pending, replicas = self.pending, self.replicas
+        pending, replicas, busy, field = self.pending, self.replicas, self.busy, self.field
         while True:
-            arrival = (getattr(pending[0], self.field) or 0) if pending else math.inf
-            nxt = None
+            arrival = (getattr(pending[0], field) or 0) if pending else math.inf
+            nxt, first = None, math.inf
             for replica in replicas:
-                if (replica.busy or (steps and pending and replica.now < arrival)) and (
-                        nxt is None or replica.now < nxt.now):
-                    nxt = replica
-            if nxt is not None and nxt.now < arrival:
+                now = replica.now
+                if now < first and (busy[replica.index] or (steps and pending and now < arrival)):
+                    nxt, first = replica, now
+            if first < arrival:
                 self._step(nxt)
             elif pending:
                 self._route(pending.popleft(), arrival)
@@ -173,6 +175,7 @@ class _Run:
             if out.finished:
                 self.outputs[out.request_id] = out
                 self.router.on_finished(replica.index, out.request_id)
+        self.busy[replica.index] = replica.busy
 
     def _route(self, request, arrival: float) -> None:
         rid = request.request_id
@@ -190,8 +193,11 @@ class _Run:
             if len(values) != len(self.replicas):
                 raise ValueError(f"router {self.router.name!r}: score {name!r} has {len(values)} values for "
                                  f"{len(self.replicas)} replicas.")
-            for i, v in enumerate(values):
-                row[f"{name}_{i}"] = float(v)
+            columns = self._columns.get(name)
+            if columns is None:
+                columns = self._columns[name] = [f"{name}_{i}" for i in range(len(self.replicas))]
+            for column, v in zip(columns, values):
+                row[column] = float(v)
         self.decisions.append(row)
         self._add(self.replicas[chosen], request, arrival)
 
@@ -217,6 +223,8 @@ class _Run:
                 processed(len(engine.output_processor.parents[request.request_id].prompt_token_ids))
         except ValueError as e:
             self.rejected[request.request_id] = str(e)
+        replica.changed()
+        self.busy[replica.index] = replica.busy
 
     def result(self) -> ClusterResult:
         runs = []

@@ -78,6 +78,7 @@ class Replica:
         #: On the step clock a replica's time is its step count (set by the cluster).
         self.on_step_clock = False
         self.prefix0 = (engine.kv_cache.prefix_cache_stats.queries, engine.kv_cache.prefix_cache_stats.hits)
+        self._view: ReplicaView | None = None  # the view since the last step, add or clock jump
 
     @property
     def now(self) -> float:
@@ -97,15 +98,24 @@ class Replica:
         else:
             outputs = self.engine.step()
         self.steps += 1
+        self._view = None
         return outputs
 
     def idle_until(self, t: float) -> None:
         if t > self.clock.now:
             self.clock.sleep(t - self.clock.now)
+            self._view = None
+
+    def changed(self) -> None:
+        """Something was added to the engine: the next :meth:`view` reads it afresh."""
+        self._view = None
 
     def view(self) -> ReplicaView:
-        engine = self.engine
-        scheduler, kv = engine.scheduler, engine.kv_cache
-        waiting, running = len(scheduler.waiting), len(scheduler.running)
-        return ReplicaView(self.index, waiting + running, waiting, running, kv.usage, kv.num_free_blocks,
-                           engine.config.block_size, self.now, engine)
+        """The replica as a router sees it; made once per change (a step, an add, a clock jump)."""
+        if self._view is None:
+            engine = self.engine
+            scheduler, kv = engine.scheduler, engine.kv_cache
+            waiting, running = len(scheduler.waiting), len(scheduler.running)
+            self._view = ReplicaView(self.index, waiting + running, waiting, running, kv.usage, kv.num_free_blocks,
+                                     engine.config.block_size, self.now, engine)
+        return self._view

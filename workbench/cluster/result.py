@@ -90,12 +90,15 @@ class ClusterResult:
             rows.append(row)
         return pd.DataFrame(rows)
 
-    def summary(self) -> dict[str, float]:
+    def summary(self, slo: dict[str, float] | None = None) -> dict[str, float]:
         """``num_requests``, ``num_finished``, ``ttft`` / ``tpot`` / ``e2e`` p50 and p99 over every
         request (``*_s`` on the wall clock, ``*_steps`` on the step clock), ``prefix_hit_rate``
         (hit / looked-up prompt tokens, all replicas), ``load_i`` (requests routed to replica i),
         ``imbalance`` (the most requests on a replica over the mean), ``makespan`` (the latest
-        replica clock at the end) and ``rejected``."""
+        replica clock at the end) and ``rejected``. With ``slo`` (e.g. ``{"ttft_s_p99": 0.5}``):
+        ``slo_met`` (this run meets it) and ``goodput``, the highest arrival rate at which this
+        cluster meets it on this workload (rescaled; a search of several runs, see
+        :func:`~workbench.cluster.capacity.cluster_capacity`, headroom 0)."""
         frame = self.requests
         loads = [len(r.requests) for r in self.replicas]
         queries = sum(r.prefix_queries for r in self.replicas)
@@ -109,6 +112,12 @@ class ClusterResult:
         out["imbalance"] = max(loads) / mean if mean else math.nan
         out["makespan"] = max(r.num_steps if self.clock == "steps" else r.end_s for r in self.replicas)
         out["rejected"] = len(self.rejected)
+        if slo is not None:
+            from workbench.cluster.capacity import cluster_capacity
+            from workbench.lab.capacity import check_slo, slo_holds
+
+            out["slo_met"] = slo_holds(out, check_slo(slo))
+            out["goodput"] = cluster_capacity(self.cluster, self.workload, slo, headroom=0.0).rate
         return out
 
     # ------------------------------------------------------------ what if
@@ -125,8 +134,9 @@ class ClusterResult:
             raise ValueError(f"fork: replica must be an integer in [0, {len(self.replicas) - 1}], got {replica!r}.")
         return self.cluster.run(self.workload, forced={**self.forced, request_id: replica})
 
-    def regret(self, sample: int = 8, seed: int = 0) -> pd.DataFrame:
-        """For ``sample`` decisions drawn from ``seed`` (all when there are fewer), every
+    def regret(self, sample: int = 8, seed: int = 0, request_ids: list[str] | None = None) -> pd.DataFrame:
+        """For ``sample`` decisions drawn from ``seed`` (all when there are fewer; or the
+        decisions of ``request_ids``, when given), every
         alternative replica's :meth:`fork`: one row per (decision, alternative) with the
         request's ``ttft_delta`` and ``e2e_delta`` (fork minus this run; negative: the
         alternative was better for it) and ``mean_e2e_delta`` over every request (what the
@@ -136,8 +146,15 @@ class ClusterResult:
         unit = "steps" if self.clock == "steps" else "s"
         ttft, e2e = f"ttft_{unit}", f"e2e_{unit}"
         base = self.requests.set_index("request_id")
-        picked = np.random.default_rng(seed).choice(len(self.decision_rows), min(sample, len(self.decision_rows)),
-                                                   replace=False)
+        if request_ids is not None:
+            where = {d["request_id"]: i for i, d in enumerate(self.decision_rows)}
+            missing = [rid for rid in request_ids if rid not in where]
+            if missing:
+                raise ValueError(f"regret: request(s) {missing} were not routed in this run.")
+            picked = np.array([where[rid] for rid in request_ids], dtype=int)
+        else:
+            picked = np.random.default_rng(seed).choice(len(self.decision_rows),
+                                                       min(sample, len(self.decision_rows)), replace=False)
         rows = []
         for i in sorted(picked.tolist()):
             d = self.decision_rows[i]

@@ -76,8 +76,12 @@ def parse_lora_modules(items: list[str] | None) -> dict[str, str]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """Run the OpenAI-compatible server (uvicorn) over one engine until interrupted."""
+    """Run the OpenAI-compatible server (uvicorn) over one engine (or a cluster) until interrupted."""
     import asyncio
+
+    if args.cluster:
+        from workbench.entrypoints.openai.cluster_server import serve_cluster
+        return serve_cluster(args)
 
     from workbench.config import EngineArgs
     from workbench.engine.async_llm import AsyncLLM
@@ -197,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="count requests in flight (GET /load), as vLLM")
     serve.add_argument("--log-error-stack", action="store_true",
                        help="log the traceback of every error answer, as vLLM")
+    serve.add_argument("--cluster", default=None, metavar="JSON",
+                       help='serve a cluster of engines behind a router (JSON or its file), e.g. \'{"router": '
+                       '"cache_aware", "replicas": [{"simulated": true}, {"simulated": true}]}\'')
     EngineArgs.add_cli_args(serve)
     serve.set_defaults(func=_serve)
 

@@ -33,9 +33,10 @@ from workbench.sampling_params import SamplingParams
 
 DRIVING_COMMANDS = ("load", "generate", "chat", "add", "step", "run", "profile", "replay")
 SHOW_CHOICES = ("blocks", "timeline", "requests", "scheduler", "stats")
+CLUSTER_VIEWS = ("summary", "requests", "decisions", "timeline")
 #: How ``%llm`` alone groups the commands (every command is in one group).
 COMMAND_GROUPS = {
-    "engine": ("load", "generate", "chat"),
+    "engine": ("load", "generate", "chat", "cluster"),
     "requests": ("add", "step", "run", "replay", "compare", "fork"),
     "views": ("show", "player", "dashboard", "profile"),
     "serving": ("serve", "stop"),
@@ -123,6 +124,18 @@ def build_parser() -> _Parser:
     fork.add_argument("--abort", nargs="+", default=[], metavar="ID", help="abort these requests at STEP")
     fork.add_argument("--as", dest="name", default="branch", metavar="NAME",
                       help="variable to bind the branch's RunResult to (default: branch)")
+    cluster = sub.add_parser("cluster", add_help=False,
+                             help="N engines behind a router (simulated unless --real); --workload runs one")
+    cluster.add_argument("n", type=int, metavar="N", help="the number of replicas")
+    cluster.add_argument("--router", default="round_robin", metavar="ROUTER",
+                         help="round_robin, least_requests, power_of_two, session, cache_aware, llm_d, precise_prefix")
+    cluster.add_argument("--real", action="store_true", help="real engines (default: simulated, the cost model)")
+    cluster.add_argument("--workload", default=None, metavar="WORKLOAD", help="a Workload variable to run on it")
+    cluster.add_argument("--show", default="summary", choices=CLUSTER_VIEWS, metavar="VIEW",
+                         help=f"what to show of the run: {', '.join(CLUSTER_VIEWS)} (default: summary)")
+    cluster.add_argument("--as", dest="name", default="cluster", metavar="NAME",
+                         help="variable for the Cluster (default: cluster); its run is NAME_result")
+    EngineArgs.add_cli_args(cluster, exclude=("model",), keep_defaults=False)
     serve = sub.add_parser("serve", add_help=False, help="serve this engine over HTTP (OpenAI API)")
     serve.add_argument("--host", default="127.0.0.1", metavar="HOST", help="(default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, metavar="PORT", help="(default: 8000)")
@@ -363,6 +376,29 @@ class WorkbenchMagics(Magics):
         from workbench.viz import EngineDashboard
 
         return EngineDashboard(self.engine, read_only=self.server is not None)
+
+    def _cmd_cluster(self, options):
+        from workbench.cluster import Cluster
+        from workbench.lab.workload import Workload
+        from workbench.viz.cluster_timeline import ClusterTimeline
+
+        overrides = {f.name: getattr(options, f.name) for f in dataclasses.fields(EngineConfig)
+                     if getattr(options, f.name, None) is not None}
+        cluster = (Cluster([overrides] * options.n, router=options.router) if options.real
+                   else Cluster.simulated(options.n, overrides, router=options.router))
+        if self.shell is not None:
+            self.shell.user_ns[options.name] = cluster
+        if options.workload is None:
+            return cluster
+        workload = self._variable(options.workload)
+        if not isinstance(workload, Workload):
+            raise UsageError(f"{options.workload!r} is a {type(workload).__name__}, not a Workload")
+        result = cluster.run(workload)
+        if self.shell is not None:
+            self.shell.user_ns[f"{options.name}_result"] = result
+        views = {"summary": lambda: result, "requests": lambda: result.requests,
+                 "decisions": lambda: result.decisions, "timeline": lambda: ClusterTimeline(result)}
+        return views[options.show]()
 
     def _cmd_exercise(self, options):
         import workbench.exercises as exercises

@@ -14,6 +14,7 @@ are fillers, so its text means nothing), unless it has stop strings (which need 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 
@@ -115,4 +116,6 @@ def lean_request(request: WorkloadRequest) -> WorkloadRequest:
     if p.stop_strings or (not p.detokenize and p.output_kind is RequestOutputKind.FINAL_ONLY):
         return request
     params = dataclasses.replace(p, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
-    return dataclasses.replace(request, params=params)
+    lean = copy.copy(request)  # its fields are checked already: no second pass over the prompt
+    object.__setattr__(lean, "params", params)
+    return lean
