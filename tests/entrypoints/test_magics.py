@@ -35,7 +35,7 @@ def test_help_is_a_short_grouped_command_list_and_help_load_has_the_flags(shell,
         assert len([line for line in lines if line.strip().startswith(f"%llm {name} ") or line.strip() == f"%llm {name}"]) == 1
     assert {"engine:", "requests:", "views:", "serving:"} <= {line.strip() for line in lines}
     assert len(lines) <= len(commands) + 8  # one line each, a heading per group, %%llm, the intro
-    assert "%llm add PROMPT [--id ID]" in out  # as typed: the prompt first (the README says so too)
+    assert "%llm add PROMPT [--id ID]" in out  # as typed: the prompt first (docs/magics.md says so too)
     assert "--block-size" not in out and "%%llm" in out
     shell.run_line_magic("llm", "help load")
     flags = capsys.readouterr().out
@@ -156,10 +156,10 @@ def test_profile_n_steps_writes_a_trace_and_prints_the_top_operators(shell, tmp_
     shell.run_line_magic("llm", "run")
 
 
-def test_the_readme_shows_what_the_help_prints(shell, capsys):
+def test_docs_magics_shows_what_the_help_prints(shell, capsys):
     import pathlib
 
-    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "magics.md").read_text()
     block = readme.split("then `%llm` prints its commands", 1)[1].split("```", 2)[1]
     shell.run_line_magic("llm", "")
     printed = [line.strip() for line in capsys.readouterr().out.splitlines()]
