@@ -19,6 +19,7 @@ from workbench.config import EngineConfig, default_max_num_batched_tokens, defau
 from workbench.core.kv_cache_manager import KVCacheManager
 from workbench.core.sched.scheduler import Scheduler
 from workbench.core.sched.output import SchedulerOutput
+from workbench.distributed.kv_transfer.factory import create_kv_connector
 from workbench.engine.history import StageTimer, StepHistory, StepRecord
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.engine.fork import fork_engine
@@ -118,6 +119,12 @@ class LLMEngine:
             seed=config.seed,
             batch_invariant=config.batch_invariant,
         )
+        #: The KV connector's scheduler side (``kv_transfer_config``; its worker side wraps
+        #: the runner), else None.
+        self.kv_connector = None
+        if config.kv_transfer_config is not None:
+            self.kv_connector, self.runner = create_kv_connector(
+                config.kv_transfer_config, self.model_config, config.block_size, self.runner, self.clock)
         if self.logits_processor_classes:  # one instance each, for the runner's sampler
             self.runner.set_logits_processors(LogitsProcessors(
                 [cls(config, self.device, False) for cls in self.logits_processor_classes]))
@@ -156,6 +163,7 @@ class LLMEngine:
             clock=self.clock,
             max_loras=config.max_loras if config.enable_lora else None,
             structured_output_manager=structured_output_manager,
+            connector=self.kv_connector,
         )
         #: Speculative decoding's proposer (``speculative_config``), else None.
         self.proposer = make_proposer(config.speculative_config, self.model_config, self.tokenizer,
@@ -471,7 +479,7 @@ class LLMEngine:
         now = self.clock()
         updated = self.scheduler.update_from_output(
             scheduler_output, runner_output.sampled_token_ids, runner_output.failed,
-            spec_decode=runner_output.spec_decode, now=now)
+            spec_decode=runner_output.spec_decode, now=now, kv_connector_output=runner_output.kv_connector_output)
         processed = self.output_processor.process(
             updated, logprobs=runner_output.logprobs, prompt_logprobs=runner_output.prompt_logprobs,
             errors=self.scheduler.finished_request_errors, now=now)

@@ -79,6 +79,7 @@ class RunnerOutput:
     batch: BatchInputs | None = None
     timings: dict[str, float] = field(default_factory=dict)
     spec_decode: dict[str, SpecDecodeResult] = field(default_factory=dict)
+    kv_connector_output: object = None  # the KV connector's finished transfers (vLLM's)
 
 
 class ModelRunner:

@@ -89,6 +89,8 @@ class SchedulerOutput:
     kv_usage: float = 0.0  # after scheduling, in [0, 1]
     #: Waiting requests passed over because their adapter would exceed ``max_loras``.
     lora_skipped_request_ids: tuple[str, ...] = ()
+    #: The KV connector's work for the worker side this step (vLLM's), else None.
+    kv_connector_metadata: object = None
 
     @property
     def lora_names(self) -> tuple[str, ...]:
