@@ -546,6 +546,7 @@ class LLMEngine:
             structured_output=grammar_step,
             spec_decode=result.spec_decode if result is not None else {},
             iteration_stats=iteration_stats,
+            kv_connector_output=result.kv_connector_output if result is not None else None,
         )
 
     def _observe(self, record: StepRecord) -> None:

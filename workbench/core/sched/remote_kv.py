@@ -34,6 +34,11 @@ class RemoteKVMixin:
         self.remote_kv_tokens: dict[str, int] = {}
         self._finished_recving: set[str] = set()
 
+    def _check_remote_kv(self, request: Request) -> None:
+        """Refuse (ValueError naming the field) malformed ``kv_transfer_params`` at admission."""
+        if self.connector is not None:
+            self.connector.check_request(request)
+
     def _load_remote_kv(self, request: Request, hit_blocks, num_hit: int) -> bool | None:
         """Ask the connector; True: the request now waits for remote KV; False: admit it as
         usual; None: no room for its blocks now."""

@@ -195,6 +195,7 @@ class Scheduler(RemoteKVMixin):
                 f"needs up to {kv.num_blocks_for(kv_tokens)} KV blocks of {kv.block_size}, but the "
                 f"KV cache has num_blocks={kv.num_blocks}; lower max_tokens or enlarge the cache."
             )
+        self._check_remote_kv(request)
         kv.update_block_hashes(request)
         grammars = self.structured_output_manager
         if grammars is not None and grammars.add_request(request):

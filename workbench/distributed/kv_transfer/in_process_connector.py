@@ -91,16 +91,27 @@ class InProcessConnector(KVConnectorBase_V1):
             _WORKERS[engine_id] = self
 
     # ------------------------------------------------------------ scheduler side
+    def check_request(self, request) -> None:
+        """Raise ValueError naming the field when a request's ``kv_transfer_params`` are malformed."""
+        params = request.kv_transfer_params
+        if params is None:
+            return
+        if not isinstance(params, dict):
+            raise ValueError(f"kv_transfer_params must be a dict, got {type(params).__name__}.")
+        if params.get("do_remote_prefill"):
+            for key, kind in (("remote_engine_id", str), ("remote_request_id", str), ("remote_block_ids", list)):
+                if not isinstance(params.get(key), kind):
+                    raise ValueError(f"kv_transfer_params.{key} must be a {kind.__name__} with "
+                                     f"do_remote_prefill, got {params.get(key)!r}.")
+            if not all(isinstance(b, int) and b >= 0 for b in params["remote_block_ids"]):
+                raise ValueError("kv_transfer_params.remote_block_ids must be block ids (integers >= 0).")
+
     def _remote(self, request) -> dict | None:
-        """The request's ``do_remote_prefill`` params, checked, if it should load them now."""
+        """The request's ``do_remote_prefill`` params if it should load them now (once)."""
         params = request.kv_transfer_params
         if (not params or not params.get("do_remote_prefill") or not self.config.is_kv_consumer
                 or request.request_id in self._loaded):
             return None
-        for key, kind in (("remote_engine_id", str), ("remote_request_id", str), ("remote_block_ids", list)):
-            if not isinstance(params.get(key), kind):
-                raise ValueError(f"request {request.request_id!r}: kv_transfer_params.{key} must be a "
-                                 f"{kind.__name__}, got {params.get(key)!r}.")
         return params
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
@@ -111,7 +122,6 @@ class InProcessConnector(KVConnectorBase_V1):
         params = self._remote(request)
         if params is None:
             return 0, False
-        self._loaded.add(request.request_id)
         block_size = self.block_size
         need = -(-(request.num_prompt_tokens - 1) // block_size)
         peer = _WORKERS.get(params["remote_engine_id"])
@@ -119,12 +129,14 @@ class InProcessConnector(KVConnectorBase_V1):
         if (peer is None or peer.bytes_per_block != self.bytes_per_block
                 or len(params["remote_block_ids"]) < need or count <= 0):
             self._reqs_to_release.append((params["remote_engine_id"], params["remote_request_id"]))
+            self._loaded.add(request.request_id)
             return 0, False
         return count, True
 
     def update_state_after_alloc(self, request, block_ids: tuple[int, ...], num_external_tokens: int) -> None:
         if num_external_tokens <= 0:
             return
+        self._loaded.add(request.request_id)
         params = request.kv_transfer_params
         block_size = self.block_size
         end = -(-(request.num_prompt_tokens - 1) // block_size)
@@ -144,11 +156,11 @@ class InProcessConnector(KVConnectorBase_V1):
         where they are. A consumer's request that ends before its load was handed to the worker
         releases the producer's blocks."""
         rid = request.request_id
-        self._loaded.discard(rid)
-        pending = self._reqs_to_recv.pop(rid, None)
-        if pending is not None:
-            self._reqs_to_release.append((pending.remote_engine_id, pending.remote_request_id))
         params = request.kv_transfer_params
+        pending = self._reqs_to_recv.pop(rid, None)
+        if pending is not None or (self._remote(request) is not None):  # never read: release
+            self._reqs_to_release.append((params["remote_engine_id"], params["remote_request_id"]))
+        self._loaded.discard(rid)
         if (not params or not params.get("do_remote_decode") or not self.config.is_kv_producer
                 or request.status.finish_reason != "length" or not block_ids):
             return False, None
@@ -210,7 +222,7 @@ class InProcessConnector(KVConnectorBase_V1):
         """Loads whose modelled end has passed (their producers are told, at that end), and held
         requests whose consumer finished reading by now or whose abort deadline passed."""
         now = self.clock()
-        recving = {rid for rid, (end, _, _) in self._recving.items() if end <= now}
+        recving = {rid for rid, (end, _, _) in self._recving.items() if end <= now + 1e-12}
         for rid in recving:
             end, engine_id, remote_rid = self._recving.pop(rid)
             peer = _WORKERS.get(engine_id)
