@@ -41,6 +41,10 @@ class KVConnectorRunner:
         return dataclasses.replace(output, kv_connector_output=KVConnectorOutput(
             frozenset(sending), frozenset(recving), connector.take_transfers()))
 
+    def next_transfer_time(self) -> float | None:
+        """When the next transfer known to the worker side completes (None: none known)."""
+        return self.connector.next_arrival()
+
     def _wait_until(self, when: float | None) -> None:
         if when is None:
             return

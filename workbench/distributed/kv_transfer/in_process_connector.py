@@ -215,8 +215,11 @@ class InProcessConnector(KVConnectorBase_V1):
         self._notified[request_id] = when
 
     def next_arrival(self) -> float | None:
-        """The earliest modelled end of a load in flight, else None."""
-        return min((end for end, _, _ in self._recving.values()), default=None)
+        """The earliest known time a transfer completes here: a load in flight ends, or a
+        consumer finished reading blocks this engine holds; None when none is known."""
+        ends = [end for end, _, _ in self._recving.values()]
+        ends += [self._notified[rid] for rid in self._sending if rid in self._notified]
+        return min(ends, default=None)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         """Loads whose modelled end has passed (their producers are told, at that end), and held

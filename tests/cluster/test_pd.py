@@ -1,0 +1,81 @@
+"""P/D clusters: vLLM's proxy flow over xPyD pools, llm-d's decider, and the tokens and
+blocks a disaggregated run leaves (against a plain engine's tokens, and counts by hand)."""
+
+import pytest
+
+from workbench import LLMEngine, SamplingParams
+from workbench.cluster import Cluster
+from workbench.cluster.pd import PDProxy
+from workbench.lab.sim import CostModel
+from workbench.lab.workload import Workload, WorkloadRequest
+
+TEN_MS = CostModel({"step": 0.010})
+SMALL = {"block_size": 4, "num_kv_blocks": 64, "max_num_seqs": 4, "max_num_batched_tokens": 32}
+
+
+def req(rid, prompt, max_tokens, t):
+    return WorkloadRequest(rid, tuple(prompt), SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+                           arrival_time=t)
+
+
+def all_free(result):
+    return all(r.history[-1].num_free_blocks == r.config.num_kv_blocks for r in result.replicas)
+
+
+def test_real_1p1d_gives_the_plain_engines_tokens_and_frees_every_block():
+    prompts = [list(range(5, 5 + n)) for n in (13, 22, 9, 30)]
+    wl = Workload([req(f"q{i}", p, 6, 0.001 * i) for i, p in enumerate(prompts)], clock="wall")
+    config = {**SMALL, "dtype": "float32", "device": "cpu"}
+    result = Cluster(prefill=[config], decode=[config], router="pd_proxy").run(wl)
+    plain = LLMEngine(**config)
+    for i, p in enumerate(prompts):
+        plain.add_request(f"q{i}", {"prompt_token_ids": p}, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    ref = {}
+    while plain.has_unfinished_requests():
+        ref.update({o.request_id: o.outputs[0].token_ids for o in plain.step() if o.finished})
+    assert {rid: o.outputs[0].token_ids for rid, o in result.outputs.items()} == ref
+    assert list(result.decisions["decode_replica"]) == [1, 1, 1, 1]
+    assert list(result.decisions["replica"]) == [0, 0, 0, 0]  # every prompt computed on the prefill replica
+    frame = result.requests
+    assert len(frame) == 4 and set(frame["replica"]) == {1}  # one row per request: its decode leg
+    transfers = [t for rec in result.replicas[1].history for t in rec.kv_connector_output.transfers]
+    assert sorted(t.num_blocks for t in transfers) == sorted(-(-(len(p) - 1) // 4) for p in prompts)
+    assert all_free(result)
+
+
+def test_xpyd_pools_spread_prefills_and_decodes():
+    wl = Workload.poisson(16, rate=200.0, input_len=(20, 40), output_len=(4, 8), seed=1, clock="wall")
+    result = Cluster.simulated(config=SMALL, prefill=2, decode=2, router="pd_proxy", cost_model=TEN_MS).run(wl)
+    d = result.decisions
+    assert set(d["replica"]) == {0, 1} and set(d["decode_replica"]) == {2, 3}
+    assert result.summary()["num_finished"] == 16
+    assert set(result.requests["replica"]) <= {2, 3}
+    assert all_free(result)
+    # TTFT counts the prefill leg: no request's first token comes before its prefill step (10 ms)
+    # plus its decode step (10 ms).
+    assert (result.requests["ttft_s"] >= 0.020 - 1e-9).all()
+
+
+def test_the_decider_keeps_a_mostly_cached_prompt_on_the_decode_replica():
+    shared = list(range(100, 140))  # 10 blocks of 4
+    wl = Workload([req("a", shared + [7, 8, 9], 4, 0.0), req("b", shared + [11, 12, 13], 4, 1.0),
+                   req("c", list(range(300, 343)), 4, 2.0)], clock="wall")
+    cluster = Cluster.simulated(config=SMALL, prefill=1, decode=1, router=PDProxy(threshold=8), cost_model=TEN_MS)
+    d = cluster.run(wl).decisions
+    # a: 43 uncached tokens > 8: disaggregated. b: 40 of its 43 cached on the decode replica
+    # (the decode leg of a cached them): decode alone. c: nothing cached: disaggregated.
+    assert list(d["replica"]) == [0, 1, 0]
+    assert list(d["uncached_1"]) == [43, 3, 43]
+    assert d["decode_replica"].isna().tolist() == [False, True, False]
+
+
+def test_bad_pools_and_thresholds_name_the_field():
+    with pytest.raises(ValueError, match="prefill"):
+        Cluster(prefill=[], decode=[SMALL])
+    with pytest.raises(ValueError, match="either replicas or prefill"):
+        Cluster([SMALL], prefill=[SMALL], decode=[SMALL])
+    with pytest.raises(ValueError, match="threshold"):
+        PDProxy(threshold=-1)
+    wl = Workload([req("a", range(5, 20), 3, 0.0)], clock="wall")
+    with pytest.raises(ValueError, match="pd_proxy needs prefill and decode"):
+        Cluster.simulated(2, SMALL, router="pd_proxy", cost_model=TEN_MS).run(wl)
