@@ -23,7 +23,7 @@ def all_free(result):
 
 
 def test_real_1p1d_gives_the_plain_engines_tokens_and_frees_every_block():
-    prompts = [list(range(5, 5 + n)) for n in (13, 22, 9, 30)]
+    prompts = [list(range(5 + 100 * i, 5 + 100 * i + n)) for i, n in enumerate((13, 22, 9, 30))]  # no shared prefix
     wl = Workload([req(f"q{i}", p, 6, 0.001 * i) for i, p in enumerate(prompts)], clock="wall")
     config = {**SMALL, "dtype": "float32", "device": "cpu"}
     result = Cluster(prefill=[config], decode=[config], router="pd_proxy").run(wl)

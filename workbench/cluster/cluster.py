@@ -174,6 +174,9 @@ class _Run:
         pending, replicas = self.pending, self.replicas
         while True:
             arrival = (getattr(pending[0], self.field) or 0) if pending else math.inf
+            handoff = self.pd.next_handoff() if self.pd is not None else math.inf  # a decode leg's
+            if handoff <= arrival and handoff < math.inf:
+                arrival = handoff
             nxt = None
             for replica in replicas:
                 if (replica.busy or (steps and pending and replica.now < arrival)) and (
@@ -181,6 +184,8 @@ class _Run:
                     nxt = replica
             if nxt is not None and nxt.now < arrival:
                 self._step(nxt)
+            elif handoff == arrival and handoff < math.inf:
+                self.pd.deliver(self)
             elif pending:
                 self._route(pending.popleft(), arrival)
             else:

@@ -24,6 +24,8 @@ held until its decode leg has read them (or was refused), then are freed.
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -100,6 +102,7 @@ class PDLegs:
     def __init__(self) -> None:
         self.pending: dict[str, tuple[object, float, int]] = {}  # id -> (request, arrival, decode replica)
         self.prefill_legs: dict[int, set[str]] = {}  # replica -> ids computed there as prefill legs
+        self.handoffs: list[tuple] = []  # heap of (time, seq, id, prefill replica, prefill output)
 
     def start(self, run, request, arrival: float, prefill: int, decode: int) -> None:
         """Send the prefill leg (max_tokens=1, do_remote_decode) to replica ``prefill``."""
@@ -113,13 +116,24 @@ class PDLegs:
 
     def on_finished(self, run, replica, out) -> bool:
         """A finished output of ``replica``: True when it ends a prefill leg (its decode leg is
-        then sent, now on this replica's clock); False for a request's final output."""
+        handed off at this replica's clock, like an arrival); False for a request's final output."""
         rid = out.request_id
         if rid not in self.prefill_legs.get(replica.index, ()) or rid not in self.pending:
             return False
+        heapq.heappush(self.handoffs, (replica.now, len(self.handoffs), rid, replica.index, out))
+        return True
+
+    def next_handoff(self) -> float:
+        return self.handoffs[0][0] if self.handoffs else math.inf
+
+    def deliver(self, run) -> None:
+        """Add the earliest handed-off decode leg to its decode replica (at the handoff time:
+        the cluster loop calls this once every busy replica's clock has reached it)."""
+        when, _, rid, prefill, out = heapq.heappop(self.handoffs)
+        replica = run.replicas[prefill]
         request, arrival, decode = self.pending.pop(rid)
         target = run.replicas[decode]
-        target.idle_until(replica.now)
+        target.idle_until(when)
         params = request.params
         extra = {**(params.extra_args or {}), "kv_transfer_params": out.kv_transfer_params or {}}
         try:
@@ -129,8 +143,7 @@ class PDLegs:
         except ValueError as e:
             run.rejected[rid] = str(e)
             if out.kv_transfer_params:  # no consumer will read them: release the blocks now
-                replica.engine.runner.connector.notify_read(rid, replica.now)
-        return True
+                replica.engine.runner.connector.notify_read(rid, when)
 
     def final_rows(self, index: int, frame):
         """A replica's request rows without its prefill legs."""
