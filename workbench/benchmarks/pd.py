@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--link-gbps", type=float, nargs="+", default=[0.1, 1.0, 10.0, 100.0])
     parser.add_argument("--num-requests", type=int, default=60)
     parser.add_argument("--ttft-slo", type=float, default=0.2, help="seconds")
-    parser.add_argument("--tpot-slo", type=float, default=0.01, help="seconds")
+    parser.add_argument("--tpot-slo", type=float, default=0.003, help="seconds")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     table = sweep(args.mixes, args.replicas, args.link_gbps, num_requests=args.num_requests,
