@@ -1,0 +1,35 @@
+"""The transfer, seen: the consumer's WAITING_FOR_REMOTE_KVS span and the producer's held
+blocks on the request timeline, and the kv transfers track of the Perfetto export, checked
+against the steps and the modelled link worked out by hand."""
+
+import json
+
+import transformers
+
+from test_in_process_connector import PROMPTS, disaggregate, engine
+from workbench import default_model_path
+from workbench.metrics.perfetto import write_trace
+from workbench.viz.timeline import request_spans
+
+LINK = {"link_bandwidth_gbps": 8.0, "link_latency_s": 0.002, "link_per_block_s": 0.0005}
+
+
+def test_timeline_and_perfetto_show_the_transfer(tmp_path):
+    ids = transformers.AutoTokenizer.from_pretrained(default_model_path())(PROMPTS[2]).input_ids
+    prefill, decode = engine("kv_producer", "p-view", extra=LINK), engine("kv_consumer", "d-view", extra=LINK)
+    disaggregate(prefill, decode, [ids])
+    n = -(-(len(ids) - 1) // 4)
+    seconds = 0.002 + n * 0.0005 + n * 12288 * 8 / 8e9
+    # decode: the load starts at its step 0 and lands in it (the empty step waits for the link)
+    (wait,) = [s for s in request_spans(decode.history)[1] if s["kind"] == "waiting_for_remote_kvs"]
+    assert (wait["start"], wait["end"], wait["num_bytes"]) == (0, 1, n * 12288)
+    assert abs(wait["seconds"] - seconds) < 1e-12
+    # prefill: finished at step 0, its blocks held until its step 1 learned they were read
+    (held,) = [s for s in request_spans(prefill.history)[1] if s["kind"] == "kv_held"]
+    assert (held["start"], held["end"]) == (0, 2)
+    path = write_trace(tmp_path / "pd.json", [("prefill", list(prefill.history)), ("decode", list(decode.history))])
+    events = json.loads(path.read_text())["traceEvents"]
+    (transfer,) = [e for e in events if e["name"] == "kv transfer r0"]
+    assert transfer["pid"] == 2 and transfer["args"]["num_bytes"] == n * 12288
+    assert abs(transfer["dur"] - 1e6 * seconds) < 1e-2  # microseconds
+    assert [e["pid"] for e in events if e["name"] == "kv held r0"] == [1]
