@@ -9,6 +9,7 @@ import transformers
 from test_in_process_connector import PROMPTS, disaggregate, engine
 from workbench import default_model_path
 from workbench.metrics.perfetto import write_trace
+from workbench.viz.kv_transfer import kv_transfer_notes
 from workbench.viz.timeline import request_spans
 
 LINK = {"link_bandwidth_gbps": 8.0, "link_latency_s": 0.002, "link_per_block_s": 0.0005}
@@ -33,3 +34,7 @@ def test_timeline_and_perfetto_show_the_transfer(tmp_path):
     assert transfer["pid"] == 2 and transfer["args"]["num_bytes"] == n * 12288
     assert abs(transfer["dur"] - 1e6 * seconds) < 1e-2  # microseconds
     assert [e["pid"] for e in events if e["name"] == "kv held r0"] == [1]
+    notes = [n for rec in decode.history for n in kv_transfer_notes(rec)]
+    assert notes[0].startswith(f"r0 waits for remote KV (WAITING_FOR_REMOTE_KVS): {n} blocks")
+    assert [n for rec in prefill.history for n in kv_transfer_notes(rec)] == [
+        "r0's blocks, held for a peer, were read: freed"]
