@@ -9,6 +9,7 @@ import transformers
 from test_in_process_connector import PROMPTS, disaggregate, engine
 from workbench import default_model_path
 from workbench.metrics.perfetto import write_trace
+from workbench.metrics.prometheus import PrometheusStatLogger
 from workbench.viz.kv_transfer import kv_transfer_notes
 from workbench.viz.timeline import request_spans
 
@@ -38,3 +39,11 @@ def test_timeline_and_perfetto_show_the_transfer(tmp_path):
     assert notes[0].startswith(f"r0 waits for remote KV (WAITING_FOR_REMOTE_KVS): {n} blocks")
     assert [n for rec in prefill.history for n in kv_transfer_notes(rec)] == [
         "r0's blocks, held for a peer, were read: freed"]
+    metrics = PrometheusStatLogger("tiny")
+    for rec in decode.history:
+        metrics.record(rec.scheduler_stats, rec.iteration_stats)
+    samples = {sample.name: sample.value for m in metrics.registry.collect() for sample in m.samples}
+    assert samples["vllm:nixl_xfer_time_seconds_count"] == 1
+    assert abs(samples["vllm:nixl_xfer_time_seconds_sum"] - seconds) < 1e-12
+    assert samples["vllm:nixl_bytes_transferred_sum"] == n * 12288
+    assert samples["vllm:nixl_num_descriptors_sum"] == n

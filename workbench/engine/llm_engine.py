@@ -42,7 +42,7 @@ from workbench.reasoning import ReasoningParserManager
 from workbench.worker.logits_processor import LogitsProcessors, load_logits_processors
 from workbench.spec_decode.proposer import make_proposer
 from workbench.structured_output.manager import StructuredOutputManager
-from workbench.metrics.stats import (IterationStats, LoggingStatLogger, SchedulerStats,
+from workbench.metrics.stats import (IterationStats, KVConnectorStats, LoggingStatLogger, SchedulerStats,
                                      SpecDecodingStats, StatLoggerBase)
 
 if TYPE_CHECKING:
@@ -525,6 +525,8 @@ class LLMEngine:
             num_blocks_evicted=kv_stats.num_blocks_evicted,
             **(self._lora_stats() if self.config.enable_lora else {}),
             spec_decoding_stats=SpecDecodingStats.of(result.spec_decode.values()) if result is not None else None,
+            kv_connector_stats=KVConnectorStats.of(result.kv_connector_output.transfers)
+            if result is not None and result.kv_connector_output is not None else None,
         )
         grammar_step = scheduler.take_grammar_step()
         iteration_stats = iteration_stats or IterationStats()
