@@ -79,3 +79,27 @@ def test_bad_pools_and_thresholds_name_the_field():
     wl = Workload([req("a", range(5, 20), 3, 0.0)], clock="wall")
     with pytest.raises(ValueError, match="pd_proxy needs prefill and decode"):
         Cluster.simulated(2, SMALL, router="pd_proxy", cost_model=TEN_MS).run(wl)
+
+
+def test_study_layouts_goodput_and_crossover_by_hand():
+    from workbench.cluster.pd_study import crossover, layouts, slo_attainment
+
+    assert list(layouts(3)) == ["colocated", "2P1D", "1P2D"] and layouts(3)["2P1D"] == (2, 1)
+    with pytest.raises(ValueError, match="num_replicas"):
+        layouts(1)
+    # two requests at t=0 and 0.5 s on one 10 ms-per-step replica: both meet loose SLOs, the
+    # goodput is 2 over the span from the first arrival to the last finish
+    wl = Workload([req("a", range(5, 25), 3, 0.0), req("b", range(50, 70), 3, 0.5)], clock="wall")
+    result = Cluster.simulated(1, SMALL, cost_model=TEN_MS).run(wl)
+    end = max(r.end_s for r in result.replicas)
+    got = slo_attainment(result, ttft_slo=1.0, tpot_slo=1.0)
+    assert got["attainment"] == 1.0 and got["goodput"] == pytest.approx(2 / end)
+    assert slo_attainment(result, ttft_slo=0.005, tpot_slo=1.0)["attainment"] == 0.0  # a step is 10 ms
+    import pandas as pd
+    table = pd.DataFrame([
+        {"mix": "m", "layout": "colocated", "link_gbps": float("nan"), "goodput": 10.0},
+        {"mix": "m", "layout": "1P1D", "link_gbps": 0.1, "goodput": 5.0},
+        {"mix": "m", "layout": "1P1D", "link_gbps": 1.0, "goodput": 11.0},
+        {"mix": "m", "layout": "1P1D", "link_gbps": 10.0, "goodput": 12.0}])
+    (row,) = crossover(table).to_dict("records")
+    assert row["slowest_winning_link_gbps"] == 1.0 and row["best_goodput"] == 12.0
