@@ -6,7 +6,6 @@ refuses the field (400), and malformed params are a 400 naming the field."""
 
 import asyncio
 
-import pytest
 
 from serving_support import MODEL, client, wait_all_free
 from workbench import LLMEngine

@@ -65,9 +65,6 @@ class KVConnectorOutput:
     finished_recving: frozenset[str] = frozenset()
     transfers: tuple[KVTransfer, ...] = ()
 
-    def is_empty(self) -> bool:
-        return not (self.finished_sending or self.finished_recving or self.transfers)
-
 
 class KVConnectorBase_V1(abc.ABC):  # noqa: N801 (vLLM's name)
     """See the module docstring; ``config`` is the engine's KVTransferConfig."""

@@ -180,7 +180,7 @@ class InProcessConnector(KVConnectorBase_V1):
         if meta is None:
             return
         now = self.clock()
-        for rid, blocks in meta.reqs_to_send.items():
+        for rid in meta.reqs_to_send:
             self._sending[rid] = now + self.abort_timeout_s
         for engine_id, remote_rid in meta.reqs_to_release:
             peer = _WORKERS.get(engine_id)
