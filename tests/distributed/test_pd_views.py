@@ -25,7 +25,7 @@ def test_timeline_and_perfetto_show_the_transfer(tmp_path):
     # decode: the load starts at its step 0 and lands in it (the empty step waits for the link)
     (wait,) = [s for s in request_spans(decode.history)[1] if s["kind"] == "waiting_for_remote_kvs"]
     assert (wait["start"], wait["end"], wait["num_bytes"]) == (0, 1, n * 12288)
-    assert abs(wait["seconds"] - seconds) < 1e-12
+    assert abs(wait["seconds"] - seconds) < 1e-9  # end - start on a wall clock of ~1e5 s
     # prefill: finished at step 0, its blocks held until its step 1 learned they were read
     (held,) = [s for s in request_spans(prefill.history)[1] if s["kind"] == "kv_held"]
     assert (held["start"], held["end"]) == (0, 2)
@@ -44,6 +44,6 @@ def test_timeline_and_perfetto_show_the_transfer(tmp_path):
         metrics.record(rec.scheduler_stats, rec.iteration_stats)
     samples = {sample.name: sample.value for m in metrics.registry.collect() for sample in m.samples}
     assert samples["vllm:nixl_xfer_time_seconds_count"] == 1
-    assert abs(samples["vllm:nixl_xfer_time_seconds_sum"] - seconds) < 1e-12
+    assert abs(samples["vllm:nixl_xfer_time_seconds_sum"] - seconds) < 1e-9
     assert samples["vllm:nixl_bytes_transferred_sum"] == n * 12288
     assert samples["vllm:nixl_num_descriptors_sum"] == n
