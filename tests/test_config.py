@@ -13,7 +13,7 @@ import pytest
 
 import workbench
 from workbench.pooling.config import PoolerConfig
-from workbench.config import (EngineArgs, EngineConfig, SpeculativeConfig, StructuredOutputsConfig,
+from workbench.config import (EngineArgs, EngineConfig, SpeculativeConfig, KVTransferConfig, StructuredOutputsConfig,
                               teaching_config)
 
 #: option -> (what a user types after its flag, the value it must parse to); booleans: both ways.
@@ -53,6 +53,8 @@ NON_DEFAULT = {
     "pooler_config": ('{"pooling_type": "MEAN", "normalize": false}', PoolerConfig("MEAN", False)),
     "speculative_config": ('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}',
                            SpeculativeConfig("ngram", 3, prompt_lookup_max=4, prompt_lookup_min=4)),
+    "kv_transfer_config": ('{"kv_role": "kv_producer", "engine_id": "p0"}',
+                           KVTransferConfig(kv_role="kv_producer", engine_id="p0")),
 }
 #: Options valid only with another (here: with otlp_traces_endpoint), parsed all at once.
 DEPENDENT = {"collect_detailed_traces": ("all", "all")}

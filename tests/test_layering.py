@@ -31,6 +31,7 @@ LAYERS = (
     ("reasoning",),  # reasoning parsers: the server splits replies, the grammars wait
     ("spec_decode",),  # proposers: n-gram, and a draft model run by the worker's runner
     ("structured_output",),  # the grammars: the engine owns the manager, the sampler masks
+    ("distributed",),  # the KV connector: its worker side wraps the runner, the engine builds it
     ("engine",),
     ("lab",),
     ("cluster",),  # many engines behind a router: replicas, routers, decisions (over engine and lab)

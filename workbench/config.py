@@ -172,6 +172,67 @@ class SpeculativeConfig:
         return json.dumps({k: v for k, v in self.to_dict().items() if v is not None})
 
 
+#: vLLM's ``kv_role`` values: a producer sends its prompts' KV, a consumer receives, both does both.
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+#: The KV connectors this engine has (vLLM's ``kv_connector`` names its own).
+KV_CONNECTORS = ("InProcessConnector",)
+
+
+@dataclass(frozen=True)
+class KVTransferConfig:
+    """vLLM's ``kv_transfer_config``: which KV connector moves prompts' KV blocks between
+    engines (prefill/decode disaggregation) and this engine's ``kv_role``. ``engine_id`` names
+    the engine to its peers (a request's ``remote_engine_id``); ``kv_connector_extra_config``
+    holds the connector's own options (the in-process one: its modelled link, see
+    :mod:`workbench.distributed.kv_transfer.link`). Invariant: valid once constructed."""
+
+    kv_connector: str = "InProcessConnector"
+    kv_role: str = "kv_both"
+    engine_id: str | None = None
+    kv_connector_extra_config: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kv_connector not in KV_CONNECTORS:
+            raise ValueError(f"kv_transfer_config.kv_connector must be one of {list(KV_CONNECTORS)}, "
+                             f"got {self.kv_connector!r}.")
+        if self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_transfer_config.kv_role must be one of {list(KV_ROLES)}, got {self.kv_role!r}.")
+        if self.engine_id is not None and (not isinstance(self.engine_id, str) or not self.engine_id):
+            raise ValueError(f"kv_transfer_config.engine_id must be a non-empty string, got {self.engine_id!r}.")
+        if not isinstance(self.kv_connector_extra_config, dict):
+            raise ValueError("kv_transfer_config.kv_connector_extra_config must be a dict, got "
+                             f"{type(self.kv_connector_extra_config).__name__}.")
+
+    @property
+    def is_kv_producer(self) -> bool:
+        return self.kv_role in ("kv_producer", "kv_both")
+
+    @property
+    def is_kv_consumer(self) -> bool:
+        return self.kv_role in ("kv_consumer", "kv_both")
+
+    @classmethod
+    def parse(cls, value: KVTransferConfig | dict | str | None) -> KVTransferConfig | None:
+        """From itself, a dict or a JSON object string (None stays None); unknown keys raise."""
+        if value is None or isinstance(value, KVTransferConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"kv_transfer_config must be a JSON object, got {value!r} ({exc}).") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"kv_transfer_config must be a dict or a JSON object, got {type(value).__name__}.")
+        unknown = sorted(set(value) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"kv_transfer_config: unknown keys {unknown}; known: "
+                             f"{sorted(f.name for f in fields(cls))}.")
+        return cls(**value)
+
+    def __str__(self) -> str:
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None})
+
+
 @dataclass(repr=False)
 class EngineArgs:
     """Configuration of an :class:`~workbench.engine.llm_engine.LLMEngine`: every option once,
@@ -281,6 +342,10 @@ class EngineArgs:
     pooler_config: PoolerConfig | None = option(
         None, "runner pooling: the pooler, as JSON: {\"pooling_type\": \"LAST\"|\"MEAN\"|"
         "\"CLS\"|\"ALL\", \"normalize\": true, \"dimensions\": null} (default: LAST, normalized)")
+    kv_transfer_config: KVTransferConfig | None = option(
+        None, "prefill/decode disaggregation, vLLM's JSON, e.g. '{\"kv_connector\": "
+        "\"InProcessConnector\", \"kv_role\": \"kv_producer\"}' (kv_producer, kv_consumer or "
+        "kv_both; a dict in Python); requests then carry kv_transfer_params; default: off")
     structured_outputs_config: StructuredOutputsConfig | None = option(
         None, "structured outputs, as JSON: {\"backend\": \"auto\"|\"xgrammar\"|\"guidance\", "
         "\"disable_fallback\": false, \"disable_any_whitespace\": false, "
@@ -297,6 +362,7 @@ class EngineArgs:
             logger.info('Only "last" pooling supports chunked prefill and prefix caching; '
                         "disabling both.")
             self.enable_chunked_prefill = self.enable_prefix_caching = False
+        self.kv_transfer_config = KVTransferConfig.parse(self.kv_transfer_config)
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}.")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

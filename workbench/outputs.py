@@ -111,6 +111,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     prompt_logprobs: PromptLogprobs | None = None
     error: str | None = None
+    #: vLLM's: what the KV connector returned when the request finished (a producer's
+    #: ``do_remote_prefill`` params for the decode engine), else None.
+    kv_transfer_params: dict | None = None
 
     def __repr__(self) -> str:
         outs = ", ".join(

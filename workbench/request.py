@@ -17,6 +17,10 @@ class RequestStatus(enum.Enum):
     #: sits in the waiting queue and the scheduler passes over it, until the engine's
     #: structured-output manager sets it WAITING.
     WAITING_FOR_FSM = "waiting_for_fsm"
+    #: vLLM's status of a request whose prompt's KV blocks are being received from another
+    #: engine (``kv_transfer_params`` with ``do_remote_prefill``): it holds the blocks they
+    #: land in and sits in the waiting queue, passed over, until its connector reports them in.
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "finished_stopped"
@@ -90,6 +94,15 @@ class Request:
     #: A pooling request's parameters (None: it generates). A pooling request is prefill-only:
     #: the step that computes its last prompt token pools it and finishes it; it samples nothing.
     pooling_params: PoolingParams | None = None
+    #: What the KV connector said when the request finished (vLLM's output ``kv_transfer_params``:
+    #: how a peer engine fetches its blocks), else None.
+    output_kv_transfer_params: dict | None = None
+
+    @property
+    def kv_transfer_params(self) -> dict | None:
+        """vLLM's: the request's ``SamplingParams.extra_args["kv_transfer_params"]`` (None without)."""
+        extra = self.sampling_params.extra_args
+        return None if not extra else extra.get("kv_transfer_params")
 
     @property
     def lora_name(self) -> str | None:

@@ -27,6 +27,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
+from workbench.cluster.pd import PDLegs, PDRouting, pd_configs
 from workbench.cluster.replica import MeasuredClock, Replica
 from workbench.cluster.result import ClusterResult, ReplicaRun
 from workbench.cluster.router import RoutedRequest, Router, Routing
@@ -47,7 +48,14 @@ class Cluster:
     """Replicas (real engines from EngineArgs, or simulated ones) behind ``router`` (a name
     of :data:`~workbench.cluster.routers.ROUTERS` or a :class:`Router`)."""
 
-    def __init__(self, replicas: Sequence[EngineConfig | dict], router: str | Router = "round_robin") -> None:
+    def __init__(self, replicas: Sequence[EngineConfig | dict] | None = None, router: str | Router = "round_robin",
+                 *, prefill: Sequence | None = None, decode: Sequence | None = None, link: dict | None = None) -> None:
+        """``prefill`` / ``decode`` (instead of ``replicas``): a P/D cluster over ``link``
+        (see :mod:`workbench.cluster.pd`), normally behind ``router="pd_proxy"``."""
+        if prefill is not None or decode is not None:
+            if replicas is not None:
+                raise ValueError("give either replicas or prefill and decode, not both.")
+            replicas = pd_configs(prefill or (), decode or (), link)
         if isinstance(replicas, (str, bytes)) or not isinstance(replicas, Sequence) or not replicas:
             raise ValueError(f"replicas must be a non-empty list of EngineArgs (or dicts of overrides), got {replicas!r}.")
         self.configs = tuple(resolve_config(c) for c in replicas)
@@ -57,15 +65,20 @@ class Cluster:
         self.seed = 0
 
     @classmethod
-    def simulated(cls, n: int, config: EngineConfig | dict | None = None, *, cost_model: CostModel | str | None = None,
+    def simulated(cls, n: int | None = None, config: EngineConfig | dict | None = None, *, cost_model: CostModel | str | None = None,
                   router: str | Router = "round_robin", output_len: LengthSpec | None = None,
-                  seed: int = 0) -> Cluster:
+                  seed: int = 0, prefill: int | None = None, decode: int | None = None,
+                  link: dict | None = None) -> Cluster:
         """``n`` simulated replicas of ``config``, timed by ``cost_model`` (a CostModel, its JSON
         path, or None: the shipped calibration). Requests without ``ignore_eos`` draw their
         output lengths from ``output_len`` and ``seed``, as :func:`~workbench.lab.sim.simulate`."""
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        if prefill is not None or decode is not None:  # xPyD: n is their sum
+            cluster = cls(router=router, prefill=[resolve_config(config)] * (prefill or 0),
+                          decode=[resolve_config(config)] * (decode or 0), link=link)
+        elif not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"n must be an integer >= 1 (the number of replicas), got {n!r}.")
-        cluster = cls([resolve_config(config)] * n, router)
+        else:
+            cluster = cls([resolve_config(config)] * n, router)
         cluster.cost_model, cluster.output_len, cluster.seed = as_cost_model(cost_model), output_len, seed
         return cluster
 
@@ -134,6 +147,11 @@ class _Run:
         for replica in self.replicas:
             replica.on_step_clock = self.clock == "steps"
         self.router = copy.deepcopy(cluster.router)
+        #: Prefill/decode legs (a P/D cluster: workbench.cluster.pd), else None.
+        self.pd = PDLegs() if any(c.kv_transfer_config for c in cluster.configs) else None
+        if self.pd is not None and self.clock == "steps":
+            raise ValueError("a P/D cluster runs on the wall clock (a transfer takes seconds): give the workload "
+                             "arrival_time, not arrival_step.")
         self.tokenizer = self.replicas[0].engine.tokenizer
         self.decisions: list[dict] = []
         self.outputs: dict[str, object] = {}
@@ -158,6 +176,9 @@ class _Run:
         pending, replicas, busy, field = self.pending, self.replicas, self.busy, self.field
         while True:
             arrival = (getattr(pending[0], field) or 0) if pending else math.inf
+            handoff = self.pd.next_handoff() if self.pd is not None else math.inf  # a decode leg's
+            if handoff <= arrival and handoff < math.inf:
+                arrival = handoff
             nxt, first = None, math.inf
             for replica in replicas:
                 now = replica.now
@@ -165,6 +186,8 @@ class _Run:
                     nxt, first = replica, now
             if first < arrival:
                 self._step(nxt)
+            elif handoff == arrival and handoff < math.inf:
+                self.pd.deliver(self)
             elif pending:
                 self._route(pending.popleft(), arrival)
             else:
@@ -172,7 +195,7 @@ class _Run:
 
     def _step(self, replica: Replica) -> None:
         for out in replica.step():
-            if out.finished:
+            if out.finished and not (self.pd is not None and self.pd.on_finished(self, replica, out)):
                 self.outputs[out.request_id] = out
                 self.router.on_finished(replica.index, out.request_id)
         self.busy[replica.index] = replica.busy
@@ -199,6 +222,10 @@ class _Run:
             for column, v in zip(columns, values):
                 row[column] = float(v)
         self.decisions.append(row)
+        if isinstance(routing, PDRouting) and routing.decode is not None and self.pd is not None:
+            row["decode_replica"] = routing.decode
+            self.pd.start(self, request, arrival, chosen, routing.decode)
+            return
         self._add(self.replicas[chosen], request, arrival)
 
     def _encode(self, text: str) -> list[int]:
@@ -232,7 +259,8 @@ class _Run:
             engine, stats = replica.engine, replica.engine.kv_cache.prefix_cache_stats
             runs.append(ReplicaRun(
                 index=replica.index, config=engine.config, history=engine.history,
-                requests=engine.request_tracker.dataframe(), num_steps=replica.steps, end_s=replica.now,
+                requests=(self.pd.final_rows(replica.index, engine.request_tracker.dataframe()) if self.pd
+                          else engine.request_tracker.dataframe()), num_steps=replica.steps, end_s=replica.now,
                 prefix_queries=stats.queries - replica.prefix0[0], prefix_hits=stats.hits - replica.prefix0[1]))
         return ClusterResult(
             cluster=self.cluster, workload=self.workload, clock=self.clock, router=self.router.name,

@@ -86,7 +86,9 @@ class Replica:
 
     @property
     def busy(self) -> bool:
-        return self.engine.has_unfinished_requests()
+        engine = self.engine  # a producer holding blocks steps once it knows when they were read
+        return engine.has_unfinished_requests() or (
+            engine.kv_connector is not None and engine.runner.next_transfer_time() is not None)
 
     def step(self) -> list:
         if self.measured:

@@ -20,6 +20,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from workbench.cluster.cache_aware import CacheAware
+from workbench.cluster.pd import PDProxy
 from workbench.cluster.precise_prefix import PrecisePrefix
 from workbench.cluster.replica import ReplicaView
 from workbench.cluster.router import RoutedRequest, Router, Routing, lowest
@@ -96,6 +97,7 @@ ROUTERS = {
     "cache_aware": CacheAware,
     "llm_d": WeightedScorers,
     "precise_prefix": PrecisePrefix,
+    "pd_proxy": PDProxy,
 }
 
 

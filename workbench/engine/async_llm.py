@@ -541,7 +541,8 @@ class AsyncLLM:
                     break
                 # An abort that left nothing to run is still recorded by one more step (the
                 # history, the request tracker and /metrics' "abort" count see it).
-                if engine.has_unfinished_requests() or engine.has_unrecorded_aborts():
+                if (engine.has_unfinished_requests() or engine.has_unrecorded_aborts()
+                        or engine.scheduler.has_kv_transfers()):  # a producer frees read blocks
                     self._deliver(engine.step())
                     self._scheduler_stats = engine.scheduler_stats
         except BaseException as exc:

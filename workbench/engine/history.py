@@ -82,6 +82,9 @@ class StepRecord:
     #: Speculative decoding: per speculating request, the drafts it verified this step and
     #: how many the target accepted (``SpecDecodeResult``); empty without speculation.
     spec_decode: dict[str, SpecDecodeResult] = field(default_factory=dict)
+    #: The KV connector's output (``KVConnectorOutput``: transfers started, sends and
+    #: receives finished) this step; None without a connector.
+    kv_connector_output: object = None
     #: What the stat loggers were fed for this step (wall-clock latencies: not compared).
     iteration_stats: IterationStats | None = field(default=None, compare=False, repr=False)
 

@@ -20,6 +20,7 @@ from workbench.core.kv_cache_manager import KVCacheManager
 from workbench.core.sched.explain import explain_stats
 from workbench.core.sched.scheduler import Scheduler
 from workbench.core.sched.output import SchedulerOutput
+from workbench.distributed.kv_transfer.factory import create_kv_connector
 from workbench.engine.history import StageTimer, StepHistory, StepRecord
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.engine.fork import fork_engine
@@ -46,7 +47,7 @@ from workbench.reasoning import ReasoningParserManager
 from workbench.worker.logits_processor import LogitsProcessors, load_logits_processors
 from workbench.spec_decode.proposer import make_proposer
 from workbench.structured_output.manager import StructuredOutputManager
-from workbench.metrics.stats import (IterationStats, LoggingStatLogger, SchedulerStats,
+from workbench.metrics.stats import (IterationStats, KVConnectorStats, LoggingStatLogger, SchedulerStats,
                                      SpecDecodingStats, StatLoggerBase)
 
 if TYPE_CHECKING:
@@ -123,6 +124,12 @@ class LLMEngine:
             seed=config.seed,
             batch_invariant=config.batch_invariant,
         )
+        #: The KV connector's scheduler side (``kv_transfer_config``; its worker side wraps
+        #: the runner), else None.
+        self.kv_connector = None
+        if config.kv_transfer_config is not None:
+            self.kv_connector, self.runner = create_kv_connector(
+                config.kv_transfer_config, self.model_config, config.block_size, self.runner, self.clock)
         if self.logits_processor_classes:  # one instance each, for the runner's sampler
             self.runner.set_logits_processors(LogitsProcessors(
                 [cls(config, self.device, False) for cls in self.logits_processor_classes]))
@@ -161,6 +168,7 @@ class LLMEngine:
             clock=self.clock,
             max_loras=config.max_loras if config.enable_lora else None,
             structured_output_manager=structured_output_manager,
+            connector=self.kv_connector,
         )
         #: Speculative decoding's proposer (``speculative_config``), else None.
         self.proposer = make_proposer(config.speculative_config, self.model_config, self.tokenizer,
@@ -503,7 +511,7 @@ class LLMEngine:
         now = self.clock()
         updated = self.scheduler.update_from_output(
             scheduler_output, runner_output.sampled_token_ids, runner_output.failed,
-            spec_decode=runner_output.spec_decode, now=now)
+            spec_decode=runner_output.spec_decode, now=now, kv_connector_output=runner_output.kv_connector_output)
         pooled, errors = self.pooling.take_outputs(self.scheduler, runner_output.pooler_output)
         processed = self.output_processor.process(
             updated, logprobs=runner_output.logprobs, prompt_logprobs=runner_output.prompt_logprobs,
@@ -551,6 +559,8 @@ class LLMEngine:
             **(self._lora_stats() if self.config.enable_lora else {}),
             spec_decoding_stats=SpecDecodingStats.of(result.spec_decode.values()) if result is not None else None,
             **explain_stats(scheduler, scheduler_output),
+            kv_connector_stats=KVConnectorStats.of(result.kv_connector_output.transfers)
+            if result is not None and result.kv_connector_output is not None else None,
         )
         grammar_step = scheduler.take_grammar_step()
         iteration_stats = iteration_stats or IterationStats()
@@ -574,6 +584,7 @@ class LLMEngine:
             structured_output=grammar_step,
             spec_decode=result.spec_decode if result is not None else {},
             iteration_stats=iteration_stats,
+            kv_connector_output=result.kv_connector_output if result is not None else None,
         )
 
     def _observe(self, record: StepRecord) -> None:

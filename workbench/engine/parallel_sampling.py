@@ -118,6 +118,7 @@ class ParentRequest:
             num_cached_tokens=metrics.num_cached_tokens,
             prompt_logprobs=None if prompt_logprobs is None else list(prompt_logprobs),
             error=next((s.error for s in self.sequences if s.error is not None), None),
+            kv_transfer_params=self.sequences[0].request.output_kv_transfer_params,
         )
 
     def error_output(self, message: str) -> RequestOutput:

@@ -13,7 +13,9 @@ run is one process of the trace with:
 * counter tracks ``running``, ``waiting``, ``kv usage (%)`` and ``tokens`` (prefill, decode),
   sampled at each step's end;
 * a flow arrow from each preemption to the request whose block allocation it made room for
-  (the next allocation after the victim's blocks were freed).
+  (the next allocation after the victim's blocks were freed);
+* with a KV connector, a ``kv transfers`` track: each load received (bytes, blocks, modelled
+  time on the link) and each request's blocks held for a peer.
 
 Times are microseconds from the run's first event. A step starts at its schedule's clock
 reading (the time of its requests' scheduling events), or, with none, where the previous step
@@ -154,7 +156,34 @@ def trace_events(records: Iterable, *, pid: int = 1, name: str = "engine",
     for i, life in enumerate(lives):
         events += _request_track(life, pid, ENGINE_TID + 1 + i, ts, placed, step_ends, run_end, beneficiaries,
                                  flows, reasons)
+    events += _kv_transfer_track(records, lives, pid, ENGINE_TID + 1 + len(lives), ts, step_ends)
     return events
+
+
+def _kv_transfer_track(records, lives, pid: int, tid: int, ts, step_ends) -> list[dict]:
+    """The KV connector's track (prefill/decode disaggregation): a ``kv transfer`` slice per
+    load this engine received (its modelled interval on the link, with blocks, bytes and the
+    producer), and a ``kv held`` slice per request whose blocks this engine held for a peer
+    (from its finish to the step that learned they were read). Empty without a connector."""
+    out: list[dict] = []
+    finished = {e.request_id: e.time for life in lives for e in life.events if isinstance(e, RequestFinished)}
+    for record in records:
+        kv = getattr(record, "kv_connector_output", None)
+        if kv is None:
+            continue
+        for t in kv.transfers:
+            out.append({"ph": "X", "pid": pid, "tid": tid, "name": f"kv transfer {t.request_id}", "cat": "kv_transfer",
+                        "ts": ts(t.start), "dur": round(ts(t.end) - ts(t.start), 3),
+                        "args": {"num_blocks": t.num_blocks, "num_bytes": t.num_bytes, "seconds": t.seconds,
+                                 "remote_engine_id": t.remote_engine_id, "remote_request_id": t.remote_request_id}})
+        for rid in sorted(kv.finished_sending):
+            if rid in finished:
+                end = step_ends[record.step]
+                out.append({"ph": "X", "pid": pid, "tid": tid, "name": f"kv held {rid}", "cat": "kv_transfer",
+                            "ts": ts(finished[rid]), "dur": round(ts(end) - ts(finished[rid]), 3)})
+    if out:
+        out.insert(0, {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": "kv transfers"}})
+    return out
 
 
 def _request_track(life: _Life, pid: int, tid: int, ts, placed, step_ends, run_end: float, beneficiaries,

@@ -153,6 +153,26 @@ class PrometheusStatLogger(StatLoggerBase):
         self.lora_requests_info = None if max_lora is None else Gauge(
             "vllm:lora_requests_info", "Running stats on lora requests.",
             ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=reg)
+        self._kv_histograms = None  # vLLM's NIXL histograms, from the first KV load on
+
+    #: vLLM's NIXL connector histograms (name, help, buckets), registered at the first KV load.
+    KV_TRANSFER_HISTOGRAMS = (
+        ("transfer_duration", "vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for KV "
+         "Cache transfers.", one_two_five(0.0001, 10.0)),
+        ("bytes_transferred", "vllm:nixl_bytes_transferred", "Histogram of bytes transferred per KV "
+         "Cache transfers.", [2.0**i for i in range(10, 36, 2)]),
+        ("num_descriptors", "vllm:nixl_num_descriptors", "Histogram of number of descriptors per KV "
+         "Cache transfers.", [2.0**i for i in range(15)]),
+    )
+
+    def _record_kv_transfers(self, stats) -> None:
+        if self._kv_histograms is None:
+            self._kv_histograms = {
+                field: Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry).labels(
+                    self.model_name) for field, name, doc, buckets in self.KV_TRANSFER_HISTOGRAMS}
+        for field, histogram in self._kv_histograms.items():
+            for value in getattr(stats, field):
+                histogram.observe(value)
 
     def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
         s, it = scheduler_stats, iteration_stats
@@ -174,6 +194,8 @@ class PrometheusStatLogger(StatLoggerBase):
             self.lora_requests_info.labels(
                 str(self.max_lora), ",".join(s.waiting_lora_adapters),
                 ",".join(s.running_lora_adapters)).set_to_current_time()
+        if s.kv_connector_stats is not None:
+            self._record_kv_transfers(s.kv_connector_stats)
         if s.spec_decoding_stats is not None:
             spec = s.spec_decoding_stats
             self.spec_decode_num_drafts.inc(spec.num_drafts)

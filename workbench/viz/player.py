@@ -22,6 +22,7 @@ import traitlets
 
 from workbench.core.kv_events import BlockAllocated, BlockFreed
 from workbench.viz.block_map import BlockMap
+from workbench.viz.kv_transfer import kv_transfer_notes
 from workbench.viz.busy import busy
 from workbench.viz.chunks import chunk_kinds, empty_batch_reason, request_adapters
 from workbench.viz.colors import SPEC_COLORS, SPEC_MARKS, STATE_COLORS, assign_colors, request_chip
@@ -292,7 +293,7 @@ class StepPlayer(widgets.VBox):
         last = self.source.last_step
         pending = self.source.pending(seen) if step == last else []
         self.queues = {"running": running, "waiting": waiting, "added": pending}
-        self.notes = [n for n in [empty_batch_reason(record)] if n] + self._notes(record) + [
+        self.notes = [n for n in [empty_batch_reason(record)] if n] + self._notes(record) + kv_transfer_notes(record) + [
             n for n in [waiting_note(record, waiting, self.source.scheduler_setting("max_num_seqs"),
                                      self.source.scheduler_setting("enable_chunked_prefill"))] if n]
         note = self.source.first_step_note()

@@ -5,9 +5,12 @@ Span kinds (``[start, end)`` in steps): ``waiting`` (arrived, not yet scheduled)
 ``compile_s`` is the compile's seconds, None while it still compiles), ``prefill``
 (a prompt chunk), ``recompute`` (a chunk re-computing tokens a preemption dropped),
 ``decode`` (consecutive one-token steps, merged), ``preempted`` (from preemption to
-resumption). ``finish`` marks the step a request finished, with its reason ("pooled" for a
-pooling request, whose prefill chunks -- it never decodes -- carry ``pooled: True`` and are
-drawn outlined). With speculative
+resumption), ``waiting_for_remote_kvs`` (vLLM's WAITING_FOR_REMOTE_KVS: from the step its
+KV load started to the step it landed, with the transfer's ``num_bytes`` and modelled
+``seconds``), ``kv_held`` (a producer's finished request whose blocks wait for a peer to read
+them: from its finish to the step that learned they were read). ``finish`` marks the step a
+request finished, with its reason ("pooled" for a pooling request, whose prefill chunks -- it
+never decodes -- carry ``pooled: True`` and are drawn outlined). With speculative
 decoding a decode span also keeps ``emitted``, the tokens each of its steps gave the request
 (accepted drafts plus the sampled token), drawn as a number in each step's column. Spans are derived
 from the request events each StepRecord carries, so a replayed history draws the same rows.
@@ -35,6 +38,7 @@ from workbench.viz.why import annotate_waiting_spans
 
 FINISH_MARKERS = {"stop": "o", "length": "D", "abort": "X", "pooled": "P"}
 FSM_HATCH = "////"  # waiting for the grammar (WAITING_FOR_FSM)
+REMOTE_KV_HATCH = "..."  # waiting for remote KV (WAITING_FOR_REMOTE_KVS), blocks held for a peer
 
 
 def request_spans(history) -> tuple[list[str], list[dict]]:
@@ -60,6 +64,8 @@ def request_spans(history) -> tuple[list[str], list[dict]]:
                               "tokens": 0, "reason": ""})
 
     fsm_since: dict[str, int] = {}  # request -> step it began waiting for its grammar
+    kv_since: dict[str, tuple[int, object]] = {}  # request -> (step its KV load began, the transfer)
+    finished_at: dict[str, int] = {}  # request -> the step it finished (a producer's held blocks)
 
     def close_fsm(rid: str, step: int, seconds: float | None) -> None:
         since = fsm_since.pop(rid)
@@ -105,6 +111,7 @@ def request_spans(history) -> tuple[list[str], list[dict]]:
                 if surplus > 0 and span is not None and span.get("emitted") and span["end"] == step + 1:
                     span["emitted"][-1] = max(0, span["emitted"][-1] - surplus)
                 close(rid, step + 1)
+                finished_at[rid] = step
                 if rid in fsm_since:  # its grammar failed to compile
                     close_fsm(rid, step + 1, None)
                 pooled = getattr(event, "pooled", False)
@@ -115,6 +122,7 @@ def request_spans(history) -> tuple[list[str], list[dict]]:
                 spans.append({"request_id": rid, "kind": "finish", "start": step, "end": step + 1,
                               "tokens": event.num_output_tokens,
                               "reason": "pooled" if pooled else event.reason})
+        _kv_transfer_spans(record, spans, open_since, kv_since, finished_at)
         for rid in (grammar.waiting_for_fsm if grammar else ()):
             if rid not in fsm_since and rid in open_since:
                 fsm_since[rid] = open_since[rid][1]
@@ -125,6 +133,27 @@ def request_spans(history) -> tuple[list[str], list[dict]]:
     order = {rid: i for i, rid in enumerate(rows)}
     spans.sort(key=lambda s: (order[s["request_id"]], s["start"]))
     return rows, spans
+
+
+def _kv_transfer_spans(record, spans, open_since, kv_since, finished_at) -> None:
+    """The KV connector's spans of one record (see the module docstring)."""
+    kv = getattr(record, "kv_connector_output", None)
+    if kv is None:
+        return
+    for t in kv.transfers:
+        kv_since[t.request_id] = (record.step, t)
+    for rid in sorted(kv.finished_recving):
+        if rid in kv_since:
+            since, t = kv_since.pop(rid)
+            spans.append({"request_id": rid, "kind": "waiting_for_remote_kvs", "start": since,
+                          "end": record.step + 1, "tokens": 0, "reason": "", "num_bytes": t.num_bytes,
+                          "seconds": t.seconds})
+            if rid in open_since:  # waiting again (for a slot) only after the load
+                open_since[rid] = (open_since[rid][0], record.step + 1)
+    for rid in sorted(kv.finished_sending):
+        if rid in finished_at:
+            spans.append({"request_id": rid, "kind": "kv_held", "start": finished_at[rid],
+                          "end": record.step + 1, "tokens": 0, "reason": ""})
 
 
 def empty_steps(records) -> list[int]:
@@ -152,6 +181,10 @@ def draw_timeline(ax, rows: list[str], spans: list[dict], *, steps: tuple[int, i
         elif kind == "waiting_for_fsm":
             ax.barh(row, width, left=left, height=0.35, color=STATE_COLORS["waiting"],
                     hatch=FSM_HATCH, edgecolor="black", linewidth=0)
+        elif kind in ("waiting_for_remote_kvs", "kv_held"):
+            ax.barh(row, width, left=left, height=0.35,
+                    color=STATE_COLORS["waiting" if kind == "waiting_for_remote_kvs" else "cached"],
+                    hatch=REMOTE_KV_HATCH, edgecolor="black", linewidth=0)
         elif kind == "preempted":
             ax.barh(row, width, left=left, height=0.35, color="none",
                     edgecolor=STATE_COLORS["preempted"], hatch="xxx", linewidth=0)
@@ -184,6 +217,10 @@ def timeline_legend(figure) -> None:
         Patch(color=STATE_COLORS["waiting"], label="waiting"),
         Patch(facecolor=STATE_COLORS["waiting"], edgecolor="black", hatch=FSM_HATCH,
               linewidth=0, label="waiting for its grammar (FSM)"),
+        Patch(facecolor=STATE_COLORS["waiting"], edgecolor="black", hatch=REMOTE_KV_HATCH,
+              linewidth=0, label="waiting for remote KV"),
+        Patch(facecolor=STATE_COLORS["cached"], edgecolor="black", hatch=REMOTE_KV_HATCH,
+              linewidth=0, label="blocks held for a peer"),
         *chunk_handles(),
         Patch(facecolor="none", edgecolor=STATE_COLORS["preempted"], hatch="xxx", label="preempted"),
         Patch(color=STATE_COLORS["empty batch"], alpha=0.25, label="empty batch (nothing ran)"),

@@ -83,6 +83,7 @@ class RunnerOutput:
     #: The pooled data of each pooling request whose prompt this step completed (it samples
     #: nothing): see :mod:`workbench.model.pooler`.
     pooler_output: dict = field(default_factory=dict)
+    kv_connector_output: object = None  # the KV connector's finished transfers (vLLM's)
 
 
 class ModelRunner:

@@ -92,6 +92,8 @@ class SchedulerOutput:
     #: Why (``workbench.core.sched.explain.StepExplanation``): the reason of every request
     #: not fully scheduled, the preemptions and the prefix lookups; None when not recorded.
     explanation: object | None = None
+    #: The KV connector's work for the worker side this step (vLLM's), else None.
+    kv_connector_metadata: object = None
 
     @property
     def lora_names(self) -> tuple[str, ...]:

@@ -69,6 +69,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from workbench.core.kv_cache_manager import KVCacheManager
 from workbench.core.sched.explain import StepExplainer
 from workbench.core.sched.policies import SchedulingPolicy, get_policy
+from workbench.core.sched.remote_kv import RemoteKVMixin
 from workbench.core.sched.request_queue import WaitingQueue
 from workbench.core.request_events import (
     RequestArrived,
@@ -88,7 +89,7 @@ from workbench.request import Request, RequestStatus
 COMPILE_WAIT_S = 0.05
 
 
-class Scheduler:
+class Scheduler(RemoteKVMixin):
     """Decides each step's batch; owns the waiting and running queues (see module docstring)."""
 
     def __init__(
@@ -104,6 +105,7 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         max_loras: int | None = None,
         structured_output_manager=None,
+        connector=None,
     ):
         for name, value in (
             ("max_num_seqs", max_num_seqs),
@@ -143,6 +145,7 @@ class Scheduler:
         #: Explains each step (``SchedulerOutput.explanation``: :mod:`workbench.core.sched.explain`);
         #: ``explainer.detach()`` then None records no why.
         self.explainer: StepExplainer | None = StepExplainer(kv_cache)
+        self._init_remote_kv(connector)  # the KV connector's scheduler side (remote_kv.py)
 
     def take_events(self) -> tuple[RequestEvent, ...]:
         """The request events since the previous call, oldest first (empty unless recording)."""
@@ -162,7 +165,7 @@ class Scheduler:
         blocks than the whole pool (it could never finish, even alone).
         """
         rid = request.request_id
-        if rid in self.requests:
+        if rid in self.requests or rid in self.held_for_transfer:
             raise ValueError(f"request_id {rid!r} is already in the scheduler.")
         if (request.status not in (RequestStatus.WAITING, RequestStatus.WAITING_FOR_FSM)
                 or request.num_computed_tokens or request.output_token_ids):
@@ -200,6 +203,7 @@ class Scheduler:
                 f"needs up to {kv.num_blocks_for(kv_tokens)} KV blocks of {kv.block_size}, but the "
                 f"KV cache has num_blocks={kv.num_blocks}; lower max_tokens or enlarge the cache."
             )
+        self._check_remote_kv(request)
         kv.update_block_hashes(request)
         grammars = self.structured_output_manager
         if grammars is not None and grammars.add_request(request):
@@ -305,6 +309,8 @@ class Scheduler:
         Every time it writes (first scheduled, events) is one clock reading."""
         self._errors = {}
         self._update_grammars()
+        if self.connector is not None:
+            self._update_waiting_for_remote_kv()
         kv = self.kv_cache
         now = self.clock()
         budget = self.max_num_batched_tokens
@@ -348,8 +354,8 @@ class Scheduler:
         held = self.policy.seats_held(self)  # seats the policy counts besides the running
         while not preempted and self.waiting and budget > 0 and len(running) + held < self.max_num_seqs:
             request = self.waiting.peek()
-            if request.status is RequestStatus.WAITING_FOR_FSM:  # vLLM: skipped, not blocking
-                self.waiting.skip_front()
+            if request.status in (RequestStatus.WAITING_FOR_FSM, RequestStatus.WAITING_FOR_REMOTE_KVS):
+                self.waiting.skip_front()  # vLLM: skipped, not blocking
                 continue
             lora_name = request.lora_name
             if (self.max_loras is not None and lora_name is not None
@@ -359,7 +365,17 @@ class Scheduler:
                 self.waiting.skip_front()
                 lora_skipped.append(request.request_id)
                 continue
-            hit_blocks, num_hit = kv.get_computed_blocks(request)
+            if request.num_computed_tokens:  # its prompt's KV came from a peer (remote_kv.py)
+                hit_blocks, num_hit = [], request.num_computed_tokens
+            else:
+                hit_blocks, num_hit = kv.get_computed_blocks(request)
+                if self.connector is not None:
+                    remote = self._load_remote_kv(request, hit_blocks, num_hit)
+                    if remote is None:
+                        break
+                    if remote:
+                        self.waiting.skip_front()
+                        continue
             num_new = request.num_tokens - num_hit
             if self.enable_chunked_prefill:
                 num_new = min(num_new, budget)
@@ -374,7 +390,7 @@ class Scheduler:
             resumed = request.status is RequestStatus.PREEMPTED
             (resumed_ids if resumed else new_ids).append(request.request_id)
             if self._events is not None:
-                self._log_admission(request, resumed, num_hit, hit_blocks, now)
+                self._log_admission(request, resumed, num_hit if hit_blocks else 0, hit_blocks, now)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit
             if request.first_scheduled_time is None:
@@ -408,6 +424,7 @@ class Scheduler:
             kv_usage=kv.usage,
             lora_skipped_request_ids=tuple(lora_skipped),
             explanation=why,
+            kv_connector_metadata=None if self.connector is None else self.connector.build_connector_meta(None),
         )
         if self._events is not None:
             step = output.step
@@ -430,6 +447,7 @@ class Scheduler:
         *,
         spec_decode: Mapping[str, SpecDecodeResult] | None = None,
         now: float | None = None,
+        kv_connector_output=None,
     ) -> list[Request]:
         """Apply a computed step. First the runner's failed rows (they got no token; a mapping
         gives each one's message) finish with FINISHED_ERROR; then every other scheduled request advances
@@ -449,8 +467,11 @@ class Scheduler:
         stops its request, one that refused a token ends it with an error (the token stays in
         its output, as vLLM's).
 
+        ``kv_connector_output``: the KV connector's finished transfers (see remote_kv.py).
+
         Returns the requests that got a token, in batch order.
         """
+        self._update_from_kv_xfer_finished(kv_connector_output)
         now = self.clock() if now is None else now
         self.finish_requests(failed_request_ids, RequestStatus.FINISHED_ERROR, now=now)
         kv = self.kv_cache
@@ -622,7 +643,8 @@ class Scheduler:
                                 request.pooling_params is not None and status is RequestStatus.FINISHED_STOPPED)
             )
         del self.requests[request.request_id]
-        self.kv_cache.free(request)
+        if self.connector is None or not self._connector_finished(request):
+            self.kv_cache.free(request)
         request.spec_token_ids = []
         self._finished_ids.append(request.request_id)
 
@@ -633,7 +655,8 @@ class Scheduler:
         scheduled = (
             {c.request_id: c.num_new_tokens for c in scheduler_output.scheduled} if scheduler_output else {}
         )
-        self.kv_cache.check_invariants(self.requests.values(), scheduled)
+        scheduled = {**scheduled, **self.remote_kv_tokens}  # blocks for tokens in flight
+        self.kv_cache.check_invariants([*self.requests.values(), *self.held_for_transfer.values()], scheduled)
         running = [r.request_id for r in self.running]
         waiting = [r.request_id for r in self.waiting]
         assert len(set(running)) == len(running), f"a request is twice in running: {running}"
@@ -664,8 +687,16 @@ class Scheduler:
                 assert r is None or (c.seq_len - k == r.num_tokens and r.num_tokens + k < self.max_model_len), (
                     f"{c.request_id!r}: {k} drafts do not follow its {r.num_tokens} known tokens "
                     f"within max_model_len={self.max_model_len}")
+        for rid, r in self.held_for_transfer.items():
+            assert r.is_finished and rid not in self.requests, f"held {rid!r} is not finished"
         for r in self.waiting:
             assert not r.spec_token_ids, f"waiting {r.request_id!r} holds drafts {r.spec_token_ids}"
+            if r.status is RequestStatus.WAITING_FOR_REMOTE_KVS or (
+                    r.num_computed_tokens and r.status is RequestStatus.WAITING and self.connector):
+                assert r.status is not RequestStatus.WAITING_FOR_REMOTE_KVS or (
+                    r.num_computed_tokens == 0 and r.request_id in self.remote_kv_tokens), (
+                    f"{r.request_id!r} waits for remote KV with {r.num_computed_tokens} computed tokens")
+                continue  # its blocks (remote KV) are checked with the KV cache's above
             assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED,
                                 RequestStatus.WAITING_FOR_FSM), (
                 f"{r.request_id!r} in waiting with status {r.status.name}"

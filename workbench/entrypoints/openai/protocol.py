@@ -222,9 +222,10 @@ class _CommonFields(OpenAIModel):
             raise FieldError("cache_salt", str(exc)) from None
         return self
 
-    def check_supported(self) -> None:
+    def check_supported(self, *, kv_transfer: bool = False) -> None:
         """Raise FieldError for a set field this server cannot honour (vLLM honours it with
-        features the workbench does not have: beam search, KV transfer)."""
+        features the workbench does not have: beam search; KV transfer without a connector,
+        ``kv_transfer``: the engine has one)."""
         if self.best_of is not None and self.best_of != self.n:
             raise FieldError("best_of", "best_of > n is not supported by this server.")
         if self.use_beam_search and self.prompt_logprobs is not None:
@@ -234,8 +235,9 @@ class _CommonFields(OpenAIModel):
             raise unsupported("logits_processors", "Per-request logits_processors (as in "
                               "vLLM V1; the server's --logits-processors with vllm_xargs, or "
                               "SamplingParams.logits_processors offline)")
-        if self.kv_transfer_params:
-            raise unsupported("kv_transfer_params", "kv_transfer_params (no KV transfer)")
+        if self.kv_transfer_params and not kv_transfer:
+            raise unsupported("kv_transfer_params", "kv_transfer_params without a KV connector "
+                              "(--kv-transfer-config)")
 
     def structured_outputs_params(self, config: StructuredOutputsConfig | None = None
                                   ) -> StructuredOutputsParams | None:
@@ -312,7 +314,8 @@ class _CommonFields(OpenAIModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
             structured_outputs=self.structured_outputs_params(structured_outputs_config),
-            extra_args=self.vllm_xargs,
+            extra_args=({**(self.vllm_xargs or {}), "kv_transfer_params": self.kv_transfer_params}
+                        if self.kv_transfer_params else self.vllm_xargs),
             **{k: v for k, v in optional.items() if v is not None},
         )
 
@@ -366,8 +369,8 @@ class CompletionRequest(_CommonFields):
 
     max_tokens_field: ClassVar[str] = "max_tokens"
 
-    def check_supported(self) -> None:
-        super().check_supported()
+    def check_supported(self, **kw) -> None:
+        super().check_supported(**kw)
         if self.suffix is not None:
             raise unsupported("suffix")
         if self.use_beam_search and self.stream:  # vLLM's completions rule
@@ -539,8 +542,8 @@ class ChatCompletionRequest(_CommonFields):
                                             "not both.")
         return self
 
-    def check_supported(self) -> None:
-        super().check_supported()
+    def check_supported(self, **kw) -> None:
+        super().check_supported(**kw)
         if self.mm_processor_kwargs:
             raise unsupported("mm_processor_kwargs", "mm_processor_kwargs (multimodal input)")
         if self.use_beam_search and self.logprobs:

@@ -73,6 +73,7 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Optional[UsageInfo] = None
+    kv_transfer_params: Optional[dict[str, Any]] = _only_when_set()  # a KV producer's (vLLM)
 
 
 class TopLogprob(BaseModel):
@@ -151,6 +152,7 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
     prompt_logprobs: Optional[PromptLogprobs] = None
     prompt_token_ids: Optional[list[int]] = _only_when_set()  # return_token_ids
+    kv_transfer_params: Optional[dict[str, Any]] = _only_when_set()  # a KV producer's (vLLM)
 
 
 class ChatStreamChoice(BaseModel):

@@ -52,6 +52,8 @@ class PreparedPrompt:
     request: EngineCoreRequest
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     first_token_text: str = ""
+    #: What the KV connector returned when its request finished (vLLM's response field).
+    kv_transfer_params: dict | None = None
 
     @property
     def text(self) -> str:
@@ -201,7 +203,7 @@ class OpenAIServing:
             logger.warning("The following fields were present in the request but ignored: %s",
                            unknown)
         try:
-            req.check_supported()
+            req.check_supported(kv_transfer=self.llm.config.kv_transfer_config is not None)
         except P.FieldError as exc:
             raise APIError.bad_request(exc) from exc
         return raw.headers.get("X-Request-Id") or req.request_id or uuid.uuid4().hex
@@ -440,6 +442,8 @@ class _Answer:
             prompt.prompt_logprobs = out.prompt_logprobs
         if out.error is not None:
             raise APIError(500, f"The request failed while it was processed: {out.error}")
+        if out.kv_transfer_params is not None:
+            prompt.kv_transfer_params = out.kv_transfer_params
         pairs = []
         for c in out.outputs:
             state = self.choices[i * self.n + c.index]
@@ -468,6 +472,7 @@ class _Answer:
         async for i, out in self.run.outputs():
             self.update(i, out)
         body = self.fmt.response(self.choices, self.usage())
+        body.kv_transfer_params = self.run.prompts[0].kv_transfer_params  # vLLM's: the first prompt's
         return JSONResponse(R.dump(body))
 
     async def events(self) -> AsyncIterator[str]:
