@@ -198,7 +198,9 @@ class _Run:
             if out.finished and not (self.pd is not None and self.pd.on_finished(self, replica, out)):
                 self.outputs[out.request_id] = out
                 self.router.on_finished(replica.index, out.request_id)
-        self.busy[replica.index] = replica.busy
+        # With P/D a step also changes its peers: a decode replica's read frees a producer's blocks.
+        for changed in (self.replicas if self.pd is not None else (replica,)):
+            self.busy[changed.index] = changed.busy
 
     def _route(self, request, arrival: float) -> None:
         rid = request.request_id
