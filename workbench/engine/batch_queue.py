@@ -15,6 +15,7 @@ positions a step in flight writes are never in a cached block (cached blocks hol
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -140,7 +141,27 @@ class BatchQueue:
         span)``, or raises the runner's exception)."""
         return self._queue.popleft()
 
-    def shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+    def wait(self) -> None:
+        """Block until every submitted batch has run (raising nothing)."""
+        for entry in self._queue:
+            if entry.future is not None:
+                entry.future.exception()
+
+    def __deepcopy__(self, memo) -> BatchQueue:
+        """A fork's queue (:mod:`workbench.engine.fork`): the same steps in flight, their
+        batches run already (this waits for them), as completed futures of copied results."""
+        self.wait()
+        new = BatchQueue(copy.deepcopy(self._runner, memo), self.max_size)
+        new._last_sampled = dict(self._last_sampled)
+        for entry in self._queue:
+            future = None
+            if entry.future is not None:
+                future = Future()
+                if entry.future.exception() is not None:
+                    future.set_exception(entry.future.exception())
+                else:
+                    future.set_result(copy.deepcopy(entry.future.result(), memo))
+            new._queue.append(InFlight(copy.deepcopy(entry.scheduler_output, memo),
+                                       copy.deepcopy(entry.requests, memo), entry.scheduled_under,
+                                       entry.schedule_span, entry.deferred, future))
+        return new

@@ -510,15 +510,7 @@ class LLMEngine:
         timer.lap("wait")
         wait_end = time.perf_counter()
         timer.add({**runner_output.timings, "schedule": entry.schedule_span[1] - entry.schedule_span[0]})
-        now = self.clock()
-        updated = self.scheduler.update_from_output(
-            entry.scheduler_output, runner_output.sampled_token_ids, runner_output.failed, now=now)
-        processed = self.output_processor.process(
-            updated, logprobs=runner_output.logprobs, prompt_logprobs=runner_output.prompt_logprobs,
-            errors=self.scheduler.finished_request_errors, now=now)
-        for sibling in self.output_processor.release_siblings():  # n > 1: the prompt is cached
-            self.scheduler.add_request(sibling)
-        timer.lap("output")
+        processed = self._update_and_process(entry.scheduler_output, runner_output, timer)
         overlap = self._overlap(entry, forward, (wait_end - timer.timings["wait"], wait_end))
         self._observe(self._record(entry.scheduler_output, timer, runner_output, processed.stats, overlap))
         if queue and queue.peek().future is None:  # it needed this step's tokens on the host
@@ -526,6 +518,20 @@ class LLMEngine:
         if queue and not self.scheduler.has_unfinished_requests():
             return processed.outputs + self.step_with_batch_queue()
         return processed.outputs
+
+    def _update_and_process(self, scheduler_output: SchedulerOutput, runner_output, timer: StageTimer):
+        """A step of the batch queue after its batch ran: update the requests, process the
+        outputs, release the siblings whose prompt is cached (n > 1); timed as "output"."""
+        now = self.clock()
+        updated = self.scheduler.update_from_output(
+            scheduler_output, runner_output.sampled_token_ids, runner_output.failed, now=now)
+        processed = self.output_processor.process(
+            updated, logprobs=runner_output.logprobs, prompt_logprobs=runner_output.prompt_logprobs,
+            errors=self.scheduler.finished_request_errors, now=now)
+        for sibling in self.output_processor.release_siblings():
+            self.scheduler.add_request(sibling)
+        timer.lap("output")
+        return processed
 
     def _schedule_ahead(self) -> None:
         """Schedule the next step and queue it; its batch starts at once, unless a request in
@@ -645,6 +651,8 @@ class LLMEngine:
         it. Left unchanged, both step as a fresh engine given the same inputs would.
         RuntimeError while it sleeps, is being profiled, or is served from another thread
         (see :mod:`workbench.engine.fork`)."""
+        if self.batch_queue is not None:  # the KV cache is copied once no batch writes it
+            self.batch_queue.wait()
         return fork_engine(self)
 
     def requests_dataframe(self):
