@@ -190,3 +190,31 @@ def test_a_fork_with_a_step_in_flight_steps_as_the_original():
     eng.step()
     fork = eng.fork()
     assert tokens(run(fork, {})) == tokens(run(eng, {}))
+
+
+def test_the_views_show_the_overlap_and_the_one_step_late_effects():
+    """The player's notes name the placeholder and the dropped token; the Perfetto export draws
+    each step's schedule on the engine track inside the previous step's forward on the
+    worker's; the overlap figure draws a bar per span."""
+    from workbench.metrics.perfetto import WORKER_TID, trace_events
+    from workbench.viz.overlap import overlap_figure
+    from workbench.viz.player import StepPlayer
+
+    eng = LLMEngine(teaching_config(async_scheduling=True), make_runner=SlowRunner)
+    run(eng, {0: [("s", "ROMEO:", SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[201])),
+                  ("l", "LEAR:", SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))]})
+    late = next(r for r in eng.history if r.overlap.discarded == ("s",))
+    player = StepPlayer(eng.history, controls=False, live_updates=False)
+    player.show(late.step)
+    notes = " ".join(player.notes)
+    assert f"Step {late.step} was scheduled while step {late.step - 1}'s forward ran" in notes
+    assert "s had already finished (a stop found one step late)" in notes
+    assert "the input token was a placeholder" in notes
+    events = trace_events(eng.history)
+    forward = {e["name"]: e for e in events if e.get("tid") == WORKER_TID and e["ph"] == "X"}
+    schedule = {e["name"]: e for e in events if e.get("tid") == 0 and e["name"].startswith("schedule ")}
+    for step in range(1, len(eng.history) - 1):
+        f, s = forward[f"step {step - 1}"], schedule[f"schedule {step}"]
+        assert f["ts"] <= s["ts"] and s["ts"] + s["dur"] <= f["ts"] + f["dur"], step
+    ax = overlap_figure(list(eng.history)).axes[0]
+    assert len(ax.collections) == sum(len(r.overlap.spans) for r in eng.history)

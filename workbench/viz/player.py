@@ -28,6 +28,7 @@ from workbench.viz.colors import SPEC_COLORS, SPEC_MARKS, STATE_COLORS, assign_c
 from workbench.viz.live import LiveUpdater
 from workbench.viz.source import ViewSource
 from workbench.viz.spec_decode import budget_split, draft_fates, draft_slots
+from workbench.viz.overlap import overlap_notes
 
 
 def request_states(records, step: int) -> tuple[list[str], list[str], set[str]]:
@@ -322,7 +323,7 @@ class StepPlayer(widgets.VBox):
             elif event.kind == "finished":
                 notes.append(f"{event.request_id} finished ({event.reason}) with "
                              f"{event.num_output_tokens} output tokens; its blocks were freed.")
-        notes += spec_notes(record)
+        notes += spec_notes(record) + overlap_notes(record)
         notes += preemption_notes(record, self.source.policy_name) + grammar_notes(record)
         if so.lora_skipped_request_ids:
             adapters = request_adapters(self.source.records())
