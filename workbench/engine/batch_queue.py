@@ -32,8 +32,8 @@ from workbench.utils.frozen import FrozenDict
 class StepOverlap:
     """How one step of async scheduling overlapped (``StepRecord.overlap``; None: synchronous).
 
-    ``scheduled_under``: the step whose forward was executing while this step was scheduled
-    (None: none was). ``placeholders``: the requests whose input token was a placeholder (the
+    ``scheduled_under``: the step in flight (queued, not yet updated) while this step was
+    scheduled, None when none was; whether its forward was still running then, the spans say. ``placeholders``: the requests whose input token was a placeholder (the
     token the previous step sampled, unknown when this step was scheduled). ``deferred``: the
     requests that needed that token on the host (a grammar, penalties, ``min_tokens``...), so
     this step's batch waited for the previous step's update before it started. ``discarded``:
@@ -97,12 +97,10 @@ class BatchQueue:
         return len(self._queue) >= self.max_size
 
     @property
-    def executing_step(self) -> int | None:
-        """The newest step submitted whose forward has not finished, else None."""
-        for entry in reversed(self._queue):
-            if entry.future is not None:
-                return None if entry.future.done() else entry.scheduler_output.step
-        return None
+    def in_flight_step(self) -> int | None:
+        """The newest step queued (its batch submitted or deferred, its update not done), else
+        None: the step the next one is scheduled under."""
+        return self._queue[-1].scheduler_output.step if self._queue else None
 
     def add(self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request],
             schedule_span: tuple[float, float], scheduled_under: int | None,

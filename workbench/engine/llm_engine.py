@@ -536,7 +536,7 @@ class LLMEngine:
     def _schedule_ahead(self) -> None:
         """Schedule the next step and queue it; its batch starts at once, unless a request in
         it needs the token still in flight on the host (then after the previous step's update)."""
-        start, under = time.perf_counter(), self.batch_queue.executing_step
+        start, under = time.perf_counter(), self.batch_queue.in_flight_step
         scheduler_output = self.scheduler.schedule()
         deferred = self.scheduler.pending_output_request_ids(scheduler_output)
         bitmask = None if deferred else self.scheduler.get_grammar_bitmask(scheduler_output)

@@ -28,7 +28,7 @@ def overlap_notes(record) -> list[str]:
         return []
     notes = []
     if overlap.scheduled_under is not None:
-        notes.append(f"Step {record.step} was scheduled while step {overlap.scheduled_under}'s forward ran "
+        notes.append(f"Step {record.step} was scheduled while step {overlap.scheduled_under} was in flight "
                      "(async scheduling).")
     if overlap.placeholders:
         notes.append(f"{', '.join(overlap.placeholders)}: the input token was a placeholder, the token "
