@@ -7,6 +7,10 @@ N's tokens are known on the worker, which fills step N+1's placeholders with the
 (``PLACEHOLDER_TOKEN_ID`` inputs: see :mod:`workbench.core.sched.async_scheduler`) before the
 runner sees the batch. The record keeps the scheduler's own output, placeholders and all.
 
+With ``inline`` (an engine on a caller's clock: the simulator's) there is no thread: a batch
+runs when the engine waits for it, so the clock is read and advanced in step order, the same on
+every run; the steps are scheduled one ahead all the same.
+
 Blocks freed while a step is in flight (a request finished or preempted by the engine thread)
 may be handed to another request by the next ``schedule()``; that request's batch executes
 after the in-flight one, so no write of the old step lands after a write of the new one; and the
@@ -78,13 +82,38 @@ def fill_placeholders(scheduler_output: SchedulerOutput, last_sampled: Mapping[s
         if c.token_ids and c.token_ids[-1] == PLACEHOLDER_TOKEN_ID else c for c in chunks))
 
 
+class InlineFuture:
+    """A batch run on the caller's thread when its result is first asked for (``inline``)."""
+
+    def __init__(self, call) -> None:
+        self._call, self._outcome = call, None
+
+    def _run(self) -> tuple:
+        if self._outcome is None:
+            try:
+                self._outcome = (self._call(), None)
+            except Exception as exc:  # noqa: BLE001 - handed to whoever asks for the result
+                self._outcome = (None, exc)
+        return self._outcome
+
+    def result(self):
+        value, exc = self._run()
+        if exc is not None:
+            raise exc
+        return value
+
+    def exception(self):
+        return self._run()[1]
+
+
 class BatchQueue:
     """At most ``max_size`` steps scheduled and not yet updated, oldest first; their batches
-    run on one worker thread in that order."""
+    run on one worker thread in that order (``inline``: on the engine's, when waited for)."""
 
-    def __init__(self, runner, max_size: int = 2) -> None:
+    def __init__(self, runner, max_size: int = 2, *, inline: bool = False) -> None:
         self._runner = runner
         self.max_size = max_size
+        self.inline = inline
         self._queue: deque[InFlight] = deque()
         self._pool: ThreadPoolExecutor | None = None
         self._last_sampled: dict[str, int] = {}  # the worker thread's own
@@ -116,6 +145,10 @@ class BatchQueue:
         return entry
 
     def submit(self, entry: InFlight, grammar_bitmask=None) -> None:
+        if self.inline:
+            entry.future = InlineFuture(lambda: self._execute(entry.scheduler_output, entry.requests,
+                                                              grammar_bitmask))
+            return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="workbench-execute")
         entry.future = self._pool.submit(self._execute, entry.scheduler_output, entry.requests,
@@ -149,7 +182,7 @@ class BatchQueue:
         """A fork's queue (:mod:`workbench.engine.fork`): the same steps in flight, their
         batches run already (this waits for them), as completed futures of copied results."""
         self.wait()
-        new = BatchQueue(copy.deepcopy(self._runner, memo), self.max_size)
+        new = BatchQueue(copy.deepcopy(self._runner, memo), self.max_size, inline=self.inline)
         new._last_sampled = dict(self._last_sampled)
         for entry in self._queue:
             future = None

@@ -160,7 +160,8 @@ class LLMEngine:
             structured_output_manager=structured_output_manager,
         )
         #: Async scheduling's batch queue of two (``async_scheduling``), else None.
-        self.batch_queue = BatchQueue(self.runner) if config.async_scheduling else None
+        # On a caller's clock (a simulation) batches run inline, so time is read in step order.
+        self.batch_queue = BatchQueue(self.runner, inline=clock is not None) if config.async_scheduling else None
         if self.batch_queue is not None and self.logits_processor_classes:
             self.scheduler.always_pending = True  # batch-level processors read every row's outputs
         #: Speculative decoding's proposer (``speculative_config``), else None.
