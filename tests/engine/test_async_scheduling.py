@@ -33,14 +33,14 @@ def engine(async_scheduling: bool, **kw) -> LLMEngine:
     return LLMEngine(teaching_config(async_scheduling=async_scheduling, batch_invariant=True, **kw))
 
 
-def run(eng: LLMEngine, plan: dict[int, list], aborts: dict[int, list[str]] = {}) -> dict:
+def run(eng: LLMEngine, plan: dict[int, list], aborts: dict[int, list[str]] | None = None) -> dict:
     """Step ``eng`` to the end; before step() call k, add ``plan[k]`` (id, prompt, params)
     and abort ``aborts[k]``. Returns each request's last output; checks the invariants."""
     last, k = {}, 0
     while k <= max(plan, default=0) or eng.has_unfinished_requests():
         for rid, prompt, params in plan.get(k, ()):
             eng.add_request(rid, prompt, params)
-        eng.abort_request(aborts.get(k, []))
+        eng.abort_request((aborts or {}).get(k, []))
         for out in eng.step():
             last[out.request_id] = out
         eng.scheduler.check_invariants()
