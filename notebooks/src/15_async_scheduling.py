@@ -133,10 +133,14 @@ except ValueError as exc:
 # %% [markdown]
 # ## Does it pay here?
 #
-# The overlap can only win back the host time per step. Below, the same 24 requests on the
-# default engine, synchronous and asynchronous (wall-clock figures: they change from run to
-# run and from machine to machine; `workbench bench throughput --async-scheduling` measures
-# it on a whole workload, beside transformers).
+# The overlap can only win back the host time per step, and here it costs something too: on a
+# CPU the forward on the worker thread is Python dispatching many small torch ops, which
+# contends with the engine thread's own Python for the GIL and for the cores. On this
+# project's 2-vCPU VM async scheduling measured 1.4-1.5x *slower* (`workbench bench
+# throughput --async-scheduling`, docs/performance.md), so the synchronous step stays the
+# default; it pays where the forward runs on a device and the host work is a larger share of
+# a step. Below, the same 24 requests on the default engine, both ways (wall-clock figures:
+# they change from run to run and from machine to machine).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
