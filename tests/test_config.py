@@ -58,7 +58,7 @@ NON_DEFAULT = {
 }
 #: Options valid only with another (here: with otlp_traces_endpoint), parsed all at once.
 DEPENDENT = {"collect_detailed_traces": ("all", "all")}
-BOOLEANS = ("enable_prefix_caching", "multiprocess_mode", "enable_chunked_prefill", "batch_invariant", "log_stats", "enable_sleep_mode",
+BOOLEANS = ("enable_prefix_caching", "multiprocess_mode", "enable_chunked_prefill", "batch_invariant", "async_scheduling", "log_stats", "enable_sleep_mode",
             "enable_lora")
 
 

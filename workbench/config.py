@@ -288,6 +288,9 @@ class EngineArgs:
         "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' or "
         "'{\"method\": \"draft_model\", \"model\": \"tiny-shakespeare-draft\", "
         "\"num_speculative_tokens\": 3}' (a dict in Python); default: off")
+    async_scheduling: bool = option(
+        False, "schedule step N+1 while step N executes (vLLM's AsyncScheduler and its batch "
+        "queue of two: the runner executes on a worker thread); greedy tokens are unchanged")
     keep_warm_s: float = option(
         10.0, "CPU: while the engine waits for requests, keep torch's worker threads awake (they "
         "spin: about one core) this many seconds after the last step (a parked thread can add "
@@ -407,6 +410,16 @@ class EngineArgs:
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= "
                              f"max_loras ({self.max_loras})")
+        if self.async_scheduling and self.speculative_config is not None:
+            # vLLM's rule and message: only drafters that run on the device's sampled tokens.
+            raise ValueError("Currently, async scheduling is only supported with EAGLE/MTP/Draft "
+                             "Model/NGram GPU kind of speculative decoding")
+        if self.async_scheduling and self.runner == "pooling":
+            raise ValueError("async_scheduling: not supported with runner 'pooling' here (a pooling "
+                             "request is one prefill and samples nothing to overlap); drop one of them.")
+        if self.async_scheduling and self.kv_transfer_config is not None:
+            raise ValueError("async_scheduling: not supported with kv_transfer_config here (the "
+                             "AsyncScheduler has no KV-connector path yet); drop one of them.")
         if self.enable_lora and self.batch_invariant:
             raise ValueError("enable_lora: LoRA adapters are not supported with batch_invariant.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

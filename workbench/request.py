@@ -91,6 +91,9 @@ class Request:
     #: vLLM's ``is_prefill_chunk``: the chunk last scheduled for it stopped short of its last
     #: known token (it sampled nothing); drafts handed to it then are dropped.
     is_prefill_chunk: bool = False
+    #: vLLM's ``num_output_placeholders`` (async scheduling): tokens a step in flight will
+    #: sample for it, counted in ``num_computed_tokens`` but not yet in ``output_token_ids``.
+    num_output_placeholders: int = 0
     #: A pooling request's parameters (None: it generates). A pooling request is prefill-only:
     #: the step that computes its last prompt token pools it and finishes it; it samples nothing.
     pooling_params: PoolingParams | None = None

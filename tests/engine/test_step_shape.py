@@ -37,6 +37,11 @@ def test_the_step_is_one_screen():
     assert code_lines(LLMEngine.step) <= 25
 
 
+def test_the_step_with_a_batch_queue_is_one_screen():
+    """Async scheduling's step (vLLM's ``step_with_batch_queue``) is held to the same length."""
+    assert code_lines(LLMEngine.step_with_batch_queue) <= 25
+
+
 def test_the_engine_calls_no_grammar_manager_method():
     """Every public method of the manager is watched while a constrained request is added,
     compiled, masked, advanced and finished, next to a free one: only the scheduler (and the

@@ -20,6 +20,10 @@ requests (time to first token, time per output token, compile and mask times): s
 ``--batch-invariant`` adds the engine with ``batch_invariant=True`` on the same requests (row
 ``workbench-batch-invariant``; its "ours / it" is the mode's slowdown).
 
+``--async-scheduling`` adds the engine with ``async_scheduling=True`` on the same requests (row
+``workbench-async``: step N+1 scheduled while step N executes; its "ours / it" against the
+synchronous engine).
+
 ``--lora A [B]`` (each ``NAME=PATH``, or a shipped adapter's name: errors, timon) runs, instead
 of the single engine row, the base engine beside the engine with ``enable_lora`` three times, all
 in one process, round after round (``--lora-rounds``, the best round counts):
@@ -108,6 +112,8 @@ def _run_workbench(spec: dict, requests: list[BenchRequest]) -> ThroughputResult
         raise RuntimeError(f"workbench generated {tokens} tokens, the workload asks for {expected}.")
     engine = llm.engine
     name = "workbench-batch-invariant" if engine.runner.batch_invariant else "workbench"
+    if engine.batch_queue is not None:
+        name = "workbench-async"
     details = {
         "attention_backend": engine.attention_backend, "device": str(engine.device),
         "max_num_seqs": engine.scheduler.max_num_seqs,
@@ -318,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="max_num_seqs values for --compare spec (default 1,2,4,8,16)")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="also run the engine with batch_invariant=True (its cost: a second row)")
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="also run the engine with async_scheduling=True (a second row)")
     parser.add_argument("--structured-outputs", choices=list(CONSTRAINTS), default=None,
                         help="compare free and constrained requests (json: one schema; "
                         "json-unique: one per request; regex; choice)")
@@ -412,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch_invariant:
         invariant = {**spec, "engine_kwargs": {**engine_kwargs, "batch_invariant": True}}
         results.append(_in_own_process(_run_workbench, invariant, requests))
+    if args.async_scheduling:
+        overlapped = {**spec, "engine_kwargs": {**engine_kwargs, "async_scheduling": True}}
+        results.append(_in_own_process(_run_workbench, overlapped, requests))
     if args.lora:
         loras = lora_specs(args.lora)
         if len(loras) > 2:

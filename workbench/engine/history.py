@@ -18,6 +18,7 @@ from workbench.core.kv_events import BlockFreed, KVEvent
 from workbench.core.kv_state import KVReplay, KVState
 from workbench.core.request_events import RequestEvent
 from workbench.core.sched.output import SchedulerOutput, SpecDecodeResult
+from workbench.engine.batch_queue import StepOverlap
 from workbench.metrics.perfetto import write_trace
 from workbench.metrics.stats import IterationStats, SchedulerStats
 from workbench.structured_output.manager import StructuredOutputStep
@@ -87,6 +88,9 @@ class StepRecord:
     kv_connector_output: object = None
     #: What the stat loggers were fed for this step (wall-clock latencies: not compared).
     iteration_stats: IterationStats | None = field(default=None, compare=False, repr=False)
+    #: Async scheduling: what this step's host work ran under, its placeholders, what it
+    #: deferred and dropped (:class:`~workbench.engine.batch_queue.StepOverlap`); None: synchronous.
+    overlap: StepOverlap | None = None
 
     def __post_init__(self) -> None:
         """The record's own mappings become read-only: observers share one record."""

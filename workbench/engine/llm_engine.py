@@ -19,6 +19,8 @@ from workbench.config import EngineConfig, default_max_num_batched_tokens, defau
 from workbench.core.kv_cache_manager import KVCacheManager
 from workbench.core.sched.explain import explain_stats
 from workbench.core.sched.scheduler import Scheduler
+from workbench.core.sched.async_scheduler import PLACEHOLDER_TOKEN_ID, AsyncScheduler
+from workbench.engine.batch_queue import BatchQueue, InFlight, StepOverlap
 from workbench.core.sched.output import SchedulerOutput
 from workbench.distributed.kv_transfer.factory import create_kv_connector
 from workbench.engine.history import StageTimer, StepHistory, StepRecord
@@ -28,17 +30,17 @@ from workbench.engine.idle import IdleWaiter
 from workbench.engine.input_processor import InputProcessor, PromptType, check_request_id
 from workbench.model.loader import resolve_model_path
 from workbench.model.model_config import ModelConfig
-from workbench.engine.output_processor import OutputProcessor
+from workbench.engine.output_processor import OutputProcessor, StepOutputs
 from workbench.outputs import RequestOutput
 from workbench.engine.parallel_sampling import ParentRequest
 from workbench.engine.pooling_requests import PoolingRequests
 from workbench.pooling.config import supported_tasks
 from workbench.pooling_params import PoolingParams
 from workbench.lora.request import LoRARequest
-from workbench.request import RequestStatus
+from workbench.request import Request, RequestStatus
 from workbench.metrics.request_tracker import RequestTracker
 from workbench.metrics.tracing import RequestTracer, log_tracing_disabled_warning
-from workbench.worker.model_runner import ModelRunner
+from workbench.worker.model_runner import ModelRunner, RunnerOutput
 from workbench.worker.run_method import run_method
 from workbench.worker.sleep_mode import TAGS as SLEEP_TAGS
 from workbench.worker.runner_protocol import Runner, RunnerFactory
@@ -157,7 +159,7 @@ class LLMEngine:
         structured_output_manager = StructuredOutputManager(
             self.tokenizer, self.model_config.vocab_size,
             config=config.structured_outputs_config, reasoner=reasoner)
-        self.scheduler = Scheduler(
+        self.scheduler = (AsyncScheduler if config.async_scheduling else Scheduler)(
             self.kv_cache,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
@@ -170,6 +172,11 @@ class LLMEngine:
             structured_output_manager=structured_output_manager,
             connector=self.kv_connector,
         )
+        #: Async scheduling's batch queue of two (``async_scheduling``), else None.
+        # On a caller's clock (a simulation) batches run inline, so time is read in step order.
+        self.batch_queue = BatchQueue(self.runner, inline=clock is not None) if config.async_scheduling else None
+        if self.batch_queue is not None and self.logits_processor_classes:
+            self.scheduler.always_pending = True  # batch-level processors read every row's outputs
         #: Speculative decoding's proposer (``speculative_config``), else None.
         self.proposer = make_proposer(config.speculative_config, self.model_config, self.tokenizer,
                                       device=self.device, block_size=config.block_size,
@@ -498,6 +505,8 @@ class LLMEngine:
         The scheduler writes every finish, at the step's one output time (``clock()`` after
         the forward). ``history[-1]`` records the step (see :meth:`_record` for its timings).
         """
+        if self.batch_queue is not None and (self.batch_queue or self.scheduler.has_unfinished_requests()):
+            return self.step_with_batch_queue()
         timer = StageTimer(self._step_end)
         scheduler_output = self.scheduler.schedule()
         grammar_bitmask = self.scheduler.get_grammar_bitmask(scheduler_output)
@@ -508,6 +517,47 @@ class LLMEngine:
             self._observe(self._record(scheduler_output, timer))
             raise
         timer.add(runner_output.timings)
+        updated, processed = self._update_and_process(scheduler_output, runner_output, timer)
+        self._propose_drafts(updated)
+        timer.lap("propose")
+        self._observe(self._record(scheduler_output, timer, runner_output, processed.stats))
+        return processed.outputs
+
+    def step_with_batch_queue(self) -> list[RequestOutput]:
+        """``step()`` with async scheduling, as vLLM's ``EngineCore.step_with_batch_queue`` (a
+        batch queue of two: :mod:`workbench.engine.batch_queue`): schedule until two steps are
+        in flight, then finish the oldest -- wait for its batch, update, process, record -- and
+        return its outputs, while the newer one's forward runs. Each record's ``overlap`` says
+        what ran under what. When no request is left, the step still in flight (its tokens
+        dropped: a stop found one step late) is finished and recorded too."""
+        queue = self.batch_queue
+        while self.scheduler.has_unfinished_requests() and not queue.full:
+            self._schedule_ahead()
+        entry = queue.pop()
+        timer = StageTimer(self._step_end)
+        try:
+            runner_output, forward = entry.future.result()
+        except BaseException:  # the batch as a whole failed: record the step, nothing sampled
+            self._observe(self._record(entry.scheduler_output, timer, overlap=self._overlap(entry)))
+            raise
+        timer.lap("wait")
+        wait_end = time.perf_counter()
+        timer.add({**runner_output.timings, "schedule": entry.schedule_span[1] - entry.schedule_span[0]})
+        _, processed = self._update_and_process(entry.scheduler_output, runner_output, timer)
+        overlap = self._overlap(entry, forward, (wait_end - timer.timings["wait"], wait_end))
+        self._observe(self._record(entry.scheduler_output, timer, runner_output, processed.stats, overlap))
+        if queue and queue.peek().future is None:  # it needed this step's tokens on the host
+            queue.submit(queue.peek(), self.scheduler.get_grammar_bitmask(queue.peek().scheduler_output))
+        if queue and not self.scheduler.has_unfinished_requests():
+            return processed.outputs + self.step_with_batch_queue()
+        return processed.outputs
+
+    def _update_and_process(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput,
+                            timer: StageTimer) -> tuple[list[Request], StepOutputs]:
+        """After a step's batch ran (either step): update the requests (tokens, connector
+        transfers), take the pooled outputs, process the outputs (the pooled ones appended),
+        release the siblings whose prompt is now cached (n > 1); timed as "output". Returns the
+        requests that got a token and the processed outputs."""
         now = self.clock()
         updated = self.scheduler.update_from_output(
             scheduler_output, runner_output.sampled_token_ids, runner_output.failed,
@@ -516,13 +566,33 @@ class LLMEngine:
         processed = self.output_processor.process(
             updated, logprobs=runner_output.logprobs, prompt_logprobs=runner_output.prompt_logprobs,
             errors=errors, now=now)
-        for sibling in self.output_processor.release_siblings():  # n > 1: the prompt is cached
+        processed.outputs.extend(pooled)
+        for sibling in self.output_processor.release_siblings():
             self.scheduler.add_request(sibling)
         timer.lap("output")
-        self._propose_drafts(updated)
-        timer.lap("propose")
-        self._observe(self._record(scheduler_output, timer, runner_output, processed.stats))
-        return processed.outputs + pooled
+        return updated, processed
+
+    def _schedule_ahead(self) -> None:
+        """Schedule the next step and queue it; its batch starts at once, unless a request in
+        it needs the token still in flight on the host (then after the previous step's update)."""
+        start, under = time.perf_counter(), self.batch_queue.in_flight_step
+        scheduler_output = self.scheduler.schedule()
+        deferred = self.scheduler.pending_output_request_ids(scheduler_output)
+        bitmask = None if deferred else self.scheduler.get_grammar_bitmask(scheduler_output)
+        self.batch_queue.add(scheduler_output, self.scheduler.requests,
+                             (start, time.perf_counter()), under, deferred, bitmask)
+
+    def _overlap(self, entry: InFlight, forward: tuple[float, float] | None = None,
+                 wait: tuple[float, float] | None = None) -> StepOverlap:
+        """The StepOverlap of a step of the batch queue: its spans as far as known (``wait``:
+        the engine thread blocked on its batch; its update runs from then to now)."""
+        spans = {"schedule": entry.schedule_span}
+        if forward is not None:
+            spans.update(forward=forward, wait=wait, update=(wait[1], time.perf_counter()))
+        placeholders = tuple(c.request_id for c in entry.scheduler_output.scheduled
+                             if c.token_ids and c.token_ids[-1] == PLACEHOLDER_TOKEN_ID)
+        return StepOverlap(entry.scheduled_under, placeholders, entry.deferred,
+                           self.scheduler.discarded.pop(entry.scheduler_output.step, ()), spans)
 
     def _propose_drafts(self, updated: list) -> None:
         """Speculative decoding: drafts for the next step from this step's tokens (the
@@ -533,7 +603,7 @@ class LLMEngine:
             self.scheduler.update_draft_token_ids(self.proposer.propose(running))
 
     def _record(self, scheduler_output: SchedulerOutput, timer: StageTimer, result=None,
-                iteration_stats: IterationStats | None = None) -> StepRecord:
+                iteration_stats: IterationStats | None = None, overlap: StepOverlap | None = None) -> StepRecord:
         """The complete record of step ``scheduler_output`` (``result``: the runner's output,
         None when it raised): the step's one SchedulerStats, the requests the scheduler
         finished in it, the block and request events since the previous record (so the
@@ -585,6 +655,7 @@ class LLMEngine:
             spec_decode=result.spec_decode if result is not None else {},
             iteration_stats=iteration_stats,
             kv_connector_output=result.kv_connector_output if result is not None else None,
+            overlap=overlap,
         )
 
     def _observe(self, record: StepRecord) -> None:
@@ -625,6 +696,8 @@ class LLMEngine:
         it. Left unchanged, both step as a fresh engine given the same inputs would.
         RuntimeError while it sleeps, is being profiled, or is served from another thread
         (see :mod:`workbench.engine.fork`)."""
+        if self.batch_queue is not None:  # the KV cache is copied once no batch writes it
+            self.batch_queue.wait()
         return fork_engine(self)
 
     def explain(self, request_id: str, step: int | None = None):

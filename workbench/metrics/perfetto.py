@@ -17,6 +17,12 @@ run is one process of the trace with:
 * with a KV connector, a ``kv transfers`` track: each load received (bytes, blocks, modelled
   time on the link) and each request's blocks held for a peer.
 
+With async scheduling (records with an ``overlap``) the steps overlap, so the ``engine`` track
+holds the engine thread's own slices -- ``schedule N``, ``wait N`` (blocked on step N's batch)
+and ``update N`` -- where they ran, and a ``worker: forward`` track one ``step N`` slice per
+batch: the host work of step N+1 shows under the forward of step N. The spans (perf_counter)
+are moved onto the engine clock by the first such step's schedule.
+
 Times are microseconds from the run's first event. A step starts at its schedule's clock
 reading (the time of its requests' scheduling events), or, with none, where the previous step
 ended plus the driver's gap; never before the previous step's end. Events of a request whose
@@ -45,6 +51,8 @@ from workbench.core.request_events import (
 #: Events written at the schedule's one clock reading: they place their step in time.
 _SCHEDULE_EVENTS = (RequestScheduled, RequestPreempted, RequestResumed, RequestPrefixHit)
 ENGINE_TID = 0
+#: The worker thread's track (async scheduling): after the request tracks' ids.
+WORKER_TID = 1_000_000
 
 
 def _us(seconds: float) -> float:
@@ -79,7 +87,37 @@ def _place_steps(records: Sequence, stages: Sequence[str]) -> dict[int, tuple[fl
             start = max(start, end)
         placed[record.step] = (start, parts)
         end = start + sum(d for _, d in parts)
+    overlapped = [r for r in records if r.overlap is not None and "forward" in r.overlap.spans]
+    if overlapped:  # async scheduling: each step where its batch ran on the worker
+        shift = placed[overlapped[0].step][0] - overlapped[0].overlap.spans["schedule"][0]
+        for r in overlapped:
+            begin, finish = r.overlap.spans["forward"]
+            placed[r.step] = (begin + shift, [("forward", finish - begin)])
     return placed
+
+
+def _overlap_events(records: Sequence, placed, pid: int, ts) -> list[dict]:
+    """Async scheduling's host slices on the engine track and the worker's track (see the
+    module docstring); none for synchronous records."""
+    overlapped = [r for r in records if r.overlap is not None and "forward" in r.overlap.spans]
+    if not overlapped:
+        return []
+    first = overlapped[0]
+    shift = placed[first.step][0] - first.overlap.spans["forward"][0]
+    events = [{"ph": "M", "pid": pid, "tid": WORKER_TID, "name": "thread_name",
+               "args": {"name": "worker: forward"}},
+              {"ph": "M", "pid": pid, "tid": WORKER_TID, "name": "thread_sort_index", "args": {"sort_index": 0}}]
+    for r in overlapped:
+        for stage, (begin, finish) in r.overlap.spans.items():
+            tid, name = (WORKER_TID, f"step {r.step}") if stage == "forward" else (ENGINE_TID, f"{stage} {r.step}")
+            event = {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": "stage",
+                     "ts": ts(begin + shift), "dur": round(ts(finish + shift) - ts(begin + shift), 3)}
+            if stage == "forward":
+                event["args"] = {"scheduled_under": r.overlap.scheduled_under,
+                                 "placeholders": list(r.overlap.placeholders),
+                                 "deferred": list(r.overlap.deferred), "discarded": list(r.overlap.discarded)}
+            events.append(event)
+    return events
 
 
 def _beneficiaries(record) -> dict[str, str]:
@@ -128,16 +166,19 @@ def trace_events(records: Iterable, *, pid: int = 1, name: str = "engine",
         {"ph": "M", "pid": pid, "tid": ENGINE_TID, "name": "thread_sort_index", "args": {"sort_index": -1}},
     ]
     step_ends: dict[int, float] = {}
+    events += _overlap_events(records, placed, pid, ts)
     for record in records:
         start, parts = placed[record.step]
         total = sum(d for _, d in parts)
         step_ends[record.step] = start + total
         row = {k: v for k, v in record.to_row().items() if not k.startswith("t_")}
         end = ts(start + total)
-        events.append({"ph": "X", "pid": pid, "tid": ENGINE_TID, "name": f"step {record.step}", "cat": "step",
-                       "ts": ts(start), "dur": round(end - ts(start), 3), "args": row})
+        overlapped = record.overlap is not None and "forward" in record.overlap.spans
+        if not overlapped:  # (async scheduling's steps: _overlap_events)
+            events.append({"ph": "X", "pid": pid, "tid": ENGINE_TID, "name": f"step {record.step}", "cat": "step",
+                           "ts": ts(start), "dur": round(end - ts(start), 3), "args": row})
         at = start
-        for stage, seconds in parts:  # from rounded boundaries, so a stage ends where the next begins
+        for stage, seconds in ([] if overlapped else parts):  # from rounded boundaries, so a stage ends where the next begins
             events.append({"ph": "X", "pid": pid, "tid": ENGINE_TID, "name": stage, "cat": "stage",
                            "ts": ts(at), "dur": round(ts(at + seconds) - ts(at), 3)})
             at += seconds

@@ -30,6 +30,7 @@ from workbench.viz.live import LiveUpdater
 from workbench.viz.source import ViewSource
 from workbench.viz.spec_decode import budget_split, draft_fates, draft_slots
 from workbench.viz.why import why_rows, why_table
+from workbench.viz.overlap import overlap_notes
 
 
 def request_states(records, step: int) -> tuple[list[str], list[str], set[str]]:
@@ -331,7 +332,7 @@ class StepPlayer(widgets.VBox):
             elif event.kind == "finished":
                 notes.append(f"{event.request_id} finished ({event.reason}) with "
                              f"{event.num_output_tokens} output tokens; its blocks were freed.")
-        notes += spec_notes(record)
+        notes += spec_notes(record) + overlap_notes(record)
         notes += preemption_notes(record, self.source.policy_name) + grammar_notes(record)
         if so.lora_skipped_request_ids:
             adapters = request_adapters(self.source.records())

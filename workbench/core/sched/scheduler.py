@@ -322,7 +322,10 @@ class Scheduler(RemoteKVMixin):
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = min(self._num_new_tokens(request), budget)
+            if num_new <= 0:  # async scheduling: its last token is in flight and ends it
+                i += 1
+                continue
             spec = self._schedulable_spec_tokens(request, num_new, budget)
             while request.status is RequestStatus.RUNNING and kv.allocate_slots(request, num_new + len(spec)) is None:
                 if spec:  # drafts are optional work: drop them before preempting anyone
@@ -557,6 +560,11 @@ class Scheduler(RemoteKVMixin):
                 request.spec_token_ids = list(drafts[:grammars.validate_tokens(rid, list(drafts))])
 
     # -------------------------------------------------------------- helpers
+    def _num_new_tokens(self, request: Request) -> int:
+        """Tokens a running request still needs computed (the AsyncScheduler counts its
+        placeholders too)."""
+        return request.num_tokens - request.num_computed_tokens
+
     def _schedulable_spec_tokens(self, request: Request, num_new: int, budget: int) -> tuple[int, ...]:
         """The request's drafts this step can verify: only when its chunk reaches the last
         known token, within the budget left, and no more than could be emitted (all accepted

@@ -229,10 +229,11 @@ def calibrate(config: EngineConfig | dict | None = None, grid: CalibrationGrid |
         x[~empty], y[~empty], y[empty],
         hardware=describe_hardware(engine.device),
         model=describe_model(mc, block_size=engine.kv_cache.block_size, attention_backend=engine.attention_backend),
-        note=f"calibrated by `workbench calibrate{' --lora' if lora else ''}` ({len(phases)} designed phases, {aggregate} of {grid.repeats} "
+        note=f"calibrated by `workbench calibrate{' --lora' if lora else ''}"
+             f"{' --async-scheduling' if config.async_scheduling else ''}` ({len(phases)} designed phases, {aggregate} of {grid.repeats} "
              f"repeats per step, {len(traffic)} traffic phases) on {day}",
     )
-    model = dataclasses.replace(model, input_s=input_s)
+    model = dataclasses.replace(model, input_s=input_s, async_scheduling=config.async_scheduling)
     return dataclasses.replace(model, wake_s=measure_wake(engine, model, grid.idle_arrivals, gaps=grid.idle_gaps,
                                                           seed=seed, runs=traffic_runs))
 

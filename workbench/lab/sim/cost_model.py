@@ -73,6 +73,9 @@ class CostModel:
     model: Mapping[str, object] = field(default_factory=dict)
     fit_stats: Mapping[str, float] = field(default_factory=dict)
     note: str = ""
+    #: Calibrated with async scheduling: its steps' durations are those a driver sees with the
+    #: host work of each step hidden under the forward before it (see measurements).
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.coefficients) - set(FEATURES))
@@ -215,6 +218,7 @@ class CostModel:
             "model": dict(self.model),
             "fit_stats": dict(self.fit_stats),
             "note": self.note,
+            "async_scheduling": self.async_scheduling,
         }
 
     def save(self, path) -> pathlib.Path:
@@ -246,7 +250,8 @@ class CostModel:
                        wake_s=float(data.get("wake_s", 0.0)),
                        input_s=tuple(data.get("input_s", (0.0, 0.0))),
                        hardware=data.get("hardware", {}), model=data.get("model", {}),
-                       fit_stats=data.get("fit_stats", {}), note=data.get("note", ""))
+                       fit_stats=data.get("fit_stats", {}), note=data.get("note", ""),
+                       async_scheduling=bool(data.get("async_scheduling", False)))
         except (ValueError, TypeError) as e:
             raise ValueError(f"{source}: {e}") from None
 

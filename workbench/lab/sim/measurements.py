@@ -12,6 +12,12 @@ idle wait never counts; a step without it (the first of a run or after idle) is 
 stages only: what comes before it -- the wake-up, the arrival's input processing -- is the
 cost model's ``wake_s`` and ``input_s``. The simulated clock advances by exactly this duration
 per step (plus those) and stamps tokens at its end, as the real engine does.
+
+With async scheduling (records with an ``overlap``) the host work of a step runs under the
+forward of the one before, so a step's duration is what a driver sees of it: from the end of
+the previous step's update (its outputs handed back) to the end of this one's; the first of a
+run, from its schedule to its update's end. A cost model fitted to these prices the engine with
+its host time hidden under compute (``CostModel.async_scheduling``).
 """
 
 from __future__ import annotations
@@ -60,6 +66,11 @@ def measured_steps(records: Iterable[StepRecord],
         features.append(step_features(r.scheduler_output, loads,
                                       after_prefill=previous is not None and features[-1][PREFILL_STEP] > 0))
         t = r.timings
+        if r.overlap is not None and "update" in r.overlap.spans:  # async scheduling
+            start = (previous.overlap.spans["update"][1] if previous is not None and previous.overlap is not None
+                     and "update" in previous.overlap.spans else r.overlap.spans["schedule"][0])
+            durations.append(r.overlap.spans["update"][1] - start)
+            continue
         own = sum(t.get(k, 0.0) for k in TIMING_STAGES if k not in AFTER_TOKENS)
         if "driver" in t and previous is not None:
             own += t["driver"] + sum(previous.timings.get(k, 0.0) for k in AFTER_TOKENS)
