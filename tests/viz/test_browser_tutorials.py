@@ -3,12 +3,15 @@
 nbval (``pytest --nbval``) runs every tutorial and compares its outputs; this test opens the
 stored notebooks in a real JupyterLab and checks what a reader sees before running anything:
 every cell rendered, no error or stderr output, no widget that fails to display from the
-widget state stored with the notebook, every player's slider readout naming the step it
-shows, distinct colours for distinct request ids, no figure below half its size. With
+widget state stored with the notebook, every stored player naming the step it was left at (a
+live widget, whose slider must agree, or -- what JupyterLab shows without a kernel -- its
+stored HTML snapshot), distinct colours for distinct request ids, no figure below half its
+size. With
 ``WORKBENCH_SCREENSHOTS=1`` it saves tutorial 01's player and tutorial 03's block map into
 docs/. Skips only when chromium is absent (CI installs it).
 """
 
+import json
 import os
 import pathlib
 import re
@@ -23,6 +26,28 @@ from test_browser_jupyterlab import CHROMIUM, DOCS, FIGURE_SCALES, check_colours
 SHOTS = [("01", "player = StepPlayer(engine", "tutorial_player.png"),
          ("03", "plot_kv_blocks(engine.kv_cache", "tutorial_block_map.png")]
 NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+
+def cells_with_players(path: pathlib.Path) -> list[int]:
+    """Indices of the cells that build a player (``StepPlayer(`` / ``RouterPlayer(``) whose stored
+    output is a widget holding a play button, read from the notebook's stored widget state."""
+    nb = json.loads(path.read_text())
+    state = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+
+    def has_play(model_id: str, seen: set) -> bool:
+        model = state.get(model_id)
+        if model is None or model_id in seen:
+            return False
+        seen.add(model_id)
+        if model.get("model_name") == "PlayModel":
+            return True
+        refs = re.findall(r"IPY_MODEL_([0-9a-f]+)", json.dumps(model.get("state", {})))
+        return any(has_play(ref, seen) for ref in refs)
+
+    return [i for i, cell in enumerate(nb["cells"]) for out in cell.get("outputs", [])
+            if "Player(" in "".join(cell["source"]) and has_play(out.get("data", {}).get("application/vnd.jupyter.widget-view+json", {}).get("model_id", ""), set())]
+
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists(CHROMIUM), reason="chromium is not installed (CI installs it: apt-get install chromium)"
@@ -66,10 +91,15 @@ def test_every_tutorial_opens_without_errors(lab, tmp_path):
                 small = [scale for scale in page.evaluate(FIGURE_SCALES) if scale[0] < 0.5]
                 assert not small, f"{path.name}: figures shown below half their size: {small}"
                 check_colours_and_labels(notebook.element_handle())
-                for player in notebook.locator(".widget-vbox:has(> .widget-hbox .widget-play)").all():
-                    readout = player.locator(".widget-readout").first.inner_text()
-                    shown = re.search(r"(?:step|decision) (\d+) of", player.inner_text()).group(1)
-                    assert readout == shown, f"{path.name}: the slider reads {readout}, the player shows {shown}"
+                for index in cells_with_players(path):  # each stored player shows the step it was left at
+                    output = notebook.locator(".jp-Cell").nth(index).locator(".jp-Cell-outputArea")
+                    output.scroll_into_view_if_needed()
+                    output.get_by_text(re.compile(r"(?:step|decision) \d+ of")).first.wait_for()
+                    shown = re.search(r"(?:step|decision) (\d+) of", output.inner_text()).group(1)
+                    live = output.locator(".widget-vbox:has(> .widget-hbox .widget-play)")
+                    if live.count():  # a live widget (not its stored snapshot): the slider agrees
+                        readout = live.first.locator(".widget-readout").first.inner_text()
+                        assert readout == shown, f"{path.name}: the slider reads {readout}, the player shows {shown}"
                 for prefix, code, name in SHOTS:
                     if path.name.startswith(prefix):
                         cell = notebook.locator(".jp-Cell", has_text=code).first
