@@ -6,9 +6,8 @@ every cell rendered, no error or stderr output, no widget that fails to display 
 widget state stored with the notebook, every stored player naming the step it was left at (a
 live widget, whose slider must agree, or -- what JupyterLab shows without a kernel -- its
 stored HTML snapshot), distinct colours for distinct request ids, no figure below half its
-size. With
-``WORKBENCH_SCREENSHOTS=1`` it saves tutorial 01's player and tutorial 03's block map into
-docs/. Skips only when chromium is absent (CI installs it).
+size. With ``WORKBENCH_SCREENSHOTS=1`` it saves tutorial 01's player and tutorial 03's block
+map into docs/. Skips only when chromium is absent (CI installs it).
 """
 
 import json
