@@ -10,6 +10,7 @@ from test_in_process_connector import PROMPTS, disaggregate, engine
 from workbench import default_model_path
 from workbench.metrics.perfetto import write_trace
 from workbench.metrics.prometheus import PrometheusStatLogger
+from workbench.viz.block_map import BlockMap
 from workbench.viz.kv_transfer import kv_transfer_notes
 from workbench.viz.timeline import request_spans
 
@@ -29,6 +30,11 @@ def test_timeline_and_perfetto_show_the_transfer(tmp_path):
     # prefill: finished at step 0, its blocks held until its step 1 learned they were read
     (held,) = [s for s in request_spans(prefill.history)[1] if s["kind"] == "kv_held"]
     assert (held["start"], held["end"]) == (0, 2)
+    # the block map: after step 0 the finished r0's blocks are held (dotted), after step 1 freed
+    held_map = BlockMap(prefill, step=0)
+    assert held_map.held == set(held_map.block_table("r0")) and len(held_map.held) == -(-len(ids) // 4)
+    assert "held for a peer" in held_map.grid.value and "dotted outline" in held_map.legend.value
+    assert BlockMap(prefill, step=1).held == set() and BlockMap(decode, step=1).held == set()
     path = write_trace(tmp_path / "pd.json", [("prefill", list(prefill.history)), ("decode", list(decode.history))])
     events = json.loads(path.read_text())["traceEvents"]
     (transfer,) = [e for e in events if e["name"] == "kv transfer r0"]

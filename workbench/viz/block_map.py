@@ -66,8 +66,20 @@ def slot_strip(slots: dict[int, tuple[str, str]], block_size: int) -> str:
         if i in slots else '<span style="color:#000">·</span>' for i in range(block_size))
 
 
+def held_blocks(cells: list[dict], records, step: int | None, *, during_forward: bool = False) -> set[int]:
+    """Blocks held for a peer's KV transfer (prefill/decode disaggregation): owned by a request
+    that had finished by then -- a finished request frees its blocks in its last step unless its
+    KV connector keeps them until the consumer has read them (``kv_producer``)."""
+    if step is None:
+        return set()
+    finished = {e.request_id for r in records if r.step < step or (r.step == step and not during_forward)
+                for e in r.request_events if e.kind == "finished"}
+    return {c["block_id"] for c in cells if any(o in finished for o in c["owners"])}
+
+
 def _cell_html(cell: dict, table_pos: int | None, selected: bool, mark: str | None,
-               slots: dict[int, tuple[str, str]] | None = None, block_size: int = 0) -> str:
+               slots: dict[int, tuple[str, str]] | None = None, block_size: int = 0,
+               held: bool = False) -> str:
     kind = cell["state"]
     if kind in ("used", "shared"):
         background = request_color(cell["owners"][0])
@@ -76,7 +88,8 @@ def _cell_html(cell: dict, table_pos: int | None, selected: bool, mark: str | No
         background = STATE_COLORS[kind]
         label = "" if kind == "never used" else f"#{cell['evict_rank']}"
     head = f"{cell['block_id']}" if table_pos is None else f"{cell['block_id']} [{table_pos}]"
-    border = "3px solid #000" if selected else f"3px solid {STATE_COLORS['preempted']}" if mark else (
+    border = "3px solid #000" if selected else f"3px solid {STATE_COLORS['preempted']}" if mark else \
+        "3px dotted #000" if held else (
         "2px solid #222" if table_pos is not None else
         "2px double #333" if kind == "shared" else "1px dashed #bbb" if kind == "never used" else "1px solid #999"
     )
@@ -89,6 +102,8 @@ def _cell_html(cell: dict, table_pos: int | None, selected: bool, mark: str | No
         title += f", eviction order {cell['evict_rank']}"
     if mark:
         title += f"; {mark}"
+    if held:
+        title += "; held for a peer's KV transfer (its request finished; the consumer has not read it yet)"
     strip = ""
     if slots:
         fates = [f"slot {i}: {rid}'s {fate} draft" for i, (rid, fate) in sorted(slots.items())]
@@ -109,7 +124,8 @@ class BlockMap(widgets.VBox):
     beam search's one-token requests, which share their prefix's blocks only while the step
     runs). ``cells`` (one dict per block, see :func:`block_cells`) and
     ``summary`` (blocks per state) are what the grid shows; ``select_block(i)`` and
-    ``select_request(rid)`` drive the detail pane and the block-table highlight."""
+    ``select_request(rid)`` drive the detail pane and the block-table highlight; ``held``: the
+    blocks held for a peer's KV transfer (:func:`held_blocks`), drawn with a dotted outline."""
 
     cells = traitlets.List()
     summary = traitlets.Dict()
@@ -153,13 +169,14 @@ class BlockMap(widgets.VBox):
         self.step = step if step is not None else self.source.last_step
         self._state = state
         if state is None:
-            self.cells, self.summary = [], {}
+            self.cells, self.summary, self.held = [], {}, set()
             self.title.value = "<b>KV blocks</b>: no steps recorded yet"
             self.grid.value = self.legend.value = self.details.value = ""
             return
         assign_colors(e.request_id for r in self.source.records() for e in r.request_events
                       if e.kind == "arrived")
         self.cells = block_cells(state)
+        self.held = held_blocks(self.cells, self.source.records(), self.step, during_forward=self.during_forward)
         counts = {kind: 0 for kind in BLOCK_STATES}
         for cell in self.cells:
             counts[cell["state"]] += 1
@@ -217,7 +234,8 @@ class BlockMap(widgets.VBox):
         shown = self._visible()
         cells = "".join(
             _cell_html(c, table.get(c["block_id"]), c["block_id"] == self.selected_block,
-                       self.marked.get(c["block_id"]), self.slots.get(c["block_id"]), state.block_size)
+                       self.marked.get(c["block_id"]), self.slots.get(c["block_id"]), state.block_size,
+                       c["block_id"] in self.held)
             for c in self.cells[:shown]
         )
         hidden = len(self.cells) - shown
@@ -252,6 +270,8 @@ class BlockMap(widgets.VBox):
             "(shared, double border), #n = n-th in the eviction order (free/cached), id [i] = position "
             "in the selected request's block table; red outline: blocks a preemption released "
             "in this step (red marks preemption in every view)"
+            + ("; dotted outline: blocks held for a peer's KV transfer (their request finished, the "
+               "consumer has not read them yet)" if self.held else "")
             + ("; slot strip: this step's drafts, one character per slot (✓ accepted, ✕ rejected: "
                "the slot is written again by the next step, a block of only rejected drafts is freed; "
                "· no draft)" if self.slots else "") + "</small></div>"
