@@ -52,12 +52,16 @@ def explain_request(records: Iterable, request_id: str, step: int | None = None)
     ValueError when the request appears in none of them."""
     rows: list[dict] = []
     running = False  # the request's queue after the previous record
+    waiting = False  # in the waiting queue: arrived or preempted, not scheduled since
     for record in records:
         so = record.scheduler_output
         why = so.explanation
         reasons = why.reasons if why is not None else {}
         chunk = next((c for c in so.scheduled if c.request_id == request_id), None)
         reason = reasons.get(request_id)
+        waiting = waiting or any(e.kind == "arrived" and e.request_id == request_id for e in record.request_events)
+        if reason is None and chunk is None and waiting and why is not None:
+            reason = why.waiting_reason  # far back in a long queue: the reason it shared
         note = _note(why, request_id)
         finished = request_id in record.finished_request_ids
         if chunk is None and reason is None and not finished and not note:
@@ -71,6 +75,7 @@ def explain_request(records: Iterable, request_id: str, step: int | None = None)
         if finished:
             state = "finished"
         running = (chunk is not None or state == "running") and state not in ("preempted", "finished")
+        waiting = (waiting and chunk is None or state == "preempted") and state != "finished"
         if step is not None and record.step != step:
             continue
         rows.append({

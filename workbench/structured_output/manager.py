@@ -198,6 +198,11 @@ class StructuredOutputManager:
         return ready, failed
 
     @property
+    def compiling_request_ids(self):
+        """The ids of the requests whose grammar is still compiling (a live view)."""
+        return self._pending.keys()
+
+    @property
     def compiling(self) -> bool:
         """Whether some request waits for its grammar."""
         return bool(self._pending)

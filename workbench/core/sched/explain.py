@@ -17,7 +17,10 @@ head, the KV pool -- so each reason restates the scheduler's own test (vLLM V1's
   request after it ``BEHIND_IN_ORDER``; passed over, keeping their place: a compiling grammar
   (``GRAMMAR_COMPILING``), an adapter beyond ``max_loras`` (``MAX_LORAS``).
 
-``REMOTE_KV`` is reserved for a KV connector's WAITING_FOR_REMOTE_KVS. The deferred reasons
+``REMOTE_KV``: a KV connector's WAITING_FOR_REMOTE_KVS (its blocks are on the way).
+Under overload a queue holds thousands: the first ``EXPLAINED_WAITING`` in the queue's order
+(and every deferred one) get an entry in ``reasons``; the rest share the step's
+``waiting_reason``, so a step's record stays O(running + EXPLAINED_WAITING), not O(waiting). The deferred reasons
 (``GRAMMAR_COMPILING``, ``REMOTE_KV``) wait on something other than capacity, as vLLM's
 ``num_requests_waiting_by_reason`` splits them. Everything here is immutable and compares by
 value, so a replayed step carries the same explanation as the recorded one.
@@ -32,6 +35,10 @@ from typing import ClassVar
 from workbench.core.prefix_memory import PrefixMemory
 from workbench.request import Request, RequestStatus
 from workbench.utils.frozen import FrozenDict
+
+#: Waiting requests given an entry of their own in a step's ``reasons``, in the queue's order
+#: (deferred ones always): those further back share ``StepExplanation.waiting_reason``.
+EXPLAINED_WAITING = 64
 
 
 class Reason(str, enum.Enum):
@@ -129,7 +136,7 @@ class GrammarCompiling:
 
 @dataclass(frozen=True)
 class RemoteKV:
-    """Reserved: waiting for KV blocks a connector fetches (WAITING_FOR_REMOTE_KVS)."""
+    """Waiting for KV blocks a connector fetches (WAITING_FOR_REMOTE_KVS)."""
 
     reason: ClassVar[Reason] = Reason.REMOTE_KV
     num_blocks: int = 0
@@ -274,11 +281,15 @@ class PrefixLookup:
 @dataclass(frozen=True)
 class StepExplanation:
     """One step's why: ``reasons`` (request id -> reason) for every request the step did not
-    fully schedule, the step's ``preemptions`` and its admissions' ``prefix_lookups``."""
+    fully schedule -- of the waiting ones, the first ``EXPLAINED_WAITING`` in order and the
+    deferred -- the reason every other waiting request shares (``waiting_reason``, None when
+    the queue was served to its end), the step's ``preemptions`` and its admissions'
+    ``prefix_lookups``."""
 
     reasons: FrozenDict
     preemptions: tuple[PreemptionExplanation, ...] = ()
     prefix_lookups: tuple[PrefixLookup, ...] = ()
+    waiting_reason: object | None = None
 
 
 EMPTY = StepExplanation(FrozenDict())
@@ -295,13 +306,24 @@ def reason_counts(reasons_by_step: dict, request_id: str, start: int, end: int) 
     return counts
 
 
+def deferred_requests(scheduler) -> list[Request]:
+    """The waiting requests deferred on something other than capacity -- a grammar compiling
+    (WAITING_FOR_FSM), KV blocks on their way from a peer (WAITING_FOR_REMOTE_KVS) -- found in
+    O(deferred) from those that track them (the grammar manager, the connector's hooks, the
+    pass's set-aside requests), never by scanning a queue that may hold thousands."""
+    grammars = scheduler.structured_output_manager
+    ids = dict.fromkeys(grammars.compiling_request_ids if grammars is not None else ())
+    ids.update(dict.fromkeys(scheduler.remote_kv_tokens))
+    ids.update(dict.fromkeys(r.request_id for r in scheduler.waiting.set_aside()))
+    deferred = (RequestStatus.WAITING_FOR_FSM, RequestStatus.WAITING_FOR_REMOTE_KVS)
+    return [r for rid in ids if (r := scheduler.requests.get(rid)) is not None and r.status in deferred]
+
+
 def explain_stats(scheduler, scheduler_output) -> dict:
     """The SchedulerStats fields of a step's why: the waiting queue split by reason, as it is
     now (vLLM reads the queue's statuses, so the two sum to the waiting count), and the
     step's preemptions by reason."""
-    deferred = 0
-    if scheduler.structured_output_manager is not None:
-        deferred = sum(1 for r in scheduler.waiting.unordered() if r.status is RequestStatus.WAITING_FOR_FSM)
+    deferred = len(deferred_requests(scheduler))
     by_reason = {"made_room": 0, "own_victim": 0}
     why = scheduler_output.explanation
     for p in why.preemptions if why is not None else ():
@@ -418,11 +440,11 @@ class StepExplainer:
             common = BehindInOrder(head.request_id)
         last = self._last_waiting
         if (last is not None and last[0] is waiting and last[1] == waiting.version and last[2] == common
-                and scheduler.structured_output_manager is None):  # statuses change only with grammars
+                and scheduler.structured_output_manager is None and scheduler.connector is None):
+            # statuses change only with grammars or a KV connector
             reasons.update(last[3])  # the same queue held back for the same reason: reuse
         else:
-            compiling, fsm = GrammarCompiling(), RequestStatus.WAITING_FOR_FSM
-            shared = {r.request_id: compiling if r.status is fsm else common for r in waiting.unordered()}
+            shared = self._waiting_reasons(scheduler, waiting, common)
             self._last_waiting = (waiting, waiting.version, common, shared)
             reasons.update(shared)
         if common is not None and common.reason is Reason.BEHIND_IN_ORDER:
@@ -439,7 +461,18 @@ class StepExplainer:
             reasons = {rid: w for rid, w in reasons.items() if w is not None}
         if scheduler.structured_output_manager is not None or self._deferred_since:
             self._track_deferred(scheduler, reasons)
-        return StepExplanation(FrozenDict(reasons), preemptions, tuple(lookups))
+        return StepExplanation(FrozenDict(reasons), preemptions, tuple(lookups), common)
+
+    @staticmethod
+    def _waiting_reasons(scheduler, waiting, common) -> dict:
+        """The waiting requests' own entries: the first EXPLAINED_WAITING in order share
+        ``common``; a deferred one anywhere in the queue has its own (grammar, remote KV)."""
+        shared = {r.request_id: common for r in waiting.front(EXPLAINED_WAITING)}
+        compiling = GrammarCompiling()
+        for r in deferred_requests(scheduler):
+            shared[r.request_id] = compiling if r.status is RequestStatus.WAITING_FOR_FSM else \
+                RemoteKV(len(scheduler.kv_cache.blocks_of(r.request_id)))
+        return shared
 
     def _track_deferred(self, scheduler, reasons: dict) -> None:
         since = self._deferred_since

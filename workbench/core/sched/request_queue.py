@@ -87,6 +87,17 @@ class WaitingQueue:
             return (e[2] for e in itertools.chain(self._heap, self._skipped))
         return itertools.chain(self._deque, self._skipped)
 
+    def set_aside(self) -> list[Request]:
+        """The requests this pass set aside (``skip_front``), until ``restore_skipped``."""
+        return [e[2] for e in self._skipped] if self._keyed else list(self._skipped)
+
+    def front(self, n: int) -> list[Request]:
+        """The first ``n`` requests in the serving order: O(n) for FCFS, O(len * log n) with a
+        sort key (no full sort)."""
+        if self._keyed:
+            return [e[2] for e in heapq.nsmallest(n, self._heap, key=lambda e: e[:2])]
+        return list(itertools.islice(self._deque, n))
+
     def __iter__(self) -> Iterator[Request]:
         if self._keyed:
             return (e[2] for e in sorted(self._heap, key=lambda e: e[:2]))
