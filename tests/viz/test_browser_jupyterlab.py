@@ -207,9 +207,8 @@ def test_notebook_runs_and_widgets_answer_clicks(lab, tmp_path):
                 page.keyboard.press("ArrowRight" if dragged < shown else "ArrowLeft")
             page.wait_for_function("([el, text]) => el.innerText.includes(text)",
                                    arg=[position.element_handle(), f"step {shown} of"], timeout=30_000)
-            page.wait_for_function(
-                "([el]) => el.innerText.includes('lost blocks')",
-                arg=[player.locator(".widget-html", has_text="preempted").first.element_handle()], timeout=30_000)
+            # the step's preemption is told again (the why notes: who lost which blocks)
+            player.locator(".widget-html", has_text="lost blocks").first.wait_for(timeout=30_000)
             assert _readout_is_the_step(player) == shown
             check_colours_and_labels(cells.nth(2).element_handle())
             check_colours_and_labels(player.element_handle())
