@@ -135,3 +135,31 @@ def test_prefix_miss_causes():
     assert step(s).prefix_lookups == (PrefixLookup("G", 0, 9, MissCause.PROMPT_LOGPROBS, 0),)
     add(s, "H", prompt, max_tokens=1, lora_request=LoRARequest("x", 1, "/x"))
     assert step(s).prefix_lookups == (PrefixLookup("H", 0, 9, MissCause.OTHER_LORA, 0),)
+
+
+def test_a_long_queue_keeps_its_first_requests_and_shares_the_rest():
+    """Past EXPLAINED_WAITING in the queue's order a request has no entry of its own: it shares
+    the step's waiting_reason (a record stays small under overload), and explain() reads it back."""
+    from workbench.core.sched.explain import EXPLAINED_WAITING
+    from workbench.engine.why import explain_request
+
+    s = make(num_blocks=64, budget=8, max_num_seqs=1)
+    n = EXPLAINED_WAITING + 10
+    ids = [f"r{i:03d}" for i in range(n)]
+    for i, rid in enumerate(ids):
+        s.add_request(Request(rid, list(range(1000 * (i + 1), 1000 * (i + 1) + 4)),
+                              SamplingParams(max_tokens=2, ignore_eos=True)))
+    why = step(s)  # r000 admitted; max_num_seqs stops the pass for everyone behind it
+    seats = MaxNumSeqsReached(1, 1, 0)
+    assert why.waiting_reason == seats
+    assert dict(why.reasons) == {rid: seats for rid in ids[1:EXPLAINED_WAITING + 1]}
+
+    class Record:  # what explain() reads of a StepRecord
+        step, scheduler_output, finished_request_ids = 0, None, ()
+        request_events = ()
+
+    record = Record()
+    record.scheduler_output = type("SO", (), {"explanation": why, "scheduled": (), "preempted_request_ids": ()})()
+    record.request_events = (type("E", (), {"kind": "arrived", "request_id": ids[-1]})(),)
+    (row,) = explain_request([record], ids[-1]).rows
+    assert (row["state"], row["reason"]) == ("waiting", "max_num_seqs")
