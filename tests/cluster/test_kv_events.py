@@ -172,7 +172,8 @@ def test_workbench_serve_publishes_kv_events(tmp_path):
                              "--kv-events-config", config], stdout=log, stderr=log, start_new_session=True)
     sub = KVEventSubscriber(endpoint, endpoint + "-replay", start_seq=0)
     try:
-        for _ in range(600):
+        up_by = time.monotonic() + 180  # a loaded CI machine starts a server slowly
+        while time.monotonic() < up_by and proc.poll() is None:
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                     break
@@ -182,7 +183,7 @@ def test_workbench_serve_publishes_kv_events(tmp_path):
                            json={"model": "tiny-shakespeare", "prompt": "ROMEO: good morrow, sweet friend",
                                  "max_tokens": 3, "temperature": 0})
         assert reply.status_code == 200
-        got = _receive_until(sub, 1, deadline_s=10)
+        got = _receive_until(sub, 1, deadline_s=30)
         stored = [e for _, b in got for e in b.events if type(e).__name__ == "BlockStored"]
         assert stored and all(e.block_size == 4 for e in stored)
     finally:
