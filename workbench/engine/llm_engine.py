@@ -504,6 +504,8 @@ class LLMEngine:
         of the whole batch (the forward pass) propagates, after its step is recorded.
         The scheduler writes every finish, at the step's one output time (``clock()`` after
         the forward). ``history[-1]`` records the step (see :meth:`_record` for its timings).
+        With ``async_scheduling`` it is :meth:`step_with_batch_queue` (while requests or a step
+        in flight remain).
         """
         if self.batch_queue is not None and (self.batch_queue or self.scheduler.has_unfinished_requests()):
             return self.step_with_batch_queue()
