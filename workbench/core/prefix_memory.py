@@ -14,6 +14,8 @@ grows them past that). Costs: O(1) per eviction, one Python ``hash`` per newly c
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from workbench.request import Request
 
 
@@ -27,19 +29,22 @@ class PrefixMemory:
         self.capacity = capacity
         #: The step now being scheduled (the explainer advances it after each step).
         self.step = 0
-        self.evictions: dict[bytes, tuple[int, str]] = {}
-        self._content_of: dict[bytes, int] = {}  # block hash -> content key
-        self._stored_under: dict[int, tuple[str | None, str | None]] = {}  # content key -> (salt, lora)
+        # OrderedDicts, not dicts: dropping a plain dict's oldest key with next(iter(d)) walks
+        # the tombstones its earlier deletions left, O(deleted) per drop.
+        self.evictions: OrderedDict[bytes, tuple[int, str]] = OrderedDict()
+        self._content_of: OrderedDict[bytes, int] = OrderedDict()  # block hash -> content key
+        # content key -> (salt, lora)
+        self._stored_under: OrderedDict[int, tuple[str | None, str | None]] = OrderedDict()
 
     @staticmethod
-    def _bound(mapping: dict, capacity: int) -> None:
+    def _bound(mapping: OrderedDict, capacity: int) -> None:
         while len(mapping) > capacity:
-            del mapping[next(iter(mapping))]
+            mapping.popitem(last=False)
 
     def evicted(self, block_hash: bytes, for_request: str) -> None:
         """A cached block lost ``block_hash`` to serve ``for_request`` in the current step."""
-        self.evictions.pop(block_hash, None)  # re-insert: the newest eviction is kept last
         self.evictions[block_hash] = (self.step, for_request)
+        self.evictions.move_to_end(block_hash)  # the newest eviction is kept last
         self._bound(self.evictions, self.capacity)
 
     def content_key(self, request: Request, index: int) -> int:
