@@ -1,5 +1,6 @@
-"""``workbench bench scheduler``: the step-cost table and the runner-preparation table (whose
-persistent batch is checked against the from-scratch rebuild on every timed step)."""
+"""``workbench bench scheduler``: the step-cost table, the runner-preparation table (whose
+persistent batch is checked against the from-scratch rebuild on every timed step) and the engine's
+host time per step (every timed step checked to be N decodes)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ def test_tables_print_a_row_per_size(capsys):
                            "--events", "off"]) == 0
     out = capsys.readouterr().out
     assert "runner preparation" in out
-    prep = out.split("runner preparation")[1].splitlines()[3:]
+    prep = out.split("runner preparation")[1].split("engine step host time")[0].splitlines()[3:]
     assert [line.split()[0] for line in prep if line.strip()] == ["1", "5"]
+    engine_rows = [line.split() for line in out.split("engine step host time")[1].splitlines()[3:] if line.strip()]
+    assert [(r[0], " ".join(r[1:3])) for r in engine_rows] == [
+        ("1", "final, ids"), ("1", "delta, text"), ("5", "final, ids"), ("5", "delta, text")]
+    assert all(float(r[3]) > 0 for r in engine_rows)
 
 
 def test_a_different_batch_is_caught():

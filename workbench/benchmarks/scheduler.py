@@ -22,6 +22,12 @@ A second table times the runner's preparation of the same decode steps' model in
 (:class:`~workbench.worker.input_batch.InputBatch`, which applies each step as a diff); both
 give the same tensors (checked on every timed step)::
 
+A third table times a whole ``LLMEngine.step()`` at N running decodes, less the runner's
+``execute`` (a simulated runner, so no model): the engine's host time per step -- schedule,
+update, output processing, the record and its observers -- once with final-only outputs of
+token ids (``LLM.generate``'s lean case, the simulator's) and once with streamed text (DELTA,
+detokenized: a server's)::
+
     workbench bench scheduler                      # N = 256 and 1024
     workbench bench scheduler --num-running 64 256 --steps 300 --events on
     workbench bench scheduler --num-running 1 16 64 256 --events off
@@ -36,7 +42,8 @@ import time
 from workbench.core.kv_cache_manager import KVCacheManager, cdiv
 from workbench.core.sched.scheduler import Scheduler
 from workbench.request import Request
-from workbench.sampling_params import SamplingParams
+from workbench.sampling_params import RequestOutputKind, SamplingParams
+from workbench.utils.heap import frozen_heap
 from workbench.worker.batch_inputs import BatchInputs, build_batch_inputs
 from workbench.worker.input_batch import InputBatch
 
@@ -173,11 +180,65 @@ def _measure_prepare(n: int, args: argparse.Namespace) -> dict:
             "persistent_us": statistics.median(t_persistent) * 1e6}
 
 
+#: The engine-step table's output modes: (name, SamplingParams fields).
+ENGINE_MODES = (("final, ids", {"output_kind": RequestOutputKind.FINAL_ONLY, "detokenize": False}),
+                ("delta, text", {"output_kind": RequestOutputKind.DELTA, "detokenize": True}))
+
+
+def _measure_engine(n: int, args: argparse.Namespace, mode: dict) -> dict:
+    """Host time of a whole ``LLMEngine.step()`` (schedule, update, output processing, the
+    record and its observers) at ``n`` running decodes: the step's wall time less the runner's
+    ``execute`` (a simulated runner: no model), median over the timed steps, the start-up heap
+    frozen as ``LLM.generate`` freezes it."""
+    from workbench import EngineArgs
+    from workbench.lab.sim.cost_model import as_cost_model
+    from workbench.lab.sim.simulate import simulated_engine
+
+    budget = max(n, args.max_num_batched_tokens)
+    total_len = args.prompt_len + cdiv(n * args.prompt_len, budget) + args.steps + 8
+    config = EngineArgs(num_kv_blocks=n * cdiv(total_len, args.block_size), block_size=args.block_size,
+                        max_num_seqs=n, max_num_batched_tokens=budget, max_model_len=total_len + 1,
+                        enable_prefix_caching=not args.no_prefix_caching,
+                        policy=args.policy).create_engine_config()
+    engine = simulated_engine(config, as_cost_model(None), {})
+    vocab = engine.tokenizer.vocab_size
+    params = SamplingParams(max_tokens=total_len - args.prompt_len, ignore_eos=True, **mode)
+    for i in range(n):
+        prompt = [(i * 7919 + j * 31) % (vocab - 16) + 16 for j in range(args.prompt_len)]
+        engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, params)
+    runner_s = [0.0]
+    execute = engine.runner.execute
+
+    def timed_execute(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return execute(*a, **kw)
+        finally:
+            runner_s[0] += time.perf_counter() - t0
+
+    engine.runner.execute = timed_execute
+    while not (len(engine.scheduler.running) == n
+               and all(r.num_computed_tokens >= r.num_prompt_tokens for r in engine.scheduler.running)):
+        engine.step()
+    host = []
+    with frozen_heap():  # as LLM.generate and the drivers run the engine
+        for _ in range(args.steps):
+            runner_s[0] = 0.0
+            t0 = time.perf_counter()
+            engine.step()
+            host.append(time.perf_counter() - t0 - runner_s[0])
+            scheduled = engine.history[-1].scheduler_output.scheduled
+            if len(scheduled) != n or any(c.is_prefill for c in scheduled):
+                raise AssertionError(f"step {engine.history[-1].step} is not {n} decodes")
+    return {"running": n, "host_us": statistics.median(host) * 1e6, "mean_us": statistics.fmean(host) * 1e6}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="workbench bench scheduler",
         description="Per-step cost of Scheduler.schedule() + update_from_output() with N running "
-        "decode requests and a fake runner (no model).",
+        "decode requests and a fake runner (no model), the runner's input preparation, and the "
+        "engine's whole host time per step.",
     )
     parser.add_argument("--num-running", type=int, nargs="+", default=[256, 1024], metavar="N",
                         help="running decode requests per step (default: 256 1024)")
@@ -227,6 +288,14 @@ def main(argv: list[str] | None = None) -> int:
         r = _measure_prepare(n, args)
         print(f"{r['running']:>8} {r['scratch_us']:>16.1f} {r['persistent_us']:>20.1f} "
               f"{r['scratch_us'] / r['persistent_us']:>8.2f}x")
+    print("\nengine step host time: LLMEngine.step() less the runner (simulated), per decode step")
+    header = f"{'running':>8} {'outputs':>12} {'median us':>10} {'mean us':>9} {'us/request':>11}"
+    print(header)
+    print("-" * len(header))
+    for n in args.num_running:
+        for name, mode in ENGINE_MODES:
+            r = _measure_engine(n, args, mode)
+            print(f"{n:>8} {name:>12} {r['host_us']:>10.1f} {r['mean_us']:>9.1f} {r['host_us'] / n:>11.2f}")
     return 0
 
 

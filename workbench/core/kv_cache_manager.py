@@ -180,8 +180,8 @@ class KVCacheManager:
         """
         bs = self.block_size
         hashes = request.block_hashes
-        num_full = request.num_tokens // bs
-        if not self.enable_prefix_caching or len(hashes) >= num_full:
+        num_full = (len(request.prompt_token_ids) + len(request.output_token_ids)) // bs
+        if len(hashes) >= num_full or not self.enable_prefix_caching:
             return
         for i in range(len(hashes), num_full):
             parent = hashes[i - 1] if i else None
@@ -287,7 +287,7 @@ class KVCacheManager:
         bs = self.block_size
         num_full = num_computed_tokens // bs
         filled = self._num_filled[rid]
-        if num_full > filled:
+        if num_full > filled:  # once per block_size tokens of a decode
             self.update_block_hashes(request)
             tokens = [tuple(request.token_ids_slice(i * bs, (i + 1) * bs)) for i in range(filled, num_full)]
             if self.enable_prefix_caching:
@@ -302,8 +302,13 @@ class KVCacheManager:
                 for block, block_tokens in zip(table[filled:num_full], tokens):
                     self.pool.write_tokens(block, block_tokens)
             self._num_filled[rid] = num_full
-        if num_computed_tokens > num_full * bs:
-            tail = tuple(request.token_ids_slice(num_full * bs, num_computed_tokens))
+        start = num_full * bs
+        if num_computed_tokens > start:
+            num_prompt = len(request.prompt_token_ids)
+            if start >= num_prompt:  # a decode's tail: generated tokens only
+                tail = tuple(request.output_token_ids[start - num_prompt:num_computed_tokens - num_prompt])
+            else:
+                tail = tuple(request.token_ids_slice(start, num_computed_tokens))
             self.pool.write_tokens(table[num_full], tail)
 
     def free_unneeded_blocks(self, request: Request) -> None:

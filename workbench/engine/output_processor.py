@@ -175,8 +175,10 @@ class OutputProcessor:
             except Exception as exc:  # noqa: BLE001 - isolate this request
                 fail(state, exc)
                 touched[parent.request_id] = parent
+        logprobs = logprobs or {}
+        sequences = self._sequences
         for request in requests:
-            entry = self._sequences.get(request.request_id)
+            entry = sequences.get(request.request_id)
             if entry is None:
                 raise KeyError(
                     f"request_id {request.request_id!r} was never added (or already finished)."
@@ -186,7 +188,7 @@ class OutputProcessor:
             if state.finish_reason is not None:
                 continue
             try:
-                if self._update(state, request, logprobs or {}, stats, now) and not request.is_finished:
+                if self._update(state, request, logprobs, stats, now) and not request.is_finished:
                     self._report(result, request, RequestStatus.FINISHED_STOPPED, now,
                                  num_output_tokens=state.num_seen)
             except Exception as exc:  # noqa: BLE001 - isolate this request
@@ -209,11 +211,14 @@ class OutputProcessor:
                 out = parent.error_output(describe(exc))
             if out is not None:
                 result.outputs.append(out)
+            any_finished = False
             for state in parent.sequences:
-                if state.finish_reason is not None and not state.stats_recorded:
-                    state.stats_recorded = True
-                    stats.finished_requests.append(state.finished_stats())
-            if parent.finished:
+                if state.finish_reason is not None:
+                    any_finished = True
+                    if not state.stats_recorded:
+                        state.stats_recorded = True
+                        stats.finished_requests.append(state.finished_stats())
+            if any_finished and parent.finished:
                 self._forget(parent)
         return result
 
@@ -283,15 +288,20 @@ class OutputProcessor:
         scheduler drops them from the request), as one token at a time would have."""
         new_ids = request.output_token_ids[state.num_seen :]
         detok = state.detokenizer
-        params = request.sampling_params
-        # A stop token (eos or stop_token_ids) ended the request: as vLLM, its text is
-        # left out unless include_stop_str_in_output.
-        stopped_by_token = request.status is RequestStatus.FINISHED_STOPPED
-        hide_last = stopped_by_token and new_ids and not params.include_stop_str_in_output
-        fed = detok.num_output_tokens
-        stop = detok.update(new_ids[:-1] if hide_last else new_ids)
-        if stop is not None and len(new_ids) > 1:  # the tokens after the one that stopped it
-            new_ids = new_ids[:detok.num_output_tokens - fed]
+        finished = request.status.is_finished
+        if detok is _NO_TEXT:  # no text, so no stop string
+            stop = None
+        else:
+            # A stop token (eos or stop_token_ids) ended the request: as vLLM, its text is
+            # left out unless include_stop_str_in_output.
+            hide_last = (new_ids and request.status is RequestStatus.FINISHED_STOPPED
+                         and not request.sampling_params.include_stop_str_in_output)
+            fed = detok.num_output_tokens
+            stop = detok.update(new_ids[:-1] if hide_last else new_ids)
+            if stop is not None and len(new_ids) > 1:  # the tokens after the one that stopped it
+                new_ids = new_ids[:detok.num_output_tokens - fed]
+            if stop is None and finished:
+                stop = detok.flush()
         state.num_seen += len(new_ids)
         if new_ids:
             if state.last_token_ts is None:
@@ -302,13 +312,11 @@ class OutputProcessor:
                 stats.inter_token_latencies_iter.append(now - state.last_token_ts)
             state.last_token_ts = now
             stats.num_generation_tokens += len(new_ids)
-        if stop is None and request.is_finished:
-            stop = detok.flush()
         if state.logprobs is not None and new_ids:
             lp = logprobs.get(request.request_id)
             if lp is None:
                 raise KeyError(
-                    f"request {request.request_id!r} asked for logprobs={params.logprobs} "
+                    f"request {request.request_id!r} asked for logprobs={request.sampling_params.logprobs} "
                     "but the step brought none for it."
                 )
             for entry in (lp if isinstance(lp, list) else [lp])[: len(new_ids)]:
@@ -316,9 +324,11 @@ class OutputProcessor:
                 state.cumulative_logprob += entry.logprob
         if stop is not None:
             state.finish("stop", stop)
-        elif request.is_finished:
+        elif finished:
             state.finish(request.status.finish_reason, request.stop_reason)
-        state.num_processed, state.text_processed = state.num_seen, len(detok.text)
+        state.num_processed = state.num_seen
+        if detok is not _NO_TEXT:
+            state.text_processed = len(detok.text)
         return stop is not None
 
     def _add_prompt_logprobs(

@@ -71,7 +71,10 @@ class ParentRequest:
 
     def child_params(self, index: int) -> SamplingParams:
         """Child ``index`` samples alone (n=1) with seed ``seed + index`` when seeded, wrapped
-        into int64 (so the largest valid seed still gives n valid, distinct seeds)."""
+        into int64 (so the largest valid seed still gives n valid, distinct seeds). A lone
+        child (n=1) takes the request's own parameters (nothing to change: no copy)."""
+        if self.params.n == 1:
+            return self.params
         seed = self.params.seed
         if seed is not None:
             seed = (seed + index + 2**63) % 2**64 - 2**63
@@ -88,7 +91,10 @@ class ParentRequest:
     # ------------------------------------------------------------------ aggregation
     @property
     def finished(self) -> bool:
-        return all(s.finish_reason is not None for s in self.sequences)
+        sequences = self.sequences
+        if len(sequences) == 1:  # n = 1: read once per request per step
+            return sequences[0].finish_reason is not None
+        return all(s.finish_reason is not None for s in sequences)
 
     def make_output(self) -> RequestOutput | None:
         """This step's RequestOutput per the output kind, or None when there is none to give:

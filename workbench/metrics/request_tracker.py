@@ -110,21 +110,26 @@ class RequestTracker:
         self._live: dict[str, _Life] = {}  # unfinished requests by id
 
     def consume(self, events: Iterable[RequestEvent]) -> None:
+        live = self._live
         for e in events:
-            if isinstance(e, RequestArrived):
+            kind = type(e)
+            if kind is RequestScheduled:  # most events: one per scheduled request per step
+                life = live.get(e.request_id)
+                if life is not None:
+                    if life.first_scheduled is None:
+                        life.first_scheduled = e
+                    life.num_sampled += e.samples
+                continue
+            if kind is RequestArrived:
                 if self.epoch is None:
                     self.epoch = e.time
-                life = self._live[e.request_id] = _Life(e)
+                life = live[e.request_id] = _Life(e)
                 self._lives.append(life)
                 continue
-            life = self._live.get(e.request_id)
+            life = live.get(e.request_id)
             if life is None:
                 continue
-            if isinstance(e, RequestScheduled):
-                if life.first_scheduled is None:
-                    life.first_scheduled = e
-                life.num_sampled += e.samples
-            elif isinstance(e, RequestPrefixHit):
+            if isinstance(e, RequestPrefixHit):
                 if life.first_scheduled is None:
                     life.num_cached_tokens = e.num_tokens
             elif isinstance(e, RequestPreempted):

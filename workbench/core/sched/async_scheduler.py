@@ -79,6 +79,7 @@ class AsyncScheduler(Scheduler):
         end = start + num_new
         known = request.num_tokens
         token_ids = tuple(request.token_ids_slice(start, min(end, known)))
+        request.is_prefill_chunk = end != known + placeholders
         return ScheduledRequest(
             request_id=request.request_id,
             num_computed_tokens=start,

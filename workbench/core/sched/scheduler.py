@@ -319,15 +319,17 @@ class Scheduler(RemoteKVMixin):
         spec_of: dict[Request, tuple[int, ...]] = {}  # request -> its scheduled draft tokens
         preempted: list[str] = []
 
+        running_state = RequestStatus.RUNNING  # read several times per running request
+        num_new_tokens = self._num_new_tokens
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
-            num_new = min(self._num_new_tokens(request), budget)
+            num_new = min(num_new_tokens(request), budget)
             if num_new <= 0:  # async scheduling: its last token is in flight and ends it
                 i += 1
                 continue
-            spec = self._schedulable_spec_tokens(request, num_new, budget)
-            while request.status is RequestStatus.RUNNING and kv.allocate_slots(request, num_new + len(spec)) is None:
+            spec = self._schedulable_spec_tokens(request, num_new, budget) if request.spec_token_ids else ()
+            while request.status is running_state and kv.allocate_slots(request, num_new + len(spec)) is None:
                 if spec:  # drafts are optional work: drop them before preempting anyone
                     spec = ()
                     continue
@@ -340,12 +342,13 @@ class Scheduler(RemoteKVMixin):
                     i -= 1
                 self._preempt(victim, now)
                 preempted.append(victim.request_id)
-            if request.status is not RequestStatus.RUNNING:  # it was its own victim
+            if request.status is not running_state:  # it was its own victim
                 break
-            running_chunks[request] = num_new + len(spec)
             if spec:
                 spec_of[request] = spec
-            budget -= num_new + len(spec)
+                num_new += len(spec)
+            running_chunks[request] = num_new
+            budget -= num_new
             i += 1
 
         admitted: list[tuple[Request, int, int]] = []  # (request, new tokens, prefix-hit tokens)
@@ -353,7 +356,8 @@ class Scheduler(RemoteKVMixin):
         resumed_ids: list[str] = []
         lora_skipped: list[str] = []
         # The batch's adapters: every running request is scheduled when this pass runs.
-        scheduled_loras = {r.lora_name for r in running if r.lora_request is not None}
+        scheduled_loras = ({r.lora_name for r in running if r.lora_request is not None}
+                           if self.max_loras is not None else set())
         held = self.policy.seats_held(self)  # seats the policy counts besides the running
         while not preempted and self.waiting and budget > 0 and len(running) + held < self.max_num_seqs:
             request = self.waiting.peek()
@@ -408,12 +412,13 @@ class Scheduler(RemoteKVMixin):
             self, running_chunks, admitted, preempted, lora_skipped, budget, held)
         self.waiting.restore_skipped()
 
-        scheduled = [self._chunk(r, n, 0, spec_of.get(r, ())) for r, n in running_chunks.items()]
+        chunk = self._chunk
+        scheduled = [chunk(r, n, 0, spec_of[r]) if r in spec_of else chunk(r, n, 0)
+                     for r, n in running_chunks.items()]
         for request in running_chunks:
-            request.spec_token_ids = []  # scheduled (or dropped): the next proposal replaces them
-        scheduled += [self._chunk(r, n, hit) for r, n, hit in admitted]
-        for chunk in scheduled:
-            self.requests[chunk.request_id].is_prefill_chunk = not chunk.samples
+            if request.spec_token_ids:  # scheduled (or dropped): the next proposal replaces them
+                request.spec_token_ids = []
+        scheduled += [chunk(r, n, hit) for r, n, hit in admitted]
         output = SchedulerOutput(
             step=self.step_count,
             scheduled=tuple(scheduled),
@@ -486,17 +491,17 @@ class Scheduler(RemoteKVMixin):
             start = chunk.num_computed_tokens
             if request is None or request.status is not RequestStatus.RUNNING or request.num_computed_tokens != start:
                 continue
-            drafts = chunk.spec_token_ids
-            if chunk.samples and request.pooling_params is not None:  # prefill-only: pooled, done
+            if not chunk.samples:
+                request.num_computed_tokens = num_computed = start + chunk.num_new_tokens
+                kv.cache_blocks(request, num_computed)
+                continue
+            if request.pooling_params is not None:  # prefill-only: pooled, done
                 request.num_computed_tokens = start + chunk.num_new_tokens
                 kv.cache_blocks(request, request.num_computed_tokens)
                 self._finish(request, RequestStatus.FINISHED_STOPPED, scheduler_output.step, now)
                 any_finished = True
                 continue
-            if not chunk.samples:
-                request.num_computed_tokens = num_computed = start + chunk.num_new_tokens
-                kv.cache_blocks(request, num_computed)
-                continue
+            drafts = chunk.spec_token_ids
             try:
                 token = sampled_token_ids[chunk.request_id]
             except KeyError:
@@ -513,16 +518,21 @@ class Scheduler(RemoteKVMixin):
                                      f"{len(drafts)} scheduled at step {scheduler_output.step}.")
             request.num_computed_tokens = num_computed = (
                 start + chunk.num_new_tokens - len(drafts) + num_accepted)
-            status = None
-            for new_token in (*drafts[:num_accepted], token):
-                request.output_token_ids.append(new_token)
-                status = self._check_stop(request, new_token)
-                if status is not None:
-                    break
-            # K/V exist up to num_computed; a stop inside the accepted run ends the tokens earlier.
-            kv.cache_blocks(request, min(num_computed, request.num_tokens))
-            if drafts and status is None:
-                kv.free_unneeded_blocks(request)
+            if drafts:
+                status = None
+                for new_token in (*drafts[:num_accepted], token):
+                    request.output_token_ids.append(new_token)
+                    status = self._check_stop(request, new_token)
+                    if status is not None:
+                        break
+                # K/V exist up to num_computed; a stop inside the accepted run ends the tokens earlier.
+                kv.cache_blocks(request, min(num_computed, request.num_tokens))
+                if status is None:
+                    kv.free_unneeded_blocks(request)
+            else:
+                request.output_token_ids.append(token)
+                status = self._check_stop(request, token)
+                kv.cache_blocks(request, num_computed)
             if request.first_token_time is None:
                 request.first_token_time = now
                 if self._events is not None:
@@ -563,7 +573,7 @@ class Scheduler(RemoteKVMixin):
     def _num_new_tokens(self, request: Request) -> int:
         """Tokens a running request still needs computed (the AsyncScheduler counts its
         placeholders too)."""
-        return request.num_tokens - request.num_computed_tokens
+        return len(request.prompt_token_ids) + len(request.output_token_ids) - request.num_computed_tokens
 
     def _schedulable_spec_tokens(self, request: Request, num_new: int, budget: int) -> tuple[int, ...]:
         """The request's drafts this step can verify: only when its chunk reaches the last
@@ -580,21 +590,25 @@ class Scheduler(RemoteKVMixin):
 
     def _chunk(self, request: Request, num_new: int, num_hit: int,
                spec: tuple[int, ...] = ()) -> ScheduledRequest:
+        """The request's ScheduledRequest for ``num_new`` tokens (``spec``: the drafts among
+        them), and its ``is_prefill_chunk`` (the chunk stops short of its last known token).
+        Built once per scheduled request per step, so a decode chunk takes a short path."""
         start = request.num_computed_tokens
         end = start + num_new - len(spec)  # known tokens; the drafts follow
-        num_prompt = len(request.prompt_token_ids)
-        return ScheduledRequest(
-            request_id=request.request_id,
-            num_computed_tokens=start,
-            num_new_tokens=num_new,
-            token_ids=tuple(request.token_ids_slice(start, end)) + spec,
-            block_ids=self.kv_cache.block_ids(request.request_id),
-            is_prefill=end - start > 1 or start < num_prompt,
-            samples=end == num_prompt + len(request.output_token_ids),
-            num_cached_tokens=num_hit,
-            lora_name=request.lora_name,
-            spec_token_ids=spec,
-        )
+        prompt, output = request.prompt_token_ids, request.output_token_ids
+        num_prompt = len(prompt)
+        samples = end == num_prompt + len(output)
+        request.is_prefill_chunk = not samples
+        if end - start == 1 and start >= num_prompt:  # a decode: its one known token
+            token_ids = (output[start - num_prompt],)
+            is_prefill = False
+        else:
+            token_ids = tuple(request.token_ids_slice(start, end))
+            is_prefill = end - start > 1 or start < num_prompt
+        lora = request.lora_request
+        return ScheduledRequest(request.request_id, start, num_new, token_ids + spec if spec else token_ids,
+                                self.kv_cache.block_ids(request.request_id), is_prefill, samples, num_hit,
+                                None if lora is None else lora.lora_name, spec)
 
     def _log_admission(self, request: Request, resumed: bool, num_hit: int, hit_blocks, now: float) -> None:
         rid = request.request_id
@@ -624,12 +638,13 @@ class Scheduler(RemoteKVMixin):
         params = request.sampling_params
         num_output = len(request.output_token_ids)
         if num_output >= params.min_tokens:
-            if not params.ignore_eos and request.eos_token_id is not None and token == request.eos_token_id:
+            if token == request.eos_token_id and not params.ignore_eos:  # (an eos of None matches no token)
                 return RequestStatus.FINISHED_STOPPED
-            if token in params.stop_token_ids:
+            if params.stop_token_ids and token in params.stop_token_ids:
                 request.stop_reason = token
                 return RequestStatus.FINISHED_STOPPED
-        if params.max_tokens is not None and num_output >= params.max_tokens:
+        max_tokens = params.max_tokens
+        if max_tokens is not None and num_output >= max_tokens:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         if len(request.prompt_token_ids) + num_output >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH_CAPPED

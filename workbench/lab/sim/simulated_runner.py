@@ -69,6 +69,9 @@ class SimulatedRunner:
         self.lora_slots: LoRASlots | None = None  # with enable_lora
         self.previous_ran_prefill = False  # the cost model's after_prefill for the next step
         self._fillers: dict[tuple, int] = {}  # (eos, stop ids, stop strings, allowed) -> filler
+        # request id -> (request, drawn output length, filler): read at every token; an entry
+        # goes when a step reports its request finished
+        self._token_plan: dict[str, tuple[Request, int | None, int]] = {}
 
     @classmethod
     def factory(cls, cost_model: CostModel, clock: SimClock,
@@ -153,6 +156,8 @@ class SimulatedRunner:
         last step; one token per sampling request (``grammar_bitmask`` is not read: filler
         tokens follow no grammar, so a constrained request ends with an error here)."""
         after_prefill, self.previous_ran_prefill = self.previous_ran_prefill, False
+        for rid in scheduler_output.finished_request_ids:
+            self._token_plan.pop(rid, None)
         if not scheduler_output.scheduled:
             seconds = self.cost_model.empty_step_s
             self.clock.advance(seconds)
@@ -195,11 +200,15 @@ class SimulatedRunner:
 
     def _next_token(self, request: Request, num_accepted: int = 0) -> int:
         """Its eos at its drawn length (after ``num_accepted`` accepted drafts), else its filler."""
-        params = request.sampling_params
-        target = self.output_length(request)
-        if target is not None and request.num_output_tokens + num_accepted + 1 >= max(target, params.min_tokens):
-            return request.eos_token_id if request.eos_token_id is not None else params.stop_token_ids[0]
-        return self.filler(request)
+        plan = self._token_plan.get(request.request_id)
+        if plan is None or plan[0] is not request:
+            plan = self._token_plan[request.request_id] = (request, self.output_length(request), self.filler(request))
+        target = plan[1]
+        if target is not None:
+            params = request.sampling_params
+            if len(request.output_token_ids) + num_accepted + 1 >= max(target, params.min_tokens):
+                return request.eos_token_id if request.eos_token_id is not None else params.stop_token_ids[0]
+        return plan[2]
 
     def filler(self, request: Request) -> int:
         """A token that cannot end the request (see the module docstring)."""
