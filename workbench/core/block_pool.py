@@ -157,7 +157,8 @@ class BlockPool:
     ``num_evicted`` (cached blocks whose hash was dropped to serve them) and ``num_freed``
     (blocks whose ref_count fell to 0) only grow; readers report differences.
     ``cache_version`` grows whenever the prefix cache's content (``cached``) changes, so a
-    lookup can be reused while it stays the same.
+    lookup can be reused while it stays the same. ``num_evictable`` is the number of free
+    blocks that hold cached content (kept as blocks move, so reading it is O(1)).
     """
 
     def __init__(self, num_blocks: int, record_events: bool = False):
@@ -170,6 +171,7 @@ class BlockPool:
         self.num_evicted = 0
         self.num_freed = 0
         self.cache_version = 0
+        self.num_evictable = 0
         self._events: list[KVEvent] | None = [] if record_events else None
         #: Told of each eviction (a ``PrefixMemory``; None: nobody listens).
         self.prefix_memory = None
@@ -209,6 +211,7 @@ class BlockPool:
         for _ in range(n):
             block = self.free_queue.popleft()
             if block.block_hash is not None:
+                self.num_evictable -= 1
                 if events is not None:
                     events.append(BlockRemoved((block.block_hash,), (block.block_id,)))
                 if self.prefix_memory is not None:
@@ -231,6 +234,8 @@ class BlockPool:
         for block in blocks:
             if block.ref_count == 0:
                 self.free_queue.remove(block)
+                if block.block_hash is not None:
+                    self.num_evictable -= 1
             block.ref_count += 1
             block._owners[owner] = None
             if self._events is not None:
@@ -248,6 +253,8 @@ class BlockPool:
             if block.ref_count == 0:
                 if block.block_hash is None:
                     block.token_ids = ()
+                else:
+                    self.num_evictable += 1
                 self.free_queue.append(block)
                 self.num_freed += 1
 
@@ -262,6 +269,8 @@ class BlockPool:
             return False
         block.block_hash = block_hash
         self.cached[block_hash] = block
+        if block.ref_count == 0:
+            self.num_evictable += 1
         self.cache_version += 1
         return True
 
@@ -318,6 +327,7 @@ class BlockPool:
             block.block_hash = None
             block.token_ids = ()
         self.cached.clear()
+        self.num_evictable = 0
         self.cache_version += 1
         if self._events is not None:
             self._events.append(AllBlocksCleared())
@@ -348,3 +358,6 @@ class BlockPool:
                 )
         for h, b in self.cached.items():
             assert b.block_hash == h, f"cache entry for block {b.block_id} has a stale hash"
+        evictable = sum(1 for b in self.cached.values() if b.ref_count == 0)
+        assert self.num_evictable == evictable, (
+            f"num_evictable={self.num_evictable} but {evictable} free blocks hold cached content")

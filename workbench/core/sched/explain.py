@@ -500,8 +500,7 @@ class StepExplainer:
         bs = kv.block_size
         new_blocks = -(-(num_new + len(hits) * bs) // bs) - len(hits)
         from_free = sum(1 for b in hits if b.ref_count == 0)
-        evictable = sum(1 for b in kv.pool.cached.values() if b.ref_count == 0)
-        return KVBlocksShort(new_blocks + from_free, kv.num_free_blocks, evictable, len(hits))
+        return KVBlocksShort(new_blocks + from_free, kv.num_free_blocks, kv.pool.num_evictable, len(hits))
 
     def _lookup(self, request: Request, num_hit: int) -> PrefixLookup:
         """The admitted request's lookup: what matched and why the next block did not."""
