@@ -28,7 +28,7 @@ block_size)`` blocks; a waiting one holds no blocks and no computed tokens.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from workbench.core.request_events import RequestFirstToken
 from workbench.core.sched.output import ScheduledRequest, SchedulerOutput, SpecDecodeResult
@@ -124,25 +124,15 @@ class AsyncScheduler(Scheduler):
                              "with async scheduling.")
         super().add_request(request)
 
-    def update_from_output(
-        self,
-        scheduler_output: SchedulerOutput,
-        sampled_token_ids: Mapping[str, int],
-        failed_request_ids: Iterable[str] | Mapping[str, str] = (),
-        *,
-        spec_decode: Mapping[str, SpecDecodeResult] | None = None,
-        now: float | None = None,
-        kv_connector_output=None,
-    ) -> list[Request]:
-        """Apply step ``scheduler_output`` (see the base method): each sampling chunk's
-        placeholder becomes its token; stop conditions as the base; blocks cached up to the
-        known computed tokens. A request finished since the step was scheduled gets nothing
-        (its token is recorded in ``discarded``); one preempted since gets its token."""
+    def _apply_chunks(self, scheduler_output: SchedulerOutput, sampled_token_ids: Mapping[str, int],
+                      spec_decode: Mapping[str, SpecDecodeResult] | None, now: float) -> tuple[list[Request], bool]:
+        """The base's pass over the chunks (see ``update_from_output``), one step behind: each
+        sampling chunk's placeholder becomes its token; stop conditions as the base; blocks
+        cached up to the known computed tokens. A request finished since the step was
+        scheduled gets nothing (its token is recorded in ``discarded``); one preempted since
+        gets its token."""
         if spec_decode:
             raise ValueError("speculative decoding is not supported with async scheduling.")
-        now = self.clock() if now is None else now
-        self._update_from_kv_xfer_finished(kv_connector_output)  # None: no connector (refused in config)
-        self.finish_requests(failed_request_ids, RequestStatus.FINISHED_ERROR, now=now)
         kv, requests = self.kv_cache, self.requests
         got_token: list[Request] = []
         discarded: list[str] = []
@@ -183,14 +173,7 @@ class AsyncScheduler(Scheduler):
             got_token.append(request)
         if discarded:
             self.discarded[scheduler_output.step] = tuple(discarded)
-        grammars = self.structured_output_manager
-        if grammars is not None:
-            ended, refused = grammars.accept_tokens(got_token)
-            self.finish_requests(ended, RequestStatus.FINISHED_STOPPED, now=now)
-            self.finish_requests(refused, RequestStatus.FINISHED_ERROR, now=now)
-        if any_finished:
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
-        return got_token
+        return got_token, any_finished
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
         if draft_token_ids:

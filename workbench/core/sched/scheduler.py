@@ -482,6 +482,20 @@ class Scheduler(RemoteKVMixin):
         self._update_from_kv_xfer_finished(kv_connector_output)
         now = self.clock() if now is None else now
         self.finish_requests(failed_request_ids, RequestStatus.FINISHED_ERROR, now=now)
+        got_token, any_finished = self._apply_chunks(scheduler_output, sampled_token_ids, spec_decode, now)
+        grammars = self.structured_output_manager
+        if grammars is not None:
+            ended, refused = grammars.accept_tokens(got_token)
+            self.finish_requests(ended, RequestStatus.FINISHED_STOPPED, now=now)
+            self.finish_requests(refused, RequestStatus.FINISHED_ERROR, now=now)
+        if any_finished:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return got_token
+
+    def _apply_chunks(self, scheduler_output: SchedulerOutput, sampled_token_ids: Mapping[str, int],
+                      spec_decode: Mapping[str, SpecDecodeResult] | None, now: float) -> tuple[list[Request], bool]:
+        """``update_from_output``'s pass over the step's chunks: the requests that got a token,
+        in batch order, and whether any finished (it is still in ``running``)."""
         kv = self.kv_cache
         requests = self.requests
         got_token: list[Request] = []
@@ -542,14 +556,7 @@ class Scheduler(RemoteKVMixin):
                 self._finish(request, status, scheduler_output.step, now)
                 any_finished = True
             got_token.append(request)
-        grammars = self.structured_output_manager
-        if grammars is not None:
-            ended, refused = grammars.accept_tokens(got_token)
-            self.finish_requests(ended, RequestStatus.FINISHED_STOPPED, now=now)
-            self.finish_requests(refused, RequestStatus.FINISHED_ERROR, now=now)
-        if any_finished:
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
-        return got_token
+        return got_token, any_finished
 
     def update_draft_token_ids(self, draft_token_ids: Mapping[str, Sequence[int]]) -> None:
         """vLLM's name: set the drafts the proposer made for running requests (the next
