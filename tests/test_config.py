@@ -149,7 +149,7 @@ def test_repr_names_the_engine_config():
     ('{"backend": "xgrammar", "disable_additional_properties": true}',
      "disable_additional_properties is only supported for the guidance"),
     ('{"backend": "xgrammar", "whitespace": 1}', r"unknown keys \['whitespace'\]"),
-    ("{backend: xgrammar}", "must be JSON"),
+    ("{backend: xgrammar}", "structured_outputs_config must be a JSON object"),
 ])
 def test_structured_outputs_config_follows_vllms_rules(value, words):
     with pytest.raises(ValueError, match=words):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from workbench.pooling.config import PoolerConfig, pooling_supports_chunking, resolve_runner
+from workbench.utils.json_config import config_from_json
 from workbench.utils.reprs import html_table
 
 logger = logging.getLogger("workbench")
@@ -63,22 +64,7 @@ class StructuredOutputsConfig:
         """A config from None (the defaults), a dict, its JSON text or a config."""
         if isinstance(value, cls):
             return value
-        if value is None:
-            return cls()
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"structured_outputs_config must be JSON, got {value!r}: "
-                                 f"{exc}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"structured_outputs_config must be a JSON object, got {value!r}.")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"structured_outputs_config: unknown keys {unknown}; known: "
-                             f"{sorted(known)}.")
-        return cls(**value)
+        return cls() if value is None else config_from_json(cls, value, "structured_outputs_config")
 
 
 def option(default: Any, help: str, **cli: Any) -> Any:
@@ -151,18 +137,7 @@ class SpeculativeConfig:
         unknown keys raise, naming them."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"speculative_config must be a JSON object, got {value!r} ({exc}).") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative_config must be a dict or a JSON object, got {type(value).__name__}.")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"speculative_config: unknown keys {unknown}; known: {sorted(known)}.")
-        return cls(**value)
+        return config_from_json(cls, value, "speculative_config")
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -216,18 +191,7 @@ class KVTransferConfig:
         """From itself, a dict or a JSON object string (None stays None); unknown keys raise."""
         if value is None or isinstance(value, KVTransferConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"kv_transfer_config must be a JSON object, got {value!r} ({exc}).") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"kv_transfer_config must be a dict or a JSON object, got {type(value).__name__}.")
-        unknown = sorted(set(value) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"kv_transfer_config: unknown keys {unknown}; known: "
-                             f"{sorted(f.name for f in fields(cls))}.")
-        return cls(**value)
+        return config_from_json(cls, value, "kv_transfer_config")
 
     def __str__(self) -> str:
         return json.dumps({f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None})

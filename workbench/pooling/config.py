@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+
+from workbench.utils.json_config import config_from_json
 
 logger = logging.getLogger("workbench")
 
@@ -39,18 +40,7 @@ class PoolerConfig:
         """A PoolerConfig from itself, None, a dict or its JSON text (the CLI's form)."""
         if value is None or isinstance(value, cls):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"pooler_config must be JSON, got {value!r}: {exc}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"pooler_config must be a JSON object, got {value!r}.")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"pooler_config: unknown keys {unknown}; known: {sorted(known)}.")
-        return cls(**value)
+        return config_from_json(cls, value, "pooler_config")
 
 
 def resolve_runner(runner: str, convert: str, pooler_config: PoolerConfig | None
