@@ -34,6 +34,7 @@ from workbench.engine.serial_utils import (EngineCoreOutputs, EngineCoreRequestT
 from workbench.lora.request import LoRARequest
 from workbench.metrics.stats import IterationStats, SchedulerStats, StatLoggerBase
 from workbench.outputs import RequestOutput
+from workbench.utils.heap import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 _POLL_MS = 500  # the input thread checks this often that its parent process is alive
@@ -182,6 +183,7 @@ class EngineCoreProc(EngineCore):
         try:
             reserve_cpus_for_the_frontend(config)
             core = EngineCoreProc(LLMEngine(config), input_address, output_address, parent_pid)
+            freeze_startup_heap()
         except BaseException as exc:
             _send_dead(output_address, f"The engine core failed to start: {exc!r}\n"
                                        f"{traceback.format_exc()}")

@@ -89,6 +89,7 @@ def _serve(args: argparse.Namespace) -> int:
     from workbench.engine.llm_engine import LLMEngine
     from workbench.entrypoints.openai.api_server import build_app, make_server
     from workbench.metrics.kv_events_publisher import KVEventsConfig, attach
+    from workbench.utils.heap import freeze_startup_heap
 
     engine_args = EngineArgs.from_cli_args(args)
     try:
@@ -125,6 +126,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"Serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    freeze_startup_heap()
     try:
         # Exits by itself when the engine dies after an error (vLLM's behaviour).
         make_server(app, async_llm, host=args.host, port=args.port, log_level=args.log_level).run()

@@ -1,4 +1,5 @@
-"""The cycle collector during a run: ``frozen_heap()`` and ``rare_collections()``.
+"""The cycle collector during a run: ``frozen_heap()``, ``rare_collections()`` and, for a
+server, ``freeze_startup_heap()``.
 
 A process that imported torch and transformers holds hundreds of thousands of long-lived
 objects; every full (oldest-generation) collection walks all of them, about 0.15 s on a
@@ -47,3 +48,12 @@ def rare_collections(threshold: int = 100_000) -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*old)
+
+
+def freeze_startup_heap() -> None:
+    """For a process that serves until it exits (``workbench serve``, the engine core process):
+    collect once, then move every object alive after start-up to the permanent generation for
+    good, as vLLM does after building its engine. Full collections then walk only what was
+    made while serving, so no request's step waits ~0.15 s for one."""
+    gc.collect()
+    gc.freeze()
