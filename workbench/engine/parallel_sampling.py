@@ -144,6 +144,14 @@ class ParentRequest:
     def metrics(self) -> RequestMetrics:
         """Children aggregated: earliest arrival/schedule/first token, the last finish
         (once all finished), preemptions summed, the largest prefix-cache hit."""
+        if len(self.sequences) == 1:  # n = 1 (built at every step of a streamed request)
+            state = self.sequences[0]
+            r = state.request
+            return RequestMetrics(
+                arrival_time=r.arrival_time, first_scheduled_time=r.first_scheduled_time,
+                first_token_time=r.first_token_time,
+                finished_time=state.finished_time if state.finish_reason is not None else None,
+                num_preemptions=r.num_preemptions, num_cached_tokens=r.num_cached_tokens)
         reqs = [s.request for s in self.sequences]
 
         def earliest(values: Iterable[float | None]) -> float | None:

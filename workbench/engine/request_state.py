@@ -43,12 +43,10 @@ class SequenceState:
         """The sequence so far, or (``delta``) what is new since the last delta; None when a
         delta has nothing new."""
         done = self.finish_reason is not None
-        token_ids = self.request.output_token_ids[: self.num_seen]  # a stop's later tokens unseen
         failed = self.error is not None
-        if failed:  # only what was processed before the failure
-            token_ids = token_ids[: self.num_processed]
+        # A stop's later tokens are unseen; after a failure, only what was processed before it.
+        n_ids = min(self.num_seen, self.num_processed) if failed else self.num_seen
         if delta:
-            n_ids = len(token_ids)
             if self.num_tokens_sent == n_ids and (self.final_sent or not done):
                 return None
             start, self.num_tokens_sent, self.final_sent = self.num_tokens_sent, n_ids, done
@@ -63,9 +61,9 @@ class SequenceState:
         return CompletionOutput(
             index=self.index,
             text=text,
-            token_ids=list(token_ids[start:]),
+            token_ids=self.request.output_token_ids[start:n_ids],
             cumulative_logprob=self.cumulative_logprob,
-            logprobs=None if self.logprobs is None else self.logprobs[start : len(token_ids)],
+            logprobs=None if self.logprobs is None else self.logprobs[start:n_ids],
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
         )
