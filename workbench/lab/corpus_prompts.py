@@ -52,11 +52,11 @@ class PromptCutter:
                 i -= 1
                 if i < 0 or self.corpus[self.offsets[i][0] : self.offsets[i][1]].strip():
                     continue
-            piece = self.ids[i : i + need]
+            piece = self.ids[i : i + need].tolist()  # Python ints
             if not self.text:
-                return tuple(base_ids) + tuple(int(t) for t in piece)
+                return tuple(base_ids) + tuple(piece)
             text = (prefix or "") + self.corpus[self.offsets[i][0] : self.offsets[i + need - 1][1]]
-            if self._encode(text) == base_ids + [int(t) for t in piece]:
+            if self._encode(text) == base_ids + piece:
                 return text
         raise ValueError(f"no text prompt of exactly {length} tokens found in {self.MAX_TRIES} tries.")
 

@@ -79,9 +79,12 @@ class WorkloadRequest:
         if not isinstance(self.request_id, str) or not self.request_id:
             raise ValueError(f"request_id must be a non-empty string, got {self.request_id!r}.")
         if isinstance(self.prompt, (list, tuple)):
-            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in self.prompt):
-                raise ValueError(f"request {self.request_id!r}: prompt token ids must be integers.")
-            object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))
+            if set(map(type, self.prompt)) - {int}:  # numpy integers to convert, or a bad id
+                if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in self.prompt):
+                    raise ValueError(f"request {self.request_id!r}: prompt token ids must be integers.")
+                object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))
+            elif type(self.prompt) is not tuple:
+                object.__setattr__(self, "prompt", tuple(self.prompt))
         if not isinstance(self.prompt, (str, tuple)) or not self.prompt:
             raise ValueError(f"request {self.request_id!r}: prompt must be non-empty text or token ids.")
         if not isinstance(self.params, SamplingParams):
