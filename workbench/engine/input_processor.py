@@ -311,12 +311,15 @@ class InputProcessor:
     @staticmethod
     def _as_ids(ids: Sequence[int]) -> list[int]:
         ids = list(ids)
-        for t in ids:
-            if isinstance(t, bool) or not isinstance(t, int):
-                raise ValueError(f"prompt_token_ids must be integers, got {t!r}.")
+        if set(map(type, ids)) - {int}:  # one pass in C for the usual plain ints
+            for t in ids:
+                if isinstance(t, bool) or not isinstance(t, int):
+                    raise ValueError(f"prompt_token_ids must be integers, got {t!r}.")
         return ids
 
     def _check_ids(self, ids: Sequence[int], name: str) -> None:
+        if not ids or (min(ids) >= 0 and max(ids) < self.vocab_size):
+            return
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(
