@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from workbench.cluster.pd import PDLegs, PDRouting, pd_configs
 from workbench.cluster.replica import MeasuredClock, Replica
@@ -112,8 +112,8 @@ class Cluster:
             if not (isinstance(index, int) and 0 <= index < len(self)):
                 raise ValueError(f"forced: request {rid!r} names replica {index!r}; replicas are 0..{len(self) - 1}.")
         run = _Run(self, workload, forced)
-        with rare_collections(), frozen_heap():
-            run.loop()
+        with rare_collections(), frozen_heap() as refreeze:
+            run.loop(refreeze)
         return run.result()
 
     def _replica(self, index: int, lengths: dict[str, int], max_requests: int) -> Replica:
@@ -171,7 +171,9 @@ class _Run:
                 router.on_kv_events(index, batch)
         return publish
 
-    def loop(self) -> None:
+    def loop(self, between_steps: Callable[[], None] = lambda: None) -> None:
+        """Route arrivals and step replicas in time order until all is done;
+        ``between_steps`` is called before each step (``frozen_heap``'s refreeze)."""
         steps = self.clock == "steps"
         pending, replicas, busy, field = self.pending, self.replicas, self.busy, self.field
         while True:
@@ -185,6 +187,7 @@ class _Run:
                 if now < first and (busy[replica.index] or (steps and pending and now < arrival)):
                     nxt, first = replica, now
             if first < arrival:
+                between_steps()
                 self._step(nxt)
             elif handoff == arrival and handoff < math.inf:
                 self.pd.deliver(self)

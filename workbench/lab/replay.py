@@ -400,8 +400,9 @@ class Driver:
 
     def run(self, until_step: int | None = None) -> None:
         engine, clock, pending = self.engine, self.clock, self.pending
-        with frozen_heap():  # long-lived objects stay out of the collector's way
+        with frozen_heap() as refreeze:  # long-lived objects stay out of the collector's way
             while until_step is None or self.step < until_step:
+                refreeze()  # the records kept so far too
                 now = self.step if clock == "steps" else self.timer() - self.t0
                 while pending and _arrival(pending[0], clock) <= now:
                     self._add(pending.popleft())
