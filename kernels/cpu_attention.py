@@ -20,11 +20,6 @@ once per layer:
   query heads sharing a KV head are that head's query rows: GQA without repeating K/V. Few,
   large ops: each op of a step is a parallel region, and on a busy machine every one of them
   can wait for a descheduled thread.
-* **Mirrored decodes.** With a :class:`~workbench.kernels.cpu_kv_mirror.KVMirror` bound to
-  the forward (the model runner's, by default), a decode sequence's K/V are already contiguous
-  in the mirror's row: each layer copies in only the positions the row lacks (normally the
-  one this forward wrote) and SDPA reads ranges of mirror rows in place (:class:`MirrorGroup`),
-  so a cached row is read once per layer, not gathered and read again.
 * **Prefill chunks** (more than one query token) go through
   ``scaled_dot_product_attention`` (its fused CPU kernel: 4-D inputs, K/V repeated per query
   head) one sequence at a time, over the gathered context with a bottom-right-aligned causal
@@ -41,8 +36,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-
-from workbench.kernels import cpu_kv_mirror
 
 #: Decode sequences are cut into at most this many length groups.
 MAX_DECODE_GROUPS = 3
@@ -75,41 +68,19 @@ class PrefillChunk:
 
 
 @dataclass
-class MirrorGroup:
-    """Decode sequences read in place from the rows ``[lo, hi)`` of a :class:`KVMirror`, padded
-    to one length; rows of the range that no decode sequence of the batch owns are dummies
-    (zero query, one visible position, result dropped)."""
-
-    lo: int
-    hi: int
-    length: int  # the longest member's length
-    rows: torch.Tensor  # int64 [n]: query row (== token index) of each member
-    local: torch.Tensor  # int64 [n]: its mirror row - lo
-    seq_lens: torch.Tensor  # int64 [hi - lo]: each row's length (dummies: 1)
-    dense: bool  # every row of the range is a member, in order
-    masks: dict = field(default_factory=dict)  # sliding_window -> additive fp32 [hi-lo, 1, 1, L]
-
-
-@dataclass
 class AttentionPlan:
     """Everything about a batch's layout that does not depend on the layer (built once)."""
 
     block_size: int
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillChunk]
-    #: The forward's :class:`~workbench.kernels.cpu_kv_mirror.MirrorBinding` and the groups
-    #: that read the mirror (its decode sequences are in no ``decode_groups``).
-    mirror: object = None
-    mirror_groups: list[MirrorGroup] = field(default_factory=list)
     #: (cos_sin_cache, positions) -> (cos, signed sin) [num_tokens, 1, head_dim] (see
     #: :func:`rotary_embedding`); filled by the first layer, reused by the others.
     rotary: dict = field(default_factory=dict)
 
     def __repr__(self) -> str:
         sizes = [(g.rows.numel(), g.length) for g in self.decode_groups]
-        mirrored = [(g.rows.numel(), g.hi - g.lo, g.length) for g in self.mirror_groups]
         return (f"AttentionPlan(decode_groups(seqs, length)={sizes}, "
-                + (f"mirror_groups(seqs, rows, length)={mirrored}, " if mirrored else "") +
                 f"prefills={[(p.q_end - p.q_start, p.seq_len) for p in self.prefills]})")
 
 
@@ -136,43 +107,14 @@ def _cut_groups(lens_blocks: list[int], min_saving_blocks: int) -> list[int]:
     return cuts
 
 
-def _mirror_groups(binding, starts: list[int]) -> list[MirrorGroup]:
-    """Ranges of mirror rows covering the binding's decode sequences (see MirrorGroup)."""
-    seq_of_row = dict(zip(binding.rows, binding.seqs))
-    len_of_row = dict(zip(binding.rows, binding.lens))
-    lo = min(binding.rows)
-    span = [len_of_row.get(r, 1) for r in range(lo, max(binding.rows) + 1)]
-    groups, begin = [], 0
-    for end in cpu_kv_mirror.cut_rows(span, MAX_DECODE_GROUPS, MIN_GROUP_SAVING):
-        members = [r for r in range(lo + begin, lo + end) if r in seq_of_row]
-        if members:
-            seg_lens = torch.tensor(span[begin:end], dtype=torch.int64)
-            length = int(seg_lens.max())
-            visible = torch.arange(length)[None, :] < seg_lens[:, None]
-            groups.append(MirrorGroup(
-                lo + begin, lo + end, length,
-                rows=torch.tensor([starts[seq_of_row[r]] for r in members], dtype=torch.int64),
-                local=torch.tensor(members, dtype=torch.int64) - (lo + begin),
-                seq_lens=seg_lens, dense=len(members) == end - begin,
-                masks={None: _additive(visible[:, None, None, :])}))
-        begin = end
-    return groups
-
-
 def plan_attention(block_tables: torch.Tensor, query_start_loc: torch.Tensor,
-                   seq_lens: torch.Tensor, block_size: int, kv_mirror=None) -> AttentionPlan:
-    """The per-forward plan (see the module docstring); ``block_size`` is the cache's.
-
-    ``kv_mirror``: this forward's :class:`~workbench.kernels.cpu_kv_mirror.MirrorBinding`
-    (or None); its decode sequences read the mirror instead of gathering."""
+                   seq_lens: torch.Tensor, block_size: int) -> AttentionPlan:
+    """The per-forward plan (see the module docstring); ``block_size`` is the cache's."""
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
-    mirrored = set(kv_mirror.seqs) if kv_mirror is not None else set()
     decodes, prefills = [], []
     for s, seq_len in enumerate(lens):
         q_len = starts[s + 1] - starts[s]
-        if s in mirrored:
-            continue
         if q_len == 1:
             decodes.append(s)
         elif q_len > 1:
@@ -196,8 +138,7 @@ def plan_attention(block_tables: torch.Tensor, query_start_loc: torch.Tensor,
             slots=_slots(block_tables[idx], pos, block_size).view(-1), length=length,
             seq_lens=group_lens, masks={None: _additive(visible[:, None, None, :])}))
         begin = end
-    return AttentionPlan(block_size, groups, prefills, kv_mirror,
-                         _mirror_groups(kv_mirror, starts) if mirrored else [])
+    return AttentionPlan(block_size, groups, prefills)
 
 
 def _slots(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -214,16 +155,6 @@ def _additive(visible: torch.Tensor) -> torch.Tensor:
 
 def _decode_mask(group: DecodeGroup, sliding_window: int | None) -> torch.Tensor:
     """Additive [n, 1, 1, L]: the cache positions each sequence's query sees (0 = visible)."""
-    if sliding_window not in group.masks:
-        pos = torch.arange(group.length)
-        q_pos = (group.seq_lens - 1)[:, None]
-        visible = (pos[None, :] <= q_pos) & (pos[None, :] > q_pos - sliding_window)
-        group.masks[sliding_window] = _additive(visible[:, None, None, :])
-    return group.masks[sliding_window]
-
-
-def _mirror_mask(group: MirrorGroup, sliding_window: int | None) -> torch.Tensor:
-    """Additive [hi - lo, 1, 1, L]: as :func:`_decode_mask`, for a range of mirror rows."""
     if sliding_window not in group.masks:
         pos = torch.arange(group.length)
         q_pos = (group.seq_lens - 1)[:, None]
@@ -303,21 +234,6 @@ def paged_attention(
                                                 attn_mask=_decode_mask(g, sliding_window),
                                                 scale=scale)
         out.index_copy_(0, g.rows, result.reshape(n, num_q_heads, head_dim).to(out.dtype))
-    if plan.mirror_groups:
-        mirror_k, mirror_v = cpu_kv_mirror.fill(plan.mirror, key_cache, value_cache)
-        for g in plan.mirror_groups:
-            rows = g.hi - g.lo
-            q = query.index_select(0, g.rows).float()
-            if not g.dense:  # dummies: zero queries
-                q = q.new_zeros((rows, num_q_heads, head_dim)).index_copy_(0, g.local, q)
-            k = mirror_k[g.lo:g.hi, :g.length].transpose(1, 2)  # [rows, kv_heads, L, D], no copy
-            v = mirror_v[g.lo:g.hi, :g.length].transpose(1, 2)
-            result = F.scaled_dot_product_attention(q.view(rows, num_kv_heads, group, head_dim), k, v,
-                                                    attn_mask=_mirror_mask(g, sliding_window),
-                                                    scale=scale).reshape(rows, num_q_heads, head_dim)
-            if not g.dense:
-                result = result.index_select(0, g.local)
-            out.index_copy_(0, g.rows, result.to(out.dtype))
     for p in plan.prefills:
         q_len = p.q_end - p.q_start
         k = _gather(key_cache, p.slots, p.buffers, "k").transpose(0, 1)  # [kv_heads, L, D]

@@ -38,19 +38,16 @@ def _use_triton(backend: str | None, tensor: torch.Tensor) -> bool:
     return backend == "triton"
 
 
-def plan_attention(block_tables, query_start_loc, seq_lens, block_size, *, backend=None,
-                   kv_mirror=None):
+def plan_attention(block_tables, query_start_loc, seq_lens, block_size, *, backend=None):
     """The layout work of :func:`paged_attention` that every layer of one forward shares: an
-    opaque plan to pass as ``plan=`` (``None`` for backends that need none). ``kv_mirror``:
-    the forward's :class:`~workbench.kernels.cpu_kv_mirror.MirrorBinding` (cpu backend only)."""
+    opaque plan to pass as ``plan=`` (``None`` for backends that need none)."""
     if batch_invariant.enabled():
         return None if backend == "triton" else batch_invariant.AttentionPlan()
     if backend != "cpu":
         return None
     from workbench.kernels import cpu_attention
 
-    return cpu_attention.plan_attention(block_tables, query_start_loc, seq_lens, block_size,
-                                        kv_mirror)
+    return cpu_attention.plan_attention(block_tables, query_start_loc, seq_lens, block_size)
 
 
 def paged_attention(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,

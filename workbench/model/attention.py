@@ -17,8 +17,7 @@ class AttentionMetadata:
     ``block_tables[s]``. Token ``t``'s K/V go to ``slot_mapping[t] = block * block_size + offset``
     (-1: not written). ``backend`` ("torch", "triton" or "cpu") selects every kernel of the
     forward; ``plan`` is the backend's per-forward layout (``kernels.plan_attention``), which
-    the model fills in once and every layer reuses. ``kv_mirror``: the runner's
-    :class:`~workbench.kernels.cpu_kv_mirror.MirrorBinding` for this forward (cpu backend), if any.
+    the model fills in once and every layer reuses.
     """
 
     slot_mapping: torch.Tensor  # int64 [num_tokens]
@@ -27,7 +26,6 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # int32 [num_seqs]
     backend: str = "torch"
     plan: Any = None
-    kv_mirror: Any = None
 
     @property
     def num_seqs(self) -> int:

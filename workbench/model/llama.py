@@ -201,7 +201,7 @@ class LlamaForCausalLM(nn.Module):
         if attn.plan is None:
             attn = dataclasses.replace(attn, plan=ops.plan_attention(
                 attn.block_tables, attn.query_start_loc, attn.seq_lens, kv_caches[0][0].shape[1],
-                backend=attn.backend, kv_mirror=attn.kv_mirror))
+                backend=attn.backend))
         x = F.embedding(input_ids, self.embed_tokens)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):

@@ -18,7 +18,6 @@ import torch
 
 from workbench.core.sched.output import SchedulerOutput, SpecDecodeResult
 from workbench.kernels import batch_invariant
-from workbench.kernels.cpu_kv_mirror import KVMirror
 from workbench.model.attention import AttentionMetadata
 from workbench.model.llama import allocate_kv_caches
 from workbench.model.loader import load_model
@@ -133,9 +132,6 @@ class ModelRunner:
         self.load_format, self.seed = load_format, seed  # what sleep level 2 reloads
         #: The :class:`~workbench.worker.sleep_mode.SleepMode` once it first slept, else None.
         self.sleep_mode: SleepMode | None = None
-        #: Decoding requests' K/V kept contiguous beside the paged cache (cpu backend, fp32).
-        self.kv_mirror = (KVMirror() if attention_backend == "cpu" and not batch_invariant
-                          and model_config.dtype == torch.float32 else None)
 
     def determine_num_blocks(
         self,
@@ -376,9 +372,6 @@ class ModelRunner:
             query_start_loc=inputs.query_start_loc,
             seq_lens=inputs.seq_lens,
             backend=self.attention_backend,
-            kv_mirror=None if self.kv_mirror is None else self.kv_mirror.bind(
-                batch.request_ids, scheduler_output.finished_request_ids, inputs.query_start_loc,
-                inputs.seq_lens, inputs.block_tables, self.kv_caches, self.block_size),
         )
         if self.lora_manager is not None:
             self.lora_manager.set_active_adapters(
