@@ -469,7 +469,7 @@ class Sampler:
         greedy_rows = [i for i, r in enumerate(requests) if r.sampling_params.greedy]
         if greedy_rows:
             rows = torch.tensor(greedy_rows, device=device)
-            tokens[rows] = x[rows].argmax(dim=-1)
+            tokens[rows] = argmax_rows(x[rows])
         sampled_rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         if sampled_rows:
             sampled = self._sample(x, [requests[i] for i in sampled_rows], sampled_rows, failed,
