@@ -10,7 +10,7 @@ import torch
 
 from workbench.request import Request
 from workbench.worker.sampler import (Sampler, SamplerOutput, TokenLogprobs, apply_penalties,
-                                      gather_logprobs)
+                                      argmax_rows, gather_logprobs)
 from workbench.sampling_params import SamplingParams
 
 # A 5-token distribution with easy numbers: token 2 is the most likely, then 4, 0, 1, 3.
@@ -122,6 +122,35 @@ def test_greedy_is_argmax():
     expected = [max(range(100), key=lambda t: row[t]) for row in logits.tolist()]
     requests = [req(f"r{i}", temperature=0.0, top_k=5, top_p=0.3, seed=i) for i in range(64)]
     assert Sampler()(logits, requests).token_ids == expected
+
+
+@pytest.mark.parametrize("width", [4096, 4160, 100, 64, 1])
+def test_argmax_rows_is_argmax(width):
+    """The blocked argmax picks what ``argmax`` picks: the first maximum, ties, +-inf rows, a
+    NaN anywhere (the first NaN wins), few distinct values, a non-contiguous view."""
+    g = torch.Generator().manual_seed(width)
+    for _ in range(20):
+        x = torch.randn(12, width, generator=g)
+        k = torch.randint(0, width, (4,), generator=g)
+        x[0, k] = x[0].max() + 1
+        x[1, k[:2]] = float("nan")
+        x[2] = 0.0
+        x[3, k] = float("inf")
+        x[4] = float("-inf")
+        x[5, k[0]], x[5, k[1]] = float("inf"), float("nan")
+        x[6] = torch.randint(0, 3, (width,), generator=g).float()
+        assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
+        wide = torch.randn(5, 2 * width, generator=g)[:, ::2]
+        assert torch.equal(argmax_rows(wide), wide.argmax(dim=-1))
+    assert argmax_rows(torch.empty(0, width)).shape == (0,)
+
+
+def test_plain_greedy_batch_takes_the_blocked_argmax():
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(7, 4096, generator=g)
+    logits[3, 100] = logits[3, 3000] = logits.max() + 1  # a tie: the first one
+    requests = [req(f"r{i}", temperature=0.0) for i in range(7)]
+    assert Sampler()(logits, requests).token_ids == logits.argmax(dim=-1).tolist()
 
 
 def _run(sampler: Sampler, steps: list[torch.Tensor], target: Request, row: int, others: list):

@@ -148,6 +148,26 @@ def apply_token_bitmask(logits: Tensor, bitmask: Tensor) -> Tensor:
     return logits.masked_fill(~allowed, _NEG_INF)
 
 
+#: :func:`argmax_rows` scans a row in blocks of this many logits.
+ARGMAX_BLOCK = 64
+
+
+def argmax_rows(x: Tensor) -> Tensor:
+    """``x.argmax(dim=-1)`` of a 2-D CPU tensor, exactly (the first maximum of a row; a NaN
+    counts as the maximum, as in ``argmax``), in two steps: the first block of
+    :data:`ARGMAX_BLOCK` logits holding the row's maximum (``amax`` per block, then ``argmax``
+    over the block maxima), then the argmax inside that block. ATen's ``argmax`` over a long
+    row is a scalar loop (0.5-1.2 ms for 96 x 4096 fp32 on 1-2 threads); ``amax`` is
+    vectorised, so this takes ~0.1 ms. Other devices, and widths that are no multiple of the
+    block, take ``argmax``."""
+    rows, width = x.shape
+    if x.device.type != "cpu" or width % ARGMAX_BLOCK or width <= ARGMAX_BLOCK or not rows:
+        return x.argmax(dim=-1)
+    blocks = x.reshape(rows, width // ARGMAX_BLOCK, ARGMAX_BLOCK)
+    best = blocks.amax(dim=-1).argmax(dim=-1)
+    return best * ARGMAX_BLOCK + blocks[torch.arange(rows), best].argmax(dim=-1)
+
+
 def _takes_prompt_ids(fn) -> bool:
     """vLLM's rule for a per-request logits processor: one whose signature has exactly three
     parameters is called ``fn(prompt_token_ids, output_token_ids, logits)``, any other
@@ -441,7 +461,7 @@ class Sampler:
         if (not custom or custom.argmax_invariant) and (
                 (metadata is not None and metadata.all_plain_greedy)
                 or all(_is_plain_greedy(r) for r in requests)):  # the common batch: one argmax
-            return SamplerOutput(token_ids=logits.argmax(dim=-1).tolist(), logprobs=[None] * num_rows)
+            return SamplerOutput(token_ids=argmax_rows(logits).tolist(), logprobs=[None] * num_rows)
         device = logits.device
         x, failed = self.process_logits(logits, requests, custom)
 
@@ -449,7 +469,7 @@ class Sampler:
         greedy_rows = [i for i, r in enumerate(requests) if r.sampling_params.greedy]
         if greedy_rows:
             rows = torch.tensor(greedy_rows, device=device)
-            tokens[rows] = x[rows].argmax(dim=-1)
+            tokens[rows] = argmax_rows(x[rows])
         sampled_rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         if sampled_rows:
             sampled = self._sample(x, [requests[i] for i in sampled_rows], sampled_rows, failed,
