@@ -37,7 +37,7 @@ from torch import Tensor
 from workbench.request import Request
 from workbench.utils.errors import describe
 from workbench.worker.sampler import (Sampler, TokenLogprobs, _is_plain_greedy, apply_token_bitmask,
-                                      gather_logprobs)
+                                      argmax_rows, gather_logprobs)
 
 _TINY = torch.finfo(torch.float32).tiny
 
@@ -133,15 +133,17 @@ class RejectionSampler:
         draft_probs = list(draft_probs) if draft_probs is not None else [None] * len(requests)
         if grammar_bitmask is not None:
             logits = apply_token_bitmask(logits, grammar_bitmask)
-        views = [with_drafts(r, d[:j]) for r, d in zip(requests, draft_token_ids)
-                 for j in range(len(d) + 1)]
         starts = [0]
         for c in counts:
             starts.append(starts[-1] + c)
         device = logits.device
-        if all(_is_plain_greedy(v) for v in views):  # the common case: one argmax
+        # The common case: one argmax. Drafts only add output tokens, so when a request is
+        # plain greedy, so is each of its rows (its views with drafts).
+        if all(_is_plain_greedy(r) for r in requests):
             x, failed, probs = logits, {}, None
         else:
+            views = [with_drafts(r, d[:j]) for r, d in zip(requests, draft_token_ids)
+                     for j in range(len(d) + 1)]
             x, failed = self.sampler.process_logits(logits, views)
             sampled_rows = [i for i, v in enumerate(views) if not v.sampling_params.greedy]
             probs = None
@@ -149,7 +151,7 @@ class RejectionSampler:
                 probs = torch.zeros_like(x)
                 rows = torch.tensor(sampled_rows, device=device)
                 probs[rows] = self.sampler.target_probs(x[rows], [views[i] for i in sampled_rows])
-        argmax = x.argmax(dim=-1).tolist()
+        argmax = argmax_rows(x)
         tokens_of: dict[int, list[int]] = {}
         sampled = [i for i, r in enumerate(requests)
                    if not r.sampling_params.greedy and r.request_id not in failed]
