@@ -10,7 +10,7 @@ import torch
 
 from workbench.request import Request
 from workbench.worker.sampler import (Sampler, SamplerOutput, TokenLogprobs, apply_penalties,
-                                      argmax_rows, gather_logprobs)
+                                      gather_logprobs)
 from workbench.sampling_params import SamplingParams
 
 # A 5-token distribution with easy numbers: token 2 is the most likely, then 4, 0, 1, 3.
@@ -382,23 +382,3 @@ def test_all_greedy_batch_takes_the_argmax_like_the_full_path():
     full = Sampler()(logits, mixed)
     assert fast.token_ids == full.token_ids == logits.argmax(dim=-1).tolist()
     assert fast.logprobs == [None] * 5 and full.logprobs[4] is not None
-
-
-# --- argmax_rows: the greedy rows' argmax -----------------------------------------------------
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_argmax_rows_is_torch_argmax_ties_nan_and_inf_included(dtype):
-    """The first maximum wins a tie, a NaN counts as the maximum (its first one), an all -inf
-    row gives 0, on contiguous rows and on a strided view, as ``torch.argmax`` says."""
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(7, 300, generator=gen)
-    x[1, [17, 250]] = 9.0  # a tie: 17
-    x[2, [40, 80]] = float("nan")  # NaN beats any number: 40
-    x[3] = float("-inf")
-    x[4, 5] = float("inf")
-    x[5, [3, 200]] = float("inf")  # a tie of +inf: 3
-    x = x.to(dtype)
-    assert argmax_rows(x)[1:6] == [17, 40, 0, 5, 3]
-    for rows in (x, x[:, ::3], x.t().contiguous().t()):
-        assert argmax_rows(rows) == torch.argmax(rows, dim=-1).tolist()
-    assert argmax_rows(x[:0]) == []

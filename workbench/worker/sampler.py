@@ -309,16 +309,6 @@ def apply_min_p(logits: Tensor, min_p: Tensor) -> Tensor:
     return logits.masked_fill(probs < threshold, _NEG_INF)
 
 
-def argmax_rows(x: Tensor) -> list[int]:
-    """Each row's argmax, as ints (the first maximum; a NaN counts as the maximum, as in
-    ``torch.argmax``). fp32/fp64 CPU rows go through numpy's ``argmax``: torch's CPU argmax
-    walks a row element by element (~7 us for a 4096-token vocabulary), numpy's is
-    vectorised (~0.3 us) -- that is most of a plain greedy step's sampling."""
-    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
-        return x.detach().numpy().argmax(axis=-1).tolist()
-    return x.argmax(dim=-1).tolist()
-
-
 def _has_request_logits_work(sp) -> bool:
     return bool(sp.logits_processors or sp.allowed_token_ids is not None
                 or sp.bad_words_token_ids or sp.logit_bias)
@@ -451,7 +441,7 @@ class Sampler:
         if (not custom or custom.argmax_invariant) and (
                 (metadata is not None and metadata.all_plain_greedy)
                 or all(_is_plain_greedy(r) for r in requests)):  # the common batch: one argmax
-            return SamplerOutput(token_ids=argmax_rows(logits), logprobs=[None] * num_rows)
+            return SamplerOutput(token_ids=logits.argmax(dim=-1).tolist(), logprobs=[None] * num_rows)
         device = logits.device
         x, failed = self.process_logits(logits, requests, custom)
 
