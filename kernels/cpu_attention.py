@@ -23,7 +23,8 @@ once per layer:
 * **Prefill chunks** (more than one query token) go through
   ``scaled_dot_product_attention`` (its fused CPU kernel: 4-D inputs, K/V repeated per query
   head) one sequence at a time, over the gathered context with a bottom-right-aligned causal
-  mask (plain ``is_causal`` when the chunk is the whole context).
+  mask (plain ``is_causal`` when the chunk is the whole context). A short chunk (at most
+  ``SHORT_CHUNK`` tokens: a speculative verify chunk) keeps K/V unrepeated (``enable_gqa``).
 
 Math is fp32, as in the reference. :func:`write_kv_cache` is the reference's scatter in two
 ``index_copy_`` calls. :func:`rotary_embedding` is the reference's RoPE with the cos/sin rows
@@ -41,6 +42,10 @@ import torch.nn.functional as F
 MAX_DECODE_GROUPS = 3
 #: A new group starts only when it saves at least this many padded tokens.
 MIN_GROUP_SAVING = 512
+#: Chunks of at most this many query tokens (a speculative verify chunk: k + 1) keep one K/V
+#: head per group of query heads (SDPA's ``enable_gqa``): repeating K/V costs them more than
+#: their attention.
+SHORT_CHUNK = 16
 
 
 @dataclass
@@ -238,7 +243,8 @@ def paged_attention(
         q_len = p.q_end - p.q_start
         k = _gather(key_cache, p.slots, p.buffers, "k").transpose(0, 1)  # [kv_heads, L, D]
         v = _gather(value_cache, p.slots, p.buffers, "v").transpose(0, 1)
-        if group > 1:  # one K/V head per query head: SDPA's fused CPU kernel, not its GQA path
+        short = q_len <= SHORT_CHUNK
+        if group > 1 and not short:  # one K/V head per query head: SDPA's fused CPU kernel
             k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
         q = query[p.q_start:p.q_end].float().transpose(0, 1)  # [q_heads, q_len, D]
         if q_len == p.seq_len and sliding_window is None:
@@ -246,7 +252,8 @@ def paged_attention(
         else:
             mask, causal = _prefill_mask(p, sliding_window), False
         o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask,
-                                           is_causal=causal, scale=scale)[0]
+                                           is_causal=causal, scale=scale,
+                                           enable_gqa=group > 1 and short)[0]
         out[p.q_start:p.q_end] = o.transpose(0, 1).to(out.dtype)
     return out
 

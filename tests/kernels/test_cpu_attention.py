@@ -58,6 +58,22 @@ def test_many_decodes_of_spread_lengths(ctx, block_size, seed):
     check_cpu(batch, plan=plan, sliding_window=50)
 
 
+@pytest.mark.parametrize("group", [1, 2, 3])
+@pytest.mark.parametrize("sliding_window", [None, 9])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_short_chunks_match_reference(group, sliding_window, dtype):
+    """Speculative verify chunks (2..SHORT_CHUNK query tokens after a context: K/V unrepeated,
+    ``enable_gqa``), a whole short prompt (plain causal), a chunk one token longer than
+    SHORT_CHUNK (K/V repeated) and a decode in one batch, under one plan."""
+    n = cpu_attention.SHORT_CHUNK
+    q_lens, ctx_lens = [2, 5, n, n, n + 1, 1], [40, 17, 3, 0, 30, 25]
+    batch = build_batch(q_lens, ctx_lens, num_kv_heads=2, group=group, head_dim=32,
+                        block_size=16, dtype=dtype, seed=group)
+    plan = ops.plan_attention(*batch[3:], 16, backend="cpu")
+    assert [p.q_end - p.q_start for p in plan.prefills] == [2, 5, n, n, n + 1]
+    check_cpu(batch, plan=plan, sliding_window=sliding_window)
+
+
 def test_length_groups_cut_padding():
     """Sequences of 1 and 20 blocks are not padded to one length: two groups, sorted, each as
     long as its longest sequence."""

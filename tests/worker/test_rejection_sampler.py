@@ -8,7 +8,7 @@ import torch
 
 from workbench.request import Request
 from workbench.sampling_params import SamplingParams
-from workbench.worker.rejection_sampler import RejectionSampler, rejection_sample, with_drafts
+from workbench.worker.rejection_sampler import RejectionSampler, _argmax_rows, rejection_sample, with_drafts
 from workbench.worker.sampler import Sampler, gather_logprobs
 
 N = 200_000
@@ -73,6 +73,23 @@ def test_greedy_accepts_while_the_draft_is_the_argmax():
     assert out.num_accepted == [3] and out.token_ids == [[1, 2, 0, 3]]  # all accepted + bonus
     out = rs(logits[:2], [request(temperature=0.0)], [[2]])
     assert out.num_accepted == [0] and out.token_ids == [[1]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_row_argmax_is_torch_argmax_ties_nan_and_inf_included(dtype):
+    """The greedy rows' argmax: the first maximum wins a tie, a NaN counts as the maximum (its
+    first one), an all -inf row gives 0, on contiguous rows and strided views, as
+    ``torch.argmax`` says."""
+    x = torch.randn(7, 300, generator=torch.Generator().manual_seed(0))
+    x[1, [17, 250]] = 9.0
+    x[2, [40, 80]] = float("nan")
+    x[3] = float("-inf")
+    x[4, 5] = float("inf")
+    x[5, [3, 200]] = float("inf")
+    x = x.to(dtype)
+    assert _argmax_rows(x)[1:6] == [17, 40, 0, 5, 3]
+    for rows in (x, x[:, ::3], x.t().contiguous().t(), x[:0]):
+        assert _argmax_rows(rows) == torch.argmax(rows, dim=-1).tolist()
 
 
 GREEDY_PARAMS = [

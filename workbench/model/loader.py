@@ -13,6 +13,7 @@ import torch
 
 from workbench.model.llama import MODEL_CLASSES, LlamaForCausalLM
 from workbench.model.model_config import ModelConfig
+from workbench.model.weight_layout import store_input_major
 
 logger = logging.getLogger(__name__)
 
@@ -157,11 +158,13 @@ def iterate_safetensors(path: pathlib.Path) -> Iterator[tuple[str, torch.Tensor]
 
 
 def load_weights(model: LlamaForCausalLM, model_config: ModelConfig, *, load_format: str, seed: int) -> None:
-    """Fill ``model``'s parameters (allocated at their shapes) as :func:`load_model` does."""
+    """Fill ``model``'s parameters (allocated at their shapes) as :func:`load_model` does, then
+    store its CPU weights input-major (:mod:`workbench.model.weight_layout`)."""
     if load_format == "dummy":
         model.init_dummy_weights(seed)
     else:
         model.load_weights(iterate_safetensors(pathlib.Path(model_config.path)))
+    store_input_major(model)
 
 
 def load_model(

@@ -404,7 +404,7 @@ class ModelRunner:
                     n = 1 + len(drafts.get(rid, ()))
                     (spec_rows if rid in drafts else plain_rows).extend(range(row, row + n))
                     row += n
-                plain_logits = logits[plain_rows]
+                plain_logits = logits[plain_rows] if plain_rows else logits[:0]
             if pooling_ids:
                 keep = [i for i, rid in enumerate(plain_ids) if rid not in pooling_ids]
                 plain_ids, plain_logits = tuple(plain_ids[i] for i in keep), plain_logits[keep]
@@ -421,7 +421,8 @@ class ModelRunner:
                         logprobs[rid] = lp
             if drafts:
                 spec_ids = [rid for rid in batch.sample_request_ids if rid in drafts]
-                rej = self.rejection_sampler(logits[spec_rows], [requests[rid] for rid in spec_ids],
+                spec_logits = logits if len(spec_rows) == logits.shape[0] else logits[spec_rows]
+                rej = self.rejection_sampler(spec_logits, [requests[rid] for rid in spec_ids],
                                              [drafts[rid] for rid in spec_ids],
                                              grammar_bitmask=_stack_spec_masks(
                                                  spec_ids, drafts, grammar_bitmask))

@@ -107,6 +107,16 @@ def rejection_sample(
     return num_accepted, (p / race).argmax(dim=1)
 
 
+def _argmax_rows(x: Tensor) -> list[int]:
+    """Each row's argmax as ints, exactly ``x.argmax(dim=-1)`` (the first maximum; a NaN
+    counts as the maximum). fp32/fp64 CPU rows go through numpy's ``argmax``: torch's CPU
+    argmax walks a row element by element (~7 us per 4096-token row, most of a verifying
+    step's sampling), numpy's is vectorised (~0.3 us)."""
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        return x.detach().numpy().argmax(axis=-1).tolist()
+    return x.argmax(dim=-1).tolist()
+
+
 class RejectionSampler:
     """Accepts or rejects each request's drafts (see module docstring) with ``sampler``'s
     logits processing and generators."""
@@ -133,15 +143,17 @@ class RejectionSampler:
         draft_probs = list(draft_probs) if draft_probs is not None else [None] * len(requests)
         if grammar_bitmask is not None:
             logits = apply_token_bitmask(logits, grammar_bitmask)
-        views = [with_drafts(r, d[:j]) for r, d in zip(requests, draft_token_ids)
-                 for j in range(len(d) + 1)]
         starts = [0]
         for c in counts:
             starts.append(starts[-1] + c)
         device = logits.device
-        if all(_is_plain_greedy(v) for v in views):  # the common case: one argmax
+        # The common case: one argmax. Drafts only add output tokens, so when a request is
+        # plain greedy, so is each of its rows (its views with drafts).
+        if all(_is_plain_greedy(r) for r in requests):
             x, failed, probs = logits, {}, None
         else:
+            views = [with_drafts(r, d[:j]) for r, d in zip(requests, draft_token_ids)
+                     for j in range(len(d) + 1)]
             x, failed = self.sampler.process_logits(logits, views)
             sampled_rows = [i for i, v in enumerate(views) if not v.sampling_params.greedy]
             probs = None
@@ -149,7 +161,7 @@ class RejectionSampler:
                 probs = torch.zeros_like(x)
                 rows = torch.tensor(sampled_rows, device=device)
                 probs[rows] = self.sampler.target_probs(x[rows], [views[i] for i in sampled_rows])
-        argmax = x.argmax(dim=-1).tolist()
+        argmax = _argmax_rows(x)
         tokens_of: dict[int, list[int]] = {}
         sampled = [i for i, r in enumerate(requests)
                    if not r.sampling_params.greedy and r.request_id not in failed]
