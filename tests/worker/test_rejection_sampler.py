@@ -8,7 +8,8 @@ import torch
 
 from workbench.request import Request
 from workbench.sampling_params import SamplingParams
-from workbench.worker.rejection_sampler import RejectionSampler, _argmax_rows, rejection_sample, with_drafts
+from workbench.worker.rejection_sampler import RejectionSampler, rejection_sample, with_drafts
+from workbench.worker.sampler import argmax_rows
 from workbench.worker.sampler import Sampler, gather_logprobs
 
 N = 200_000
@@ -87,9 +88,9 @@ def test_row_argmax_is_torch_argmax_ties_nan_and_inf_included(dtype):
     x[4, 5] = float("inf")
     x[5, [3, 200]] = float("inf")
     x = x.to(dtype)
-    assert _argmax_rows(x)[1:6] == [17, 40, 0, 5, 3]
+    assert argmax_rows(x).tolist()[1:6] == [17, 40, 0, 5, 3]
     for rows in (x, x[:, ::3], x.t().contiguous().t(), x[:0]):
-        assert _argmax_rows(rows) == torch.argmax(rows, dim=-1).tolist()
+        assert argmax_rows(rows).tolist() == torch.argmax(rows, dim=-1).tolist()
 
 
 GREEDY_PARAMS = [

@@ -126,7 +126,7 @@ def test_greedy_is_argmax():
 
 @pytest.mark.parametrize("width", [4096, 4160, 100, 64, 1])
 def test_argmax_rows_is_argmax(width):
-    """The blocked argmax picks what ``argmax`` picks: the first maximum, ties, +-inf rows, a
+    """``argmax_rows`` picks what ``argmax`` picks: the first maximum, ties, +-inf rows, a
     NaN anywhere (the first NaN wins), few distinct values, a non-contiguous view."""
     g = torch.Generator().manual_seed(width)
     for _ in range(20):
@@ -145,7 +145,7 @@ def test_argmax_rows_is_argmax(width):
     assert argmax_rows(torch.empty(0, width)).shape == (0,)
 
 
-def test_plain_greedy_batch_takes_the_blocked_argmax():
+def test_plain_greedy_batch_takes_argmax_rows():
     g = torch.Generator().manual_seed(2)
     logits = torch.randn(7, 4096, generator=g)
     logits[3, 100] = logits[3, 3000] = logits.max() + 1  # a tie: the first one

@@ -37,7 +37,7 @@ from torch import Tensor
 from workbench.request import Request
 from workbench.utils.errors import describe
 from workbench.worker.sampler import (Sampler, TokenLogprobs, _is_plain_greedy, apply_token_bitmask,
-                                      gather_logprobs)
+                                      argmax_rows, gather_logprobs)
 
 _TINY = torch.finfo(torch.float32).tiny
 
@@ -107,16 +107,6 @@ def rejection_sample(
     return num_accepted, (p / race).argmax(dim=1)
 
 
-def _argmax_rows(x: Tensor) -> list[int]:
-    """Each row's argmax as ints, exactly ``x.argmax(dim=-1)`` (the first maximum; a NaN
-    counts as the maximum). fp32/fp64 CPU rows go through numpy's ``argmax``: torch's CPU
-    argmax walks a row element by element (~7 us per 4096-token row, most of a verifying
-    step's sampling), numpy's is vectorised (~0.3 us)."""
-    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
-        return x.detach().numpy().argmax(axis=-1).tolist()
-    return x.argmax(dim=-1).tolist()
-
-
 class RejectionSampler:
     """Accepts or rejects each request's drafts (see module docstring) with ``sampler``'s
     logits processing and generators."""
@@ -161,7 +151,7 @@ class RejectionSampler:
                 probs = torch.zeros_like(x)
                 rows = torch.tensor(sampled_rows, device=device)
                 probs[rows] = self.sampler.target_probs(x[rows], [views[i] for i in sampled_rows])
-        argmax = _argmax_rows(x)
+        argmax = argmax_rows(x).tolist()
         tokens_of: dict[int, list[int]] = {}
         sampled = [i for i, r in enumerate(requests)
                    if not r.sampling_params.greedy and r.request_id not in failed]

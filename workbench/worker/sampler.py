@@ -148,24 +148,14 @@ def apply_token_bitmask(logits: Tensor, bitmask: Tensor) -> Tensor:
     return logits.masked_fill(~allowed, _NEG_INF)
 
 
-#: :func:`argmax_rows` scans a row in blocks of this many logits.
-ARGMAX_BLOCK = 64
-
-
 def argmax_rows(x: Tensor) -> Tensor:
-    """``x.argmax(dim=-1)`` of a 2-D CPU tensor, exactly (the first maximum of a row; a NaN
-    counts as the maximum, as in ``argmax``), in two steps: the first block of
-    :data:`ARGMAX_BLOCK` logits holding the row's maximum (``amax`` per block, then ``argmax``
-    over the block maxima), then the argmax inside that block. ATen's ``argmax`` over a long
-    row is a scalar loop (0.5-1.2 ms for 96 x 4096 fp32 on 1-2 threads); ``amax`` is
-    vectorised, so this takes ~0.1 ms. Other devices, and widths that are no multiple of the
-    block, take ``argmax``."""
-    rows, width = x.shape
-    if x.device.type != "cpu" or width % ARGMAX_BLOCK or width <= ARGMAX_BLOCK or not rows:
-        return x.argmax(dim=-1)
-    blocks = x.reshape(rows, width // ARGMAX_BLOCK, ARGMAX_BLOCK)
-    best = blocks.amax(dim=-1).argmax(dim=-1)
-    return best * ARGMAX_BLOCK + blocks[torch.arange(rows), best].argmax(dim=-1)
+    """``x.argmax(dim=-1)`` of a 2-D tensor, exactly (the first maximum of a row; a NaN counts
+    as the maximum, as in ``argmax``). fp32/fp64 CPU rows go through numpy's vectorised
+    ``argmax``: ATen's CPU ``argmax`` walks a row element by element (0.36 ms for 96 x 4096
+    fp32 logits against numpy's 0.04 ms here). Other dtypes and devices take ``argmax``."""
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        return torch.from_numpy(x.detach().numpy().argmax(axis=-1))
+    return x.argmax(dim=-1)
 
 
 def _takes_prompt_ids(fn) -> bool:
