@@ -30,6 +30,6 @@ def test_the_simreal_command_compares_a_real_and_a_simulated_cluster(capsys):
                                              "--rate", "4"]))
     assert got["counts_equal"]
     for metric in ("ttft_s", "e2e_s"):
-        assert math.isfinite(got[metric]["floor"]) and math.isfinite(got[metric]["sim_err"])
+        assert all(math.isfinite(got[metric][k]) for k in ("floor", "sim_err", "rescaled_err"))
         assert got[metric]["within"] == (got[metric]["sim_err"] <= got[metric]["floor"])
     assert "real-vs-real floor" in capsys.readouterr().out

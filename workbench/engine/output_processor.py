@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from workbench.engine.detokenizer import IncrementalDetokenizer
 from workbench.engine.logprobs import LogprobTokenDecoder
 from workbench.outputs import Logprob, RequestOutput
+from workbench.sampling_params import RequestOutputKind
 from workbench.engine.parallel_sampling import ParentRequest
 from workbench.utils.reprs import html_table
 from workbench.request import Request, RequestStatus
@@ -184,15 +185,16 @@ class OutputProcessor:
                     f"request_id {request.request_id!r} was never added (or already finished)."
                 )
             parent, state = entry
+            if state.finish_reason is None:
+                try:
+                    if self._update(state, request, logprobs, stats, now) and not request.is_finished:
+                        self._report(result, request, RequestStatus.FINISHED_STOPPED, now,
+                                     num_output_tokens=state.num_seen)
+                except Exception as exc:  # noqa: BLE001 - isolate this request
+                    fail(state, exc)
+                if state.finish_reason is None and parent.params.output_kind is RequestOutputKind.FINAL_ONLY:
+                    continue  # nothing to give, and no stats, before it finishes
             touched[parent.request_id] = parent
-            if state.finish_reason is not None:
-                continue
-            try:
-                if self._update(state, request, logprobs, stats, now) and not request.is_finished:
-                    self._report(result, request, RequestStatus.FINISHED_STOPPED, now,
-                                 num_output_tokens=state.num_seen)
-            except Exception as exc:  # noqa: BLE001 - isolate this request
-                fail(state, exc)
         for rid, message in (errors or {}).items():  # after their tokens, if any
             parent, state = self._sequences[rid]
             touched[parent.request_id] = parent
