@@ -81,24 +81,26 @@ def _fake_runner(out) -> dict[str, int]:
     return {c.request_id: FAKE_TOKEN for c in out.scheduled if c.samples}
 
 
+def _timed(fn, spent: list[float]):
+    """``fn``, adding the seconds each call takes to ``spent[0]``."""
+    def call(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            spent[0] += time.perf_counter() - t0
+    return call
+
+
 def _time_explainer(sched: Scheduler) -> list[float]:
     """Wrap the explainer's entry points (and its prefix memory's) so that the seconds spent
     in them accumulate in the returned one-element list."""
     spent = [0.0]
-
-    def timed(fn):
-        def call(*a, **kw):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                spent[0] += time.perf_counter() - t0
-        return call
-
     explainer = sched.explainer
-    explainer.explain_step, explainer.preempting = timed(explainer.explain_step), timed(explainer.preempting)
+    explainer.explain_step, explainer.preempting = (_timed(explainer.explain_step, spent),
+                                                    _timed(explainer.preempting, spent))
     memory = explainer.memory
-    memory.stored, memory.evicted = timed(memory.stored), timed(memory.evicted)
+    memory.stored, memory.evicted = _timed(memory.stored, spent), _timed(memory.evicted, spent)
     return spent
 
 
@@ -207,16 +209,7 @@ def _measure_engine(n: int, args: argparse.Namespace, mode: dict) -> dict:
         prompt = [(i * 7919 + j * 31) % (vocab - 16) + 16 for j in range(args.prompt_len)]
         engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, params)
     runner_s = [0.0]
-    execute = engine.runner.execute
-
-    def timed_execute(*a, **kw):
-        t0 = time.perf_counter()
-        try:
-            return execute(*a, **kw)
-        finally:
-            runner_s[0] += time.perf_counter() - t0
-
-    engine.runner.execute = timed_execute
+    engine.runner.execute = _timed(engine.runner.execute, runner_s)
     while not (len(engine.scheduler.running) == n
                and all(r.num_computed_tokens >= r.num_prompt_tokens for r in engine.scheduler.running)):
         engine.step()

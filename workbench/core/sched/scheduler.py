@@ -497,7 +497,6 @@ class Scheduler(RemoteKVMixin):
         """``update_from_output``'s pass over the step's chunks: the requests that got a token,
         in batch order, and whether any finished (it is still in ``running``)."""
         kv = self.kv_cache
-        block_size = kv.block_size
         requests = self.requests
         got_token: list[Request] = []
         any_finished = False
@@ -552,8 +551,7 @@ class Scheduler(RemoteKVMixin):
                 request.first_token_time = now
                 if self._events is not None:
                     self._events.append(RequestFirstToken(request.request_id, scheduler_output.step, now))
-            if len(request.block_hashes) * block_size + block_size <= request.num_tokens:
-                kv.update_block_hashes(request)  # a block's tokens are complete: hash it
+            kv.update_block_hashes(request)
             if status is not None:
                 self._finish(request, status, scheduler_output.step, now)
                 any_finished = True
