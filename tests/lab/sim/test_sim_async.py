@@ -33,7 +33,9 @@ def test_async_steps_add_up_to_the_runs_wall_time():
     wall = time.perf_counter() - start
     _, durations, _ = measured_steps(engine.history)
     assert 0.9 * wall <= durations.sum() <= wall
-    assert (durations[1:] >= 0.02).all()  # each step at least its forward
+    # the forwards run one after another inside the run, so together the steps cover them all;
+    # one step alone may be shorter than its forward (its start hid under the update before)
+    assert durations.sum() >= 0.02 * len(durations)
 
 
 def test_calibrate_simulate_and_the_accuracy_report_with_async_scheduling(tmp_path):
