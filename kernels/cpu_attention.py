@@ -9,17 +9,17 @@ once per layer:
 
 * **Plan once per forward.** :func:`plan_attention` turns the block tables and lengths into
   the index tensors every layer reuses (:class:`AttentionPlan`): decode sequences (one query
-  each) are sorted by length and cut into a few groups of similar length, so padding to the
-  group's longest sequence stays small; for each group, the cache slot of every position and
-  the causal/window mask. A padding position reads the sequence's own last slot (written by
-  this forward, so never garbage: a slot past a length may hold anything, even NaN) and is
-  masked out.
-* **Decode groups.** One ``index_select`` of cache rows per group gathers K and V into
-  ``[seqs, len, kv_heads, head_dim]``; then one ``scaled_dot_product_attention`` (its fused
-  CPU kernel reads the strided ``[seqs, kv_heads, len, head_dim]`` view, no copy) where the
-  query heads sharing a KV head are that head's query rows: GQA without repeating K/V. Few,
-  large ops: each op of a step is a parallel region, and on a busy machine every one of them
-  can wait for a descheduled thread.
+  each) are sorted by length and cut into tiles of similar length of at most ``TILE_ROWS``
+  gathered positions, so padding to the tile's longest sequence stays small; for each tile,
+  the cache slot of every position and the causal/window mask. A padding position reads the
+  sequence's own last slot (written by this forward, so never garbage: a slot past a length
+  may hold anything, even NaN) and is masked out.
+* **Decode tiles.** One ``index_select`` of cache rows per tile gathers K and V into
+  ``[seqs, len, kv_heads, head_dim]`` buffers small enough to stay in the core's cache; then
+  one ``scaled_dot_product_attention`` (its fused CPU kernel reads the strided
+  ``[seqs, kv_heads, len, head_dim]`` view, no copy) reads them back from there, where the
+  query heads sharing a KV head are that head's query rows: GQA without repeating K/V. The
+  decode queries are gathered, and their outputs scattered, once per layer for every tile.
 * **Prefill chunks** (more than one query token) go through
   ``scaled_dot_product_attention`` (its fused CPU kernel: 4-D inputs, K/V repeated per query
   head) one sequence at a time, over the gathered context with a bottom-right-aligned causal
@@ -38,10 +38,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-#: Decode sequences are cut into at most this many length groups.
-MAX_DECODE_GROUPS = 3
-#: A new group starts only when it saves at least this many padded tokens.
-MIN_GROUP_SAVING = 512
+#: Gathered positions per decode tile (a longer sequence is a tile of its own). A decode layer
+#: is bound by moving cached K/V rows: gathered a tile at a time, the rows SDPA reads back are
+#: still in the core's cache (768 KB of K and V at 384-byte rows); one gather of a whole
+#: step's decodes went out to memory and back. Measured best at 1-2k (see kernels/RESULTS.md).
+TILE_ROWS = 2048
 #: Chunks of at most this many query tokens (a speculative verify chunk: k + 1) keep one K/V
 #: head per group of query heads (SDPA's ``enable_gqa``): repeating K/V costs them more than
 #: their attention.
@@ -50,14 +51,15 @@ SHORT_CHUNK = 16
 
 @dataclass
 class DecodeGroup:
-    """Decode sequences padded to one length: their query rows, cache slots and masks."""
+    """Decode sequences padded to one length: rows ``[start, end)`` of the plan's
+    ``decode_rows``, their cache slots and masks."""
 
-    rows: torch.Tensor  # int64 [n]: query row (== token index) of each sequence
+    start: int
+    end: int
     slots: torch.Tensor  # int64 [n * length]: cache slot of each position (padding: the last one)
     length: int  # positions per sequence after padding: the group's longest sequence
     seq_lens: torch.Tensor  # int64 [n]
     masks: dict = field(default_factory=dict)  # sliding_window -> additive fp32 [n, 1, 1, L]
-    buffers: dict = field(default_factory=dict)  # gather buffers, reused layer after layer
 
 
 @dataclass
@@ -68,7 +70,6 @@ class PrefillChunk:
     q_end: int
     seq_len: int
     slots: torch.Tensor  # int64 [seq_len]: cache slot of each position
-    buffers: dict = field(default_factory=dict)
     masks: dict = field(default_factory=dict)  # sliding_window -> additive fp32 [q_len, seq_len]
 
 
@@ -79,37 +80,30 @@ class AttentionPlan:
     block_size: int
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillChunk]
+    #: int64 [decodes]: the query row (== token index) of every decode sequence, by length
+    decode_rows: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    #: "k"/"v" -> gather buffer, grown to the largest tile or chunk and reused by every tile,
+    #: chunk and layer (so that it stays in the core's cache)
+    buffers: dict = field(default_factory=dict)
     #: (cos_sin_cache, positions) -> (cos, signed sin) [num_tokens, 1, head_dim] (see
     #: :func:`rotary_embedding`); filled by the first layer, reused by the others.
     rotary: dict = field(default_factory=dict)
 
     def __repr__(self) -> str:
-        sizes = [(g.rows.numel(), g.length) for g in self.decode_groups]
+        sizes = [(g.end - g.start, g.length) for g in self.decode_groups]
         return (f"AttentionPlan(decode_groups(seqs, length)={sizes}, "
                 f"prefills={[(p.q_end - p.q_start, p.seq_len) for p in self.prefills]})")
 
 
-def _cut_groups(lens_blocks: list[int], min_saving_blocks: int) -> list[int]:
-    """Cut points (exclusive ends) over sequences sorted by block count, ascending.
-
-    Greedy: start from one group; repeatedly split the group at the point that removes the
-    most padding, while a split saves at least ``min_saving_blocks`` padded blocks."""
-    cuts = [len(lens_blocks)]
-    while len(cuts) < MAX_DECODE_GROUPS:
-        best, best_at = 0, None
-        start = 0
-        for end in cuts:
-            top = lens_blocks[end - 1]
-            for i in range(start + 1, end):
-                # [start, i) padded to lens_blocks[i - 1] instead of top
-                saving = (i - start) * (top - lens_blocks[i - 1])
-                if saving > best:
-                    best, best_at = saving, i
-            start = end
-        if best_at is None or best < min_saving_blocks:
-            break
-        cuts = sorted(cuts + [best_at])
-    return cuts
+def _cut_tiles(lens: list[int]) -> list[int]:
+    """Cut points (exclusive ends) over ascending lengths: each tile takes the next sequences
+    while (its sequences) x (its longest length) stays within ``TILE_ROWS``."""
+    cuts, start = [], 0
+    for i, length in enumerate(lens):
+        if i > start and (i + 1 - start) * length > TILE_ROWS:
+            cuts.append(i)
+            start = i
+    return cuts + [len(lens)] if lens else []
 
 
 def plan_attention(block_tables: torch.Tensor, query_start_loc: torch.Tensor,
@@ -126,30 +120,33 @@ def plan_attention(block_tables: torch.Tensor, query_start_loc: torch.Tensor,
             slots = _slots(block_tables[s:s + 1], torch.arange(seq_len)[None], block_size)
             prefills.append(PrefillChunk(starts[s], starts[s + 1], seq_len, slots.view(-1)))
     decodes.sort(key=lambda s: lens[s])
-    nblocks = [-(-lens[s] // block_size) for s in decodes]
     groups = []
-    begin = 0
-    for end in (_cut_groups(nblocks, -(-MIN_GROUP_SAVING // block_size)) if decodes else []):
-        members = decodes[begin:end]
-        length = lens[members[-1]]
-        idx = torch.tensor(members, dtype=torch.int64)
-        group_lens = torch.tensor([lens[s] for s in members], dtype=torch.int64)
+    if decodes:
+        group_lens = torch.tensor([lens[s] for s in decodes], dtype=torch.int64)
+        longest = lens[decodes[-1]]
         # positions past a length read the sequence's last slot (written by this very forward,
         # so never garbage) and are masked out
-        pos = torch.minimum(torch.arange(length)[None, :], (group_lens - 1)[:, None])
-        visible = torch.arange(length)[None, :] < group_lens[:, None]
-        groups.append(DecodeGroup(
-            rows=torch.tensor([starts[s] for s in members], dtype=torch.int64),
-            slots=_slots(block_tables[idx], pos, block_size).view(-1), length=length,
-            seq_lens=group_lens, masks={None: _additive(visible[:, None, None, :])}))
-        begin = end
-    return AttentionPlan(block_size, groups, prefills)
+        pos = torch.minimum(torch.arange(longest)[None, :], (group_lens - 1)[:, None])
+        slots = _slots(block_tables[torch.tensor(decodes)], pos, block_size)
+        visible = _additive((torch.arange(longest)[None, :] < group_lens[:, None])[:, None, None, :])
+        begin = 0
+        for end in _cut_tiles([lens[s] for s in decodes]):
+            length = lens[decodes[end - 1]]
+            groups.append(DecodeGroup(
+                begin, end, slots=slots[begin:end, :length].reshape(-1), length=length,
+                seq_lens=group_lens[begin:end], masks={None: visible[begin:end, ..., :length]}))
+            begin = end
+    return AttentionPlan(block_size, groups, prefills,
+                         torch.tensor([starts[s] for s in decodes], dtype=torch.int64))
 
 
 def _slots(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Cache slot of each position: ``tables[i, p // block_size] * block_size + p % block_size``."""
-    blocks = tables.long().gather(1, positions // block_size)
-    return blocks * block_size + positions % block_size
+    """Cache slot of each position: ``tables[i, p // block_size] * block_size + p % block_size``,
+    as a gather from every slot of the tables' blocks (torch's integer ``//`` and ``%`` cost
+    ~80 us each on a decode batch; this costs ~10 us)."""
+    tables = tables[:, :-(-(int(positions.max()) + 1) // block_size)].long()
+    every = (tables[:, :, None] * block_size + torch.arange(block_size)).view(tables.shape[0], -1)
+    return every.expand(positions.shape[0], -1).gather(1, positions)
 
 
 def _additive(visible: torch.Tensor) -> torch.Tensor:
@@ -183,16 +180,18 @@ def _prefill_mask(chunk: PrefillChunk, sliding_window: int | None) -> torch.Tens
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor, buffers: dict, name: str) -> torch.Tensor:
-    """The cache rows at ``slots`` as [len(slots), kv_heads, head_dim] fp32, written into a
-    buffer kept in ``buffers`` under ``name`` (reused by the next layer).
+    """The cache rows at ``slots`` as [len(slots), kv_heads, head_dim] fp32, written into the
+    front of a buffer kept in ``buffers`` under ``name`` (valid until the next gather).
 
     Gathering rows of the cache viewed as 2-D [slots, kv_heads * head_dim] is several times
     faster than gathering from the 4-D view."""
     num_blocks, block_size, kv_heads, head_dim = cache.shape
     rows = cache.view(num_blocks * block_size, kv_heads * head_dim)
     buf = buffers.get(name)
-    if buf is None or buf.dtype != cache.dtype or buf.shape != (slots.numel(), rows.shape[1]):
+    if (buf is None or buf.dtype != cache.dtype or buf.shape[0] < slots.numel()
+            or buf.shape[1] != rows.shape[1]):
         buf = buffers[name] = rows.new_empty((slots.numel(), rows.shape[1]))
+    buf = buf[:slots.numel()]
     torch.index_select(rows, 0, slots, out=buf)
     return buf.view(-1, kv_heads, head_dim).float()
 
@@ -228,21 +227,24 @@ def paged_attention(
         plan = plan_attention(block_tables, query_start_loc, seq_lens, block_size)
     if out is None:
         out = torch.empty_like(query)
-    for g in plan.decode_groups:
-        n = g.rows.numel()
-        k = _gather(key_cache, g.slots, g.buffers, "k").view(n, g.length, num_kv_heads, head_dim)
-        v = _gather(value_cache, g.slots, g.buffers, "v").view(n, g.length, num_kv_heads, head_dim)
-        # The query heads sharing a KV head are that head's "query rows": GQA without repeats;
-        # SDPA reads the strided [n, kv_heads, length, head_dim] views as they are.
-        q = query.index_select(0, g.rows).float().view(n, num_kv_heads, group, head_dim)
-        result = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
-                                                attn_mask=_decode_mask(g, sliding_window),
-                                                scale=scale)
-        out.index_copy_(0, g.rows, result.reshape(n, num_q_heads, head_dim).to(out.dtype))
+    if plan.decode_groups:
+        # the query heads sharing a KV head are that head's "query rows": GQA without repeats
+        q = query.index_select(0, plan.decode_rows).float().view(-1, num_kv_heads, group, head_dim)
+        results = []
+        for g in plan.decode_groups:
+            n = g.end - g.start
+            k = _gather(key_cache, g.slots, plan.buffers, "k").view(n, g.length, num_kv_heads, head_dim)
+            v = _gather(value_cache, g.slots, plan.buffers, "v").view(n, g.length, num_kv_heads, head_dim)
+            # SDPA reads the strided [n, kv_heads, length, head_dim] views as they are
+            results.append(F.scaled_dot_product_attention(
+                q[g.start:g.end], k.transpose(1, 2), v.transpose(1, 2),
+                attn_mask=_decode_mask(g, sliding_window), scale=scale))
+        out.index_copy_(0, plan.decode_rows,
+                        torch.cat(results).view(-1, num_q_heads, head_dim).to(out.dtype))
     for p in plan.prefills:
         q_len = p.q_end - p.q_start
-        k = _gather(key_cache, p.slots, p.buffers, "k").transpose(0, 1)  # [kv_heads, L, D]
-        v = _gather(value_cache, p.slots, p.buffers, "v").transpose(0, 1)
+        k = _gather(key_cache, p.slots, plan.buffers, "k").transpose(0, 1)  # [kv_heads, L, D]
+        v = _gather(value_cache, p.slots, plan.buffers, "v").transpose(0, 1)
         short = q_len <= SHORT_CHUNK
         if group > 1 and not short:  # one K/V head per query head: SDPA's fused CPU kernel
             k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)

@@ -47,13 +47,15 @@ def test_cpu_backend_matches_reference(case, dtype, sliding_window, softcap):
 @given(ctx=st.lists(st.integers(0, 400), min_size=2, max_size=40),
        block_size=st.sampled_from([1, 16, 32]), seed=st.integers(0, 2**16))
 def test_many_decodes_of_spread_lengths(ctx, block_size, seed):
-    """All-decode steps, where sequences are cut into length groups; one plan, two layers'
+    """All-decode steps, where sequences are cut into length tiles; one plan, two layers'
     worth of calls (with and without a window), as the model reuses it."""
     batch = build_batch([1] * len(ctx), ctx, num_kv_heads=2, group=3, head_dim=32,
                         block_size=block_size, dtype=torch.float32, seed=seed)
     _, _, _, block_tables, qsl, seq_lens = batch
     plan = ops.plan_attention(block_tables, qsl, seq_lens, block_size, backend="cpu")
-    assert sum(g.rows.numel() for g in plan.decode_groups) == len(ctx)
+    assert [(g.start, g.end) for g in plan.decode_groups] == list(
+        zip([0] + [g.end for g in plan.decode_groups[:-1]], [g.end for g in plan.decode_groups]))
+    assert plan.decode_groups[-1].end == len(ctx)
     check_cpu(batch, plan=plan)
     check_cpu(batch, plan=plan, sliding_window=50)
 
@@ -74,25 +76,30 @@ def test_short_chunks_match_reference(group, sliding_window, dtype):
     check_cpu(batch, plan=plan, sliding_window=sliding_window)
 
 
-def test_length_groups_cut_padding():
-    """Sequences of 1 and 20 blocks are not padded to one length: two groups, sorted, each as
-    long as its longest sequence."""
+def test_length_tiles_cut_padding():
+    """Sequences of 1 and 20 blocks are not padded to one length: sorted, cut into tiles of at
+    most TILE_ROWS positions (a longer sequence alone), each as long as its longest sequence."""
     lens = [16] * 10 + [320] * 10
     batch = build_batch([1] * 20, [n - 1 for n in lens], num_kv_heads=1, group=1, head_dim=32,
                         block_size=16, dtype=torch.float32, seed=0)
     _, _, _, block_tables, qsl, seq_lens = batch
     plan = cpu_attention.plan_attention(block_tables, qsl, seq_lens, 16)
-    assert [(g.rows.numel(), g.length) for g in plan.decode_groups] == [(10, 16), (10, 320)]
+    per_tile = cpu_attention.TILE_ROWS // 320
+    long_tiles = [(per_tile, 320)] * (10 // per_tile) + ([(10 % per_tile, 320)] if 10 % per_tile else [])
+    assert [(g.end - g.start, g.length) for g in plan.decode_groups] == [(10, 16)] + long_tiles
+    assert sorted(plan.decode_rows.tolist()) == list(range(20))
     assert plan.prefills == []
     check_cpu(batch, plan=plan)
 
 
-def test_only_small_savings_keep_one_group():
-    lens = [300, 310, 320]
+def test_a_sequence_longer_than_a_tile_is_a_tile_alone():
+    lens = [cpu_attention.TILE_ROWS + 5, 300, 310]
     batch = build_batch([1, 1, 1], [n - 1 for n in lens], num_kv_heads=1, group=1, head_dim=32,
                         block_size=16, dtype=torch.float32, seed=0)
     plan = cpu_attention.plan_attention(*batch[3:], 16)
-    assert [(g.rows.numel(), g.length) for g in plan.decode_groups] == [(3, 320)]
+    assert [(g.end - g.start, g.length) for g in plan.decode_groups] == [(2, 310), (1, lens[0])]
+    assert plan.decode_rows.tolist() == [1, 2, 0]
+    check_cpu(batch, plan=plan)
 
 
 def test_plan_repr_is_plain():
