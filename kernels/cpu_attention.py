@@ -9,7 +9,7 @@ once per layer:
 
 * **Plan once per forward.** :func:`plan_attention` turns the block tables and lengths into
   the index tensors every layer reuses (:class:`AttentionPlan`): decode sequences (one query
-  each) are sorted by length and cut into tiles of similar length of at most ``TILE_ROWS``
+  each) are sorted by length and cut into tiles of similar length of at most :func:`tile_rows`
   gathered positions, so padding to the tile's longest sequence stays small; for each tile,
   the cache slot of every position and the causal/window mask. A padding position reads the
   sequence's own last slot (written by this forward, so never garbage: a slot past a length
@@ -38,11 +38,17 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-#: Gathered positions per decode tile (a longer sequence is a tile of its own). A decode layer
-#: is bound by moving cached K/V rows: gathered a tile at a time, the rows SDPA reads back are
-#: still in the core's cache (768 KB of K and V at 384-byte rows); one gather of a whole
-#: step's decodes went out to memory and back. Measured best at 1-2k (see kernels/RESULTS.md).
-TILE_ROWS = 2048
+#: Gathered positions per decode tile and torch thread (a longer sequence is a tile of its
+#: own). A decode layer is bound by moving cached K/V rows: gathered a tile at a time, the rows
+#: SDPA reads back are still in the cores' caches (384 KB of K and V a thread at 384-byte
+#: rows); one gather of a whole step's decodes went out to memory and back. Measured best at
+#: 1024 with 1 thread and 2048 (this times 2) with 2 (see kernels/RESULTS.md).
+TILE_ROWS_PER_THREAD = 1024
+
+
+def tile_rows() -> int:
+    """Gathered positions per decode tile under the current torch thread count."""
+    return TILE_ROWS_PER_THREAD * torch.get_num_threads()
 #: Chunks of at most this many query tokens (a speculative verify chunk: k + 1) keep one K/V
 #: head per group of query heads (SDPA's ``enable_gqa``): repeating K/V costs them more than
 #: their attention.
@@ -97,10 +103,10 @@ class AttentionPlan:
 
 def _cut_tiles(lens: list[int]) -> list[int]:
     """Cut points (exclusive ends) over ascending lengths: each tile takes the next sequences
-    while (its sequences) x (its longest length) stays within ``TILE_ROWS``."""
-    cuts, start = [], 0
+    while (its sequences) x (its longest length) stays within :func:`tile_rows`."""
+    cuts, start, budget = [], 0, tile_rows()
     for i, length in enumerate(lens):
-        if i > start and (i + 1 - start) * length > TILE_ROWS:
+        if i > start and (i + 1 - start) * length > budget:
             cuts.append(i)
             start = i
     return cuts + [len(lens)] if lens else []

@@ -78,13 +78,13 @@ def test_short_chunks_match_reference(group, sliding_window, dtype):
 
 def test_length_tiles_cut_padding():
     """Sequences of 1 and 20 blocks are not padded to one length: sorted, cut into tiles of at
-    most TILE_ROWS positions (a longer sequence alone), each as long as its longest sequence."""
+    most tile_rows() positions (a longer sequence alone), each as long as its longest sequence."""
     lens = [16] * 10 + [320] * 10
     batch = build_batch([1] * 20, [n - 1 for n in lens], num_kv_heads=1, group=1, head_dim=32,
                         block_size=16, dtype=torch.float32, seed=0)
     _, _, _, block_tables, qsl, seq_lens = batch
     plan = cpu_attention.plan_attention(block_tables, qsl, seq_lens, 16)
-    per_tile = cpu_attention.TILE_ROWS // 320
+    per_tile = cpu_attention.tile_rows() // 320
     long_tiles = [(per_tile, 320)] * (10 // per_tile) + ([(10 % per_tile, 320)] if 10 % per_tile else [])
     assert [(g.end - g.start, g.length) for g in plan.decode_groups] == [(10, 16)] + long_tiles
     assert sorted(plan.decode_rows.tolist()) == list(range(20))
@@ -93,7 +93,7 @@ def test_length_tiles_cut_padding():
 
 
 def test_a_sequence_longer_than_a_tile_is_a_tile_alone():
-    lens = [cpu_attention.TILE_ROWS + 5, 300, 310]
+    lens = [cpu_attention.tile_rows() + 5, 300, 310]
     batch = build_batch([1, 1, 1], [n - 1 for n in lens], num_kv_heads=1, group=1, head_dim=32,
                         block_size=16, dtype=torch.float32, seed=0)
     plan = cpu_attention.plan_attention(*batch[3:], 16)
