@@ -20,6 +20,8 @@ once per layer:
   ``[seqs, kv_heads, len, head_dim]`` view, no copy) reads them back from there, where the
   query heads sharing a KV head are that head's query rows: GQA without repeating K/V. The
   decode queries are gathered, and their outputs scattered, once per layer for every tile.
+  Each op is a parallel region that a busy machine can make wait for a descheduled thread:
+  tiles trade a few more of them for memory traffic (measured in ``kernels/RESULTS.md``).
 * **Prefill chunks** (more than one query token) go through
   ``scaled_dot_product_attention`` (its fused CPU kernel: 4-D inputs, K/V repeated per query
   head) one sequence at a time, over the gathered context with a bottom-right-aligned causal
@@ -49,6 +51,8 @@ TILE_ROWS_PER_THREAD = 1024
 def tile_rows() -> int:
     """Gathered positions per decode tile under the current torch thread count."""
     return TILE_ROWS_PER_THREAD * torch.get_num_threads()
+
+
 #: Chunks of at most this many query tokens (a speculative verify chunk: k + 1) keep one K/V
 #: head per group of query heads (SDPA's ``enable_gqa``): repeating K/V costs them more than
 #: their attention.
