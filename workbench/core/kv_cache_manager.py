@@ -250,7 +250,7 @@ class KVCacheManager:
         num_held = len(table) if table else 0
         total += len(hits) * self.block_size
         num_new_blocks = max(0, cdiv(total, self.block_size) - num_held - len(hits))
-        num_hits_from_free = sum(1 for b in hits if b.ref_count == 0)
+        num_hits_from_free = sum(b.ref_count == 0 for b in hits) if hits else 0
         if num_new_blocks + num_hits_from_free > self.pool.num_free_blocks:
             return None
         if table is None:
@@ -266,29 +266,30 @@ class KVCacheManager:
                 step_stats.prefix_cache_hits += len(hits) * self.block_size
         if hits:
             self.pool.touch(hits, rid)
-            table.extend(hits)
         new_blocks = []
         if num_new_blocks:
             num_cached = len(self.pool.cached)  # only evictions shrink it here
             new_blocks = self.pool.get_new_blocks(num_new_blocks, rid)
             self._stats.num_blocks_allocated += num_new_blocks
             self._stats.num_blocks_evicted += num_cached - len(self.pool.cached)
-        table.extend(new_blocks)
-        if hits or new_blocks:
-            self._table_ids[rid] = tuple(b.block_id for b in table)
+        added = hits + new_blocks
+        if added:
+            table.extend(added)
+            self._table_ids[rid] += tuple([b.block_id for b in added])  # the ids held so far stay
         return new_blocks
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Record the tokens now held by the request's blocks after a step computed them; with
-        prefix caching on, newly full blocks enter the cache. O(tokens of the tail block +
-        newly full blocks)."""
+        prefix caching on, newly full blocks enter the cache, and ``block_hashes`` covers every
+        full block of the request's known tokens (the ones this step sampled included, as
+        vLLM hashes on append). O(tokens of the tail block + newly full blocks)."""
         rid = request.request_id
         table = self._tables[rid]
         bs = self.block_size
         num_full = num_computed_tokens // bs
         filled = self._num_filled[rid]
+        self.update_block_hashes(request)
         if num_full > filled:  # once per block_size tokens of a decode
-            self.update_block_hashes(request)
             tokens = [tuple(request.token_ids_slice(i * bs, (i + 1) * bs)) for i in range(filled, num_full)]
             if self.enable_prefix_caching:
                 hashes = request.block_hashes

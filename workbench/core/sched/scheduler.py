@@ -551,7 +551,6 @@ class Scheduler(RemoteKVMixin):
                 request.first_token_time = now
                 if self._events is not None:
                     self._events.append(RequestFirstToken(request.request_id, scheduler_output.step, now))
-            kv.update_block_hashes(request)
             if status is not None:
                 self._finish(request, status, scheduler_output.step, now)
                 any_finished = True
