@@ -183,11 +183,11 @@ class KVCacheManager:
         num_full = (len(request.prompt_token_ids) + len(request.output_token_ids)) // bs
         if len(hashes) >= num_full or not self.enable_prefix_caching:
             return
+        salt, lora = request.cache_salt, request.lora_name
+        later_keys = block_extra_keys(1, salt, lora)  # the same for every block after the first
         for i in range(len(hashes), num_full):
-            parent = hashes[i - 1] if i else None
-            hashes.append(hash_block_tokens(parent, request.token_ids_slice(i * bs, (i + 1) * bs),
-                                            block_extra_keys(i, request.cache_salt,
-                                                             request.lora_name)))
+            parent, keys = (hashes[i - 1], later_keys) if i else (None, block_extra_keys(0, salt, lora))
+            hashes.append(hash_block_tokens(parent, request.token_ids_slice(i * bs, (i + 1) * bs), keys))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest run of the request's leading full blocks found in the cache, and the
