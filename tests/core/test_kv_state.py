@@ -21,7 +21,7 @@ from workbench.core.kv_events import (
     BlockWritten,
 )
 from workbench.core.block_pool import KVCacheBlock
-from workbench.core.kv_state import BLOCK_STATES, BlockState, KVState, block_state, never_used_blocks
+from workbench.core.kv_state import BLOCK_STATES, BlockState, KVReplay, KVState, block_state, never_used_blocks
 from workbench.core.kv_cache_utils import hash_block_tokens
 from workbench.core.request_events import RequestPreempted, RequestPrefixHit, RequestResumed
 from workbench.core.sched.scheduler import Scheduler
@@ -38,7 +38,7 @@ class Harness:
     a history started from a snapshot, and a live snapshot after every step."""
 
     def __init__(self, num_blocks, block_size, *, budget=8, max_num_seqs=3, caching=True,
-                 chunked=True, policy="fcfs", max_history=10_000, max_model_len=64):
+                 chunked=True, policy="fcfs", max_history=10_000, max_model_len=64, capture=False):
         self.kv = KVCacheManager(num_blocks, block_size, caching, record_events=True)
         self.s = Scheduler(self.kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                            max_model_len=max_model_len, enable_chunked_prefill=chunked, policy=policy,
@@ -46,6 +46,7 @@ class Harness:
         self.history = StepHistory(max_history, initial_kv_state=self.kv.snapshot())
         self.tracker = RequestTracker()
         self.live: dict[int, KVState] = {}
+        self.capture = capture  # append with the KV cache, as the engine does (live checkpoints)
 
     def add(self, rid, prompt, max_tokens, arrival, priority=0):
         self.s.add_request(Request(rid, list(prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True),
@@ -66,7 +67,7 @@ class Harness:
                 num_free_blocks=self.kv.num_free_blocks, kv_cache_usage=self.kv.usage),
             kv_events=self.kv.take_events(), request_events=self.s.take_events(),
         )
-        self.history.append(record)
+        self.history.append(record, self.kv if self.capture else None)
         self.tracker.consume(record.request_events)
         self.live[record.step] = self.kv.snapshot()
         return record
@@ -203,6 +204,36 @@ def test_bounded_history_still_replays_and_names_missing_steps():
         t.history.append(record)
 
 
+def test_a_history_appended_with_its_kv_cache_drops_records_without_replaying_them(monkeypatch):
+    """As the engine appends (with its KV cache), a full history turns a live snapshot into
+    a checkpoint now and then and rebases on it when that record goes: stepping replays no
+    dropped record's events, and every kept step -- the oldest, asked for while dropped
+    events wait for the next checkpoint, included -- equals the live pool."""
+    t = Harness(12, 2, budget=8, max_num_seqs=3, max_history=8, capture=True)
+    run, replayed = KVReplay.run, []
+
+    def counted(replay, events):
+        replayed.append(events)
+        return run(replay, events)
+
+    for i in range(12):
+        t.add(f"r{i}", [i % 3, 1, 2, 3, i], 6, arrival=i)
+    pending_seen = 0
+    while t.s.has_unfinished_requests():
+        monkeypatch.setattr(KVReplay, "run", counted)
+        record = t.step()
+        monkeypatch.setattr(KVReplay, "run", run)  # kv_state() below replays from a checkpoint
+        if t.history._dropped:
+            pending_seen += 1
+            oldest = t.history.steps[0]
+            assert t.history.kv_state(oldest) == t.live[oldest]
+    assert record.step > 3 * 8 and pending_seen and not replayed
+    for step in t.history.steps:
+        assert t.history.kv_state(step) == t.live[step]
+    t.history.clear()
+    assert t.history.kv_state() == t.live[record.step]
+
+
 def test_block_state_classifies_live_and_recorded_blocks_alike():
     live = KVCacheBlock(7)
     assert block_state(live) == "free" and block_state(live, never_used=True) == "never used"
@@ -251,6 +282,7 @@ config_st = st.fixed_dictionaries({
     "policy": st.sampled_from(["fcfs", "priority", "spf"]),
     "max_history": st.sampled_from([1, 3, 10_000]),
     "reset_at": st.one_of(st.none(), st.integers(0, 20)),
+    "capture": st.booleans(),
 })
 
 
@@ -259,7 +291,7 @@ config_st = st.fixed_dictionaries({
 def test_rebuilt_pool_equals_live_snapshot_after_every_step(cfg, specs):
     t = Harness(cfg["num_blocks"], cfg["block_size"], budget=cfg["budget"], max_num_seqs=cfg["max_num_seqs"],
                 caching=cfg["caching"], chunked=cfg["chunked"], policy=cfg["policy"],
-                max_history=cfg["max_history"], max_model_len=48)
+                max_history=cfg["max_history"], max_model_len=48, capture=cfg["capture"])
     base = list(range(100, 112))
     added = set()
     for step in range(200):

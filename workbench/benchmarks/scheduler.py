@@ -43,7 +43,7 @@ from workbench.core.kv_cache_manager import KVCacheManager, cdiv
 from workbench.core.sched.scheduler import Scheduler
 from workbench.request import Request
 from workbench.sampling_params import RequestOutputKind, SamplingParams
-from workbench.utils.heap import frozen_heap
+from workbench.utils.heap import frozen_heap, rare_collections
 from workbench.worker.batch_inputs import BatchInputs, build_batch_inputs
 from workbench.worker.input_batch import InputBatch
 
@@ -190,8 +190,8 @@ ENGINE_MODES = (("final, ids", {"output_kind": RequestOutputKind.FINAL_ONLY, "de
 def _measure_engine(n: int, args: argparse.Namespace, mode: dict) -> dict:
     """Host time of a whole ``LLMEngine.step()`` (schedule, update, output processing, the
     record and its observers) at ``n`` running decodes: the step's wall time less the runner's
-    ``execute`` (a simulated runner: no model), median over the timed steps, the start-up heap
-    frozen as ``LLM.generate`` freezes it."""
+    ``execute`` (a simulated runner: no model), median over the timed steps, the heap handled
+    as ``LLM.generate`` handles it (frozen, refrozen between steps, rare young collections)."""
     from workbench import EngineArgs
     from workbench.lab.sim.cost_model import as_cost_model
     from workbench.lab.sim.simulate import simulated_engine
@@ -214,8 +214,9 @@ def _measure_engine(n: int, args: argparse.Namespace, mode: dict) -> dict:
                and all(r.num_computed_tokens >= r.num_prompt_tokens for r in engine.scheduler.running)):
         engine.step()
     host = []
-    with frozen_heap():  # as LLM.generate and the drivers run the engine
+    with rare_collections(), frozen_heap() as refreeze:  # as LLM.generate and the drivers run the engine
         for _ in range(args.steps):
+            refreeze()
             runner_s[0] = 0.0
             t0 = time.perf_counter()
             engine.step()

@@ -285,30 +285,26 @@ class BlockPool:
         """Cache consecutive full blocks of one request (``parent_hash`` chains before the
         first). Emits one ``BlockStored`` per run of blocks that entered the cache and a
         ``BlockWritten`` for each that could not (its hash is held by another block)."""
-        run: list[int] = []
+        first = 0  # the current run of stored blocks is first..i-1
         for i, (block, block_hash, tokens) in enumerate(zip(blocks, block_hashes, token_ids)):
-            stored = self.cache_block(block, block_hash, tokens)
-            if self._events is None:
+            if self.cache_block(block, block_hash, tokens) or self._events is None:
                 continue
-            if stored:
-                run.append(i)
-                continue
-            self._flush_stored(run, blocks, block_hashes, parent_hash, token_ids, block_size)
-            run = []
+            self._flush_stored(first, i, blocks, block_hashes, parent_hash, token_ids, block_size)
+            first = i + 1
             self._events.append(BlockWritten(block.block_id, tokens))
         if self._events is not None:
-            self._flush_stored(run, blocks, block_hashes, parent_hash, token_ids, block_size)
+            self._flush_stored(first, len(token_ids), blocks, block_hashes, parent_hash, token_ids, block_size)
 
-    def _flush_stored(self, run, blocks, block_hashes, parent_hash, token_ids, block_size) -> None:
-        if not run:
+    def _flush_stored(self, first, end, blocks, block_hashes, parent_hash, token_ids, block_size) -> None:
+        """One ``BlockStored`` for the run of blocks ``first..end-1`` (none when empty)."""
+        if first >= end:
             return
-        first = run[0]
         self._events.append(
             BlockStored(
-                block_ids=tuple(blocks[i].block_id for i in run),
-                block_hashes=tuple(block_hashes[i] for i in run),
+                block_ids=tuple([b.block_id for b in blocks[first:end]]),
+                block_hashes=tuple(block_hashes[first:end]),
                 parent_block_hash=block_hashes[first - 1] if first else parent_hash,
-                token_ids=tuple(itertools.chain.from_iterable(token_ids[i] for i in run)),
+                token_ids=tuple(itertools.chain.from_iterable(token_ids[first:end])),
                 block_size=block_size,
             )
         )

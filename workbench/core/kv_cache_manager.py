@@ -183,11 +183,11 @@ class KVCacheManager:
         num_full = (len(request.prompt_token_ids) + len(request.output_token_ids)) // bs
         if len(hashes) >= num_full or not self.enable_prefix_caching:
             return
+        salt, lora = request.cache_salt, request.lora_name
+        later_keys = block_extra_keys(1, salt, lora)  # the same for every block after the first
         for i in range(len(hashes), num_full):
-            parent = hashes[i - 1] if i else None
-            hashes.append(hash_block_tokens(parent, request.token_ids_slice(i * bs, (i + 1) * bs),
-                                            block_extra_keys(i, request.cache_salt,
-                                                             request.lora_name)))
+            parent, keys = (hashes[i - 1], later_keys) if i else (None, block_extra_keys(0, salt, lora))
+            hashes.append(hash_block_tokens(parent, request.token_ids_slice(i * bs, (i + 1) * bs), keys))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest run of the request's leading full blocks found in the cache, and the
@@ -250,7 +250,7 @@ class KVCacheManager:
         num_held = len(table) if table else 0
         total += len(hits) * self.block_size
         num_new_blocks = max(0, cdiv(total, self.block_size) - num_held - len(hits))
-        num_hits_from_free = sum(1 for b in hits if b.ref_count == 0)
+        num_hits_from_free = sum(b.ref_count == 0 for b in hits) if hits else 0
         if num_new_blocks + num_hits_from_free > self.pool.num_free_blocks:
             return None
         if table is None:
@@ -266,29 +266,30 @@ class KVCacheManager:
                 step_stats.prefix_cache_hits += len(hits) * self.block_size
         if hits:
             self.pool.touch(hits, rid)
-            table.extend(hits)
         new_blocks = []
         if num_new_blocks:
             num_cached = len(self.pool.cached)  # only evictions shrink it here
             new_blocks = self.pool.get_new_blocks(num_new_blocks, rid)
             self._stats.num_blocks_allocated += num_new_blocks
             self._stats.num_blocks_evicted += num_cached - len(self.pool.cached)
-        table.extend(new_blocks)
-        if hits or new_blocks:
-            self._table_ids[rid] = tuple(b.block_id for b in table)
+        added = hits + new_blocks
+        if added:
+            table.extend(added)
+            self._table_ids[rid] += tuple([b.block_id for b in added])  # the ids held so far stay
         return new_blocks
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Record the tokens now held by the request's blocks after a step computed them; with
-        prefix caching on, newly full blocks enter the cache. O(tokens of the tail block +
-        newly full blocks)."""
+        prefix caching on, newly full blocks enter the cache, and ``block_hashes`` covers every
+        full block of the request's known tokens (the ones this step sampled included, as
+        vLLM hashes on append). O(tokens of the tail block + newly full blocks)."""
         rid = request.request_id
         table = self._tables[rid]
         bs = self.block_size
         num_full = num_computed_tokens // bs
         filled = self._num_filled[rid]
+        self.update_block_hashes(request)
         if num_full > filled:  # once per block_size tokens of a decode
-            self.update_block_hashes(request)
             tokens = [tuple(request.token_ids_slice(i * bs, (i + 1) * bs)) for i in range(filled, num_full)]
             if self.enable_prefix_caching:
                 hashes = request.block_hashes

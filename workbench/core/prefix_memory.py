@@ -43,9 +43,11 @@ class PrefixMemory:
 
     def evicted(self, block_hash: bytes, for_request: str) -> None:
         """A cached block lost ``block_hash`` to serve ``for_request`` in the current step."""
-        self.evictions[block_hash] = (self.step, for_request)
-        self.evictions.move_to_end(block_hash)  # the newest eviction is kept last
-        self._bound(self.evictions, self.capacity)
+        evictions = self.evictions
+        evictions[block_hash] = (self.step, for_request)
+        evictions.move_to_end(block_hash)  # the newest eviction is kept last
+        if len(evictions) > self.capacity:  # one entry more at most
+            evictions.popitem(last=False)
 
     def content_key(self, request: Request, index: int) -> int:
         """The content key of the request's block ``index`` (a full block): its tokens chained
@@ -64,11 +66,14 @@ class PrefixMemory:
         return key
 
     def stored(self, request: Request, first: int, end: int) -> None:
-        """The request's full blocks ``first..end-1`` were just cached (or written)."""
-        hashes = request.block_hashes
+        """The request's full blocks ``first..end-1`` were just cached (or written). The run's
+        first key is looked up (:meth:`content_key`); each next one chains on the one before."""
+        hashes, bs = request.block_hashes, self.block_size
         under = (request.cache_salt, request.lora_name)
+        key = None
         for i in range(first, min(end, len(hashes))):
-            key = self.content_key(request, i)
+            key = (self.content_key(request, i) if key is None
+                   else hash((key, tuple(request.token_ids_slice(i * bs, (i + 1) * bs)))))
             self._content_of[hashes[i]] = key
             self._stored_under[key] = under
         self._bound(self._content_of, self.capacity)

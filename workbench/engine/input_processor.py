@@ -182,9 +182,11 @@ class InputProcessor:
                 "that `max_model_len` is no smaller than the number of text tokens (prompt + "
                 "requested output tokens)."
             )
-        if max(token_ids) >= self.vocab_size:  # vLLM's wording (negative ids: the caller's type)
-            raise ValueError(f"Token id {max(token_ids)} is out of vocabulary")
-        self._check_ids(token_ids, "prompt_token_ids")
+        top = max(token_ids)
+        if top >= self.vocab_size:  # vLLM's wording (negative ids: the caller's type)
+            raise ValueError(f"Token id {top} is out of vocabulary")
+        if min(token_ids) < 0:
+            self._check_ids(token_ids, "prompt_token_ids")
         changes: dict[str, Any] = {}
         for name in ("logprobs", "prompt_logprobs"):
             check_logprobs(name, getattr(params, name), self.max_logprobs, self.vocab_size)

@@ -664,7 +664,7 @@ class LLMEngine:
         """Hand the complete record to every observer, once, in order: the history, the
         request tracker, the tracer, the stat loggers, then the ``on_step`` hooks (one that
         raises is logged and skipped, never breaking the step)."""
-        self.history.append(record)
+        self.history.append(record, self.kv_cache)
         self.request_tracker.consume(record.request_events)
         if self.tracer is not None:
             self.tracer.consume(record)

@@ -288,24 +288,25 @@ class OutputProcessor:
         A step may bring several tokens (speculative decoding); a stop string completed by
         one of them leaves the tokens after it unseen (``num_seen`` stops there, and the
         scheduler drops them from the request), as one token at a time would have."""
-        new_ids = request.output_token_ids[state.num_seen :]
+        num_new = len(request.output_token_ids) - state.num_seen
         detok = state.detokenizer
         finished = request.status.is_finished
-        if detok is _NO_TEXT:  # no text, so no stop string
+        if detok is _NO_TEXT:  # no text, so no stop string (and the new ids are only counted)
             stop = None
         else:
+            new_ids = request.output_token_ids[state.num_seen :]
             # A stop token (eos or stop_token_ids) ended the request: as vLLM, its text is
             # left out unless include_stop_str_in_output.
             hide_last = (new_ids and request.status is RequestStatus.FINISHED_STOPPED
                          and not request.sampling_params.include_stop_str_in_output)
             fed = detok.num_output_tokens
             stop = detok.update(new_ids[:-1] if hide_last else new_ids)
-            if stop is not None and len(new_ids) > 1:  # the tokens after the one that stopped it
-                new_ids = new_ids[:detok.num_output_tokens - fed]
+            if stop is not None and num_new > 1:  # the tokens after the one that stopped it
+                num_new = detok.num_output_tokens - fed
             if stop is None and finished:
                 stop = detok.flush()
-        state.num_seen += len(new_ids)
-        if new_ids:
+        state.num_seen += num_new
+        if num_new:
             if state.last_token_ts is None:
                 first = request.first_token_time if request.first_token_time is not None else now
                 stats.time_to_first_tokens_iter.append(first - request.arrival_time)
@@ -313,15 +314,15 @@ class OutputProcessor:
             else:
                 stats.inter_token_latencies_iter.append(now - state.last_token_ts)
             state.last_token_ts = now
-            stats.num_generation_tokens += len(new_ids)
-        if state.logprobs is not None and new_ids:
+            stats.num_generation_tokens += num_new
+        if state.logprobs is not None and num_new:
             lp = logprobs.get(request.request_id)
             if lp is None:
                 raise KeyError(
                     f"request {request.request_id!r} asked for logprobs={request.sampling_params.logprobs} "
                     "but the step brought none for it."
                 )
-            for entry in (lp if isinstance(lp, list) else [lp])[: len(new_ids)]:
+            for entry in (lp if isinstance(lp, list) else [lp])[:num_new]:
                 state.logprobs.append(self._convert_logprobs(entry, state.logprobs))
                 state.cumulative_logprob += entry.logprob
         if stop is not None:

@@ -9,7 +9,7 @@ from typing import Any
 from workbench.entrypoints.beam_search import BeamSearchOutput, beam_search, check_beam_width
 from workbench.engine.llm_engine import LLMEngine
 from workbench.config import EngineArgs
-from workbench.utils.heap import frozen_heap
+from workbench.utils.heap import frozen_heap, rare_collections
 from workbench.engine.input_processor import PromptType
 from workbench.entrypoints.llm_pooling import PoolingMixin
 from workbench.lora.request import LoRARequest
@@ -168,8 +168,12 @@ class LLM(PoolingMixin):
             raise
         wanted = set(ids)
         results: dict[str, RequestOutput] = {}
-        with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm) as bar, frozen_heap():
+        # As the drivers run the engine: its step records join the frozen heap between steps,
+        # and young collections are rare (a step allocates thousands of short-lived objects).
+        with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm) as bar, \
+                rare_collections(), frozen_heap() as refreeze:
             while len(results) < len(ids):
+                refreeze()
                 for out in engine.step():
                     if out.finished and out.request_id in wanted:
                         results[out.request_id] = out

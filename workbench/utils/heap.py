@@ -9,8 +9,9 @@ to a run (``LLM.generate``, a workload's drive): objects alive on entry sit in t
 generation until exit, then go back to the oldest one, so nothing is leaked; garbage made
 during the run is collected as usual.
 
-A simulated step, with no model to run, is mostly allocation of short-lived objects; there
-``rare_collections()`` also makes the youngest generation's collections rare.
+An engine step allocates thousands of short-lived objects (a simulated one, with no model
+to run, is mostly that); ``simulate()``, the cluster's loop and ``LLM.generate`` also make
+the youngest generation's collections rare with ``rare_collections()``.
 """
 
 from __future__ import annotations

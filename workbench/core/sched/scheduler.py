@@ -328,7 +328,10 @@ class Scheduler(RemoteKVMixin):
             if num_new <= 0:  # async scheduling: its last token is in flight and ends it
                 i += 1
                 continue
-            spec = self._schedulable_spec_tokens(request, num_new, budget) if request.spec_token_ids else ()
+            spec = ()
+            if request.spec_token_ids:  # scheduled now (or dropped): the next proposal replaces them
+                spec = self._schedulable_spec_tokens(request, num_new, budget)
+                request.spec_token_ids = []
             while request.status is running_state and kv.allocate_slots(request, num_new + len(spec)) is None:
                 if spec:  # drafts are optional work: drop them before preempting anyone
                     spec = ()
@@ -415,9 +418,6 @@ class Scheduler(RemoteKVMixin):
         chunk = self._chunk
         scheduled = [chunk(r, n, 0, spec_of[r]) if r in spec_of else chunk(r, n, 0)
                      for r, n in running_chunks.items()]
-        for request in running_chunks:
-            if request.spec_token_ids:  # scheduled (or dropped): the next proposal replaces them
-                request.spec_token_ids = []
         scheduled += [chunk(r, n, hit) for r, n, hit in admitted]
         output = SchedulerOutput(
             step=self.step_count,
@@ -551,7 +551,6 @@ class Scheduler(RemoteKVMixin):
                 request.first_token_time = now
                 if self._events is not None:
                     self._events.append(RequestFirstToken(request.request_id, scheduler_output.step, now))
-            kv.update_block_hashes(request)
             if status is not None:
                 self._finish(request, status, scheduler_output.step, now)
                 any_finished = True

@@ -69,8 +69,8 @@ class SimulatedRunner:
         self.lora_slots: LoRASlots | None = None  # with enable_lora
         self.previous_ran_prefill = False  # the cost model's after_prefill for the next step
         self._fillers: dict[tuple, int] = {}  # (eos, stop ids, stop strings, allowed) -> filler
-        # request id -> (request, drawn output length, filler): read at every token; an entry
-        # goes when a step reports its request finished
+        # request id -> (request, output length at which its eos comes, filler): read at every
+        # token; an entry goes when a step reports its request finished
         self._token_plan: dict[str, tuple[Request, int | None, int]] = {}
 
     @classmethod
@@ -202,12 +202,13 @@ class SimulatedRunner:
         """Its eos at its drawn length (after ``num_accepted`` accepted drafts), else its filler."""
         plan = self._token_plan.get(request.request_id)
         if plan is None or plan[0] is not request:
-            plan = self._token_plan[request.request_id] = (request, self.output_length(request), self.filler(request))
-        target = plan[1]
-        if target is not None:
-            params = request.sampling_params
-            if len(request.output_token_ids) + num_accepted + 1 >= max(target, params.min_tokens):
-                return request.eos_token_id if request.eos_token_id is not None else params.stop_token_ids[0]
+            target = self.output_length(request)
+            end = None if target is None else max(target, request.sampling_params.min_tokens)
+            plan = self._token_plan[request.request_id] = (request, end, self.filler(request))
+        end = plan[1]
+        if end is not None and len(request.output_token_ids) + num_accepted + 1 >= end:
+            eos = request.eos_token_id
+            return eos if eos is not None else request.sampling_params.stop_token_ids[0]
         return plan[2]
 
     def filler(self, request: Request) -> int:
