@@ -82,3 +82,45 @@ def test_spec_table_by_hand_names_where_speculation_stops_paying():
     assert lines[-1] == "speculation stops paying at batch 16"
     assert format_spec_table([pair(1, 2.0, 1.0)]).splitlines()[-1] == \
         "speculation paid at every batch size measured (up to 1)"
+
+
+def test_spec_table_shows_the_range_of_the_alternated_rounds():
+    off = ThroughputResult("workbench", 100, 2.0, 2, {"num_steps": 100, "cpu_s": 2.0})
+    on = ThroughputResult("workbench-spec", 100, 1.25, 2, {"num_steps": 60, "cpu_s": 1.0,
+                                                           "spec_acceptance_rate": 0.4,
+                                                           "spec_mean_acceptance_length": 2.2})
+    lines = format_spec_table([(1, off, on)], [[1.5, 1.7, 1.45]]).splitlines()
+    assert lines[0].split()[:5] == ["batch", "off", "tok/s", "on", "tok/s"] and "rounds" in lines[0]
+    assert lines[1].split() == ["1", "50.0", "80.0", "1.60x", "1.45-1.70x", "2.00x", "40.0%", "2.20",
+                                "100", "60"]
+
+
+def test_spec_pair_alternates_both_engines_in_one_process_and_reports_medians():
+    """``_run_spec_pair`` on a tiny workload, in this process: the passes alternate (off, on,
+    on, off, off, on), each side's result is its median pass, and greedy tokens agree."""
+    from workbench.benchmarks import throughput
+    from workbench.benchmarks.throughput import DEFAULT_SPEC_CONFIG, _run_spec_pair
+
+    order, real = [], throughput._timed_pass
+
+    def timed(llm, prompts, params, requests):
+        out = real(llm, prompts, params, requests)
+        order.append("on" if llm.engine.proposer is not None else "off")
+        return out
+
+    requests = sample_requests(2, (40, 48), (6, 6), vocab_size=4096, seed=1, dataset="quote")
+    base = {"model": None, "load_format": "auto", "dtype": "auto", "device": "cpu", "threads": None,
+            "engine_kwargs": {"max_num_seqs": 1, "max_history": 10_000}}
+    on_spec = {**base, "engine_kwargs": {**base["engine_kwargs"], "speculative_config": DEFAULT_SPEC_CONFIG}}
+    throughput._timed_pass = timed
+    try:
+        off, on, rounds = _run_spec_pair(base, on_spec, requests, 3)
+    finally:
+        throughput._timed_pass = real
+    assert order == ["off", "on", "on", "off", "off", "on"]
+    assert off.engine == "workbench" and on.engine == "workbench-spec" and len(rounds) == 3
+    for r in (off, on):
+        assert r.details["repeats"] == 3 and r.output_tokens == 12
+        assert r.total_s == pytest.approx(sorted(r.details["runs_s"])[1], abs=1e-4)
+    assert rounds == pytest.approx([a / b for a, b in zip(off.details["runs_s"], on.details["runs_s"])],
+                                   rel=1e-2)

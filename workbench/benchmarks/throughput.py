@@ -36,8 +36,11 @@ the base engine.
 ``--compare spec`` runs the engine with and without it on the same requests at every batch
 size of ``--spec-batch-sizes`` (``max_num_seqs``; default 1,2,4,8,16) and prints them side
 by side with the acceptance rate and mean accepted length, and the first batch size where
-speculation stops paying (its speed-up falls below 1). ``--dataset quote`` gives prompt
-lookup something to find (see :mod:`workbench.benchmarks.datasets`).
+speculation stops paying (its speed-up falls below 1). Per batch size both engines live in one
+(spawned) process and take ``--repeats`` timed passes each (default 3), alternated off/on then
+on/off, so a load that comes and goes falls on both alike; each side reports its median pass
+and the table the range of the rounds' speed-ups. ``--dataset quote`` gives prompt lookup
+something to find (see :mod:`workbench.benchmarks.datasets`).
 
 Output tokens/s = requested output tokens / wall time of the timed run. Every system first runs
 the whole workload once untimed (first-touch allocations, caches), so no one's figure carries
@@ -88,28 +91,46 @@ def _setup(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def _run_workbench(spec: dict, requests: list[BenchRequest]) -> ThroughputResult:
-    _setup(spec["threads"])
-    import torch
-
+def _workbench_llm(spec: dict, requests: list[BenchRequest]):
+    """The engine ``spec`` describes, warmed up by one untimed run of the whole workload; and
+    the workload's prompts and (greedy, exact-length) parameters."""
     from workbench import LLM, SamplingParams
-
-    from workbench.metrics.spec_stats import spec_decode_summary
 
     llm = LLM(model=spec["model"], load_format=spec["load_format"], dtype=spec["dtype"],
               device=spec["device"], **spec["engine_kwargs"])
     prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
     llm.generate(prompts, params, use_tqdm=False)  # warm-up: the whole workload, untimed
+    return llm, prompts, params
+
+
+def _timed_pass(llm, prompts, params, requests: list[BenchRequest]):
+    """One timed run of the workload: (wall s, process CPU s, its step records, outputs)."""
     llm.engine.history.clear()
     t0, c0 = time.perf_counter(), time.process_time()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
-    records = llm.engine.history[:]
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     expected = sum(r.output_len for r in requests)
     if tokens != expected:
         raise RuntimeError(f"workbench generated {tokens} tokens, the workload asks for {expected}.")
+    return elapsed, cpu, llm.engine.history[:], outs
+
+
+def _run_workbench(spec: dict, requests: list[BenchRequest]) -> ThroughputResult:
+    _setup(spec["threads"])
+    llm, prompts, params = _workbench_llm(spec, requests)
+    elapsed, cpu, records, _ = _timed_pass(llm, prompts, params, requests)
+    return _workbench_result(spec, llm, requests, elapsed, cpu, records)
+
+
+def _workbench_result(spec: dict, llm, requests: list[BenchRequest], elapsed: float, cpu: float,
+                      records: list) -> ThroughputResult:
+    import torch
+
+    from workbench.metrics.spec_stats import spec_decode_summary
+
+    tokens = sum(r.output_len for r in requests)
     engine = llm.engine
     name = "workbench-batch-invariant" if engine.runner.batch_invariant else "workbench"
     if engine.batch_queue is not None:
@@ -126,6 +147,37 @@ def _run_workbench(spec: dict, requests: list[BenchRequest]) -> ThroughputResult
         details["speculative_config"] = speculative
         details.update(spec_decode_summary(records))
     return ThroughputResult(name, tokens, elapsed, len(requests), details=details)
+
+
+def _run_spec_pair(off_spec: dict, on_spec: dict, requests: list[BenchRequest],
+                   repeats: int) -> tuple[ThroughputResult, ThroughputResult, list[float]]:
+    """The engine without and with speculation in one process, ``repeats`` timed passes each
+    (after one untimed warm-up each), alternated off/on then on/off round after round so that
+    neither side always runs first; each side's result is its median pass (wall and CPU
+    time), with every pass in ``details["runs_s"]``. Returns (off, on, the speed-up of each
+    round: off wall time / on wall time). Greedy tokens must be the same on both sides."""
+    _setup(off_spec["threads"])
+    sides = {"off": (off_spec, *_workbench_llm(off_spec, requests)),
+             "on": (on_spec, *_workbench_llm(on_spec, requests))}
+    passes: dict[str, list] = {"off": [], "on": []}
+    for round_index in range(repeats):
+        for name in (("off", "on") if round_index % 2 == 0 else ("on", "off")):
+            _, llm, prompts, params = sides[name]
+            passes[name].append(_timed_pass(llm, prompts, params, requests))
+    tokens = {name: [list(o.outputs[0].token_ids) for o in runs[-1][3]] for name, runs in passes.items()}
+    if tokens["off"] != tokens["on"]:
+        raise RuntimeError("greedy tokens differ with speculation: the benchmark measures nothing.")
+    results = {}
+    for name, runs in passes.items():
+        spec, llm = sides[name][:2]
+        median = sorted(range(repeats), key=lambda i: runs[i][0])[(repeats - 1) // 2]
+        cpu = sorted(r[1] for r in runs)[(repeats - 1) // 2]
+        result = _workbench_result(spec, llm, requests, runs[median][0], cpu, runs[median][2])
+        result.details.update(repeats=repeats, runs_s=[round(r[0], 4) for r in runs],
+                              runs_cpu_s=[round(r[1], 4) for r in runs])
+        results[name] = result
+    ratios = [off[0] / on[0] for off, on in zip(passes["off"], passes["on"])]
+    return results["off"], results["on"], ratios
 
 
 def _run_lora_rounds(spec: dict, requests: list[BenchRequest]) -> list[ThroughputResult]:
@@ -278,21 +330,27 @@ def format_table(results: list[ThroughputResult]) -> str:
     return "\n".join(lines)
 
 
-def format_spec_table(pairs: list[tuple[int, ThroughputResult, ThroughputResult]]) -> str:
+def format_spec_table(pairs: list[tuple[int, ThroughputResult, ThroughputResult]],
+                      ratios: list[list[float]] | None = None) -> str:
     """Speculation off beside on per batch size (``max_num_seqs``), with the speed-up (on / off
     output tokens/s), the same by the process's CPU seconds (``cpu``: steadier than wall time
     on a machine other work keeps busy), the acceptance rate and the mean accepted length;
-    then the first batch size where the wall-time speed-up falls below 1 (or that none did)."""
-    lines = [f"{'batch':>5}{'off tok/s':>11}{'on tok/s':>10}{'speed-up':>10}{'cpu':>8}{'acceptance':>12}"
-             f"{'mean acc len':>14}{'steps off':>11}{'steps on':>10}"]
+    then the first batch size where the wall-time speed-up falls below 1 (or that none did).
+    ``ratios``: per batch size, the speed-up of each alternated round (``--repeats``), shown
+    as their range (``rounds``) after the speed-up of the medians."""
+    lines = [f"{'batch':>5}{'off tok/s':>11}{'on tok/s':>10}{'speed-up':>10}"
+             + (f"{'rounds':>13}" if ratios else "")
+             + f"{'cpu':>8}{'acceptance':>12}{'mean acc len':>14}{'steps off':>11}{'steps on':>10}"]
     stops = None
-    for batch, off, on in pairs:
+    for i, (batch, off, on) in enumerate(pairs):
         gain = on.output_tokens_per_s / off.output_tokens_per_s
         if gain < 1 and stops is None:
             stops = batch
         cpu = off.details["cpu_s"] / on.details["cpu_s"] if on.details.get("cpu_s") else float("nan")
+        spread = f"{min(ratios[i]):>7.2f}-{max(ratios[i]):.2f}x" if ratios else ""
         lines.append(f"{batch:>5}{off.output_tokens_per_s:>11.1f}{on.output_tokens_per_s:>10.1f}{gain:>9.2f}x"
-                     f"{cpu:>7.2f}x{on.details['spec_acceptance_rate']:>12.1%}{on.details['spec_mean_acceptance_length']:>14.2f}"
+                     f"{spread}{cpu:>7.2f}x{on.details['spec_acceptance_rate']:>12.1%}"
+                     f"{on.details['spec_mean_acceptance_length']:>14.2f}"
                      f"{off.details['num_steps']:>11}{on.details['num_steps']:>10}")
     lines.append(f"speculation stops paying at batch {stops}" if stops is not None else
                  f"speculation paid at every batch size measured (up to {pairs[-1][0]})")
@@ -330,7 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="compare free and constrained requests (json: one schema; "
                         "json-unique: one per request; regex; choice)")
     parser.add_argument("--repeats", type=int, default=3,
-                        help="with --structured-outputs: alternated free/constrained runs")
+                        help="with --structured-outputs: alternated free/constrained runs; with "
+                        "--compare spec: alternated timed passes of each side, in one process "
+                        "(default 3)")
     parser.add_argument("--hf-batch-sizes", default="16,32,64,96",
                         help="batch sizes tried for transformers generate (default 16,32,64,96)")
     parser.add_argument("--lora", nargs="+", default=None, metavar="NAME[=PATH]",
@@ -398,20 +458,28 @@ def main(argv: list[str] | None = None) -> int:
               f"dtype {args.dtype}), device: {spec['device']}, {len(requests)} {args.dataset} requests, input "
               f"U[{lo_in},{hi_in}], output U[{lo_out},{hi_out}] exact, greedy, seed {args.seed}")
     if args.compare == "spec":
-        pairs = []
+        if args.repeats < 1:
+            print(f"error: --repeats must be >= 1, got {args.repeats}.", file=sys.stderr)
+            return 2
+        pairs, ratios = [], []
         for batch in spec_batch_sizes:
             kwargs = {**engine_kwargs, "max_num_seqs": batch, "max_history": 1_000_000}
-            off = _in_own_process(_run_workbench, {**spec, "engine_kwargs": kwargs}, requests)
-            on = _in_own_process(_run_workbench, {**spec, "engine_kwargs": {
-                **kwargs, "speculative_config": speculative}}, requests)
+            off, on, rounds = _in_own_process(
+                _run_spec_pair, {**spec, "engine_kwargs": kwargs},
+                {**spec, "engine_kwargs": {**kwargs, "speculative_config": speculative}},
+                requests, args.repeats)
             pairs.append((batch, off, on))
-        print(f"{header}, {pairs[0][1].details['threads']} threads\nspeculative_config: {json.dumps(speculative)}")
-        print(format_spec_table(pairs))
+            ratios.append(rounds)
+        print(f"{header}, {pairs[0][1].details['threads']} threads\nspeculative_config: {json.dumps(speculative)}"
+              f"\nboth engines in one process per batch size, {args.repeats} timed passes each, "
+              "alternated; medians (rounds: min-max of each round's speed-up)")
+        print(format_spec_table(pairs, ratios))
         if args.output_json:
             with open(args.output_json, "w") as f:
-                json.dump({"speculative_config": speculative, "batches": [
-                    {"max_num_seqs": b, "off": off.to_dict(), "on": on.to_dict()} for b, off, on in pairs]},
-                    f, indent=1)
+                json.dump({"speculative_config": speculative, "repeats": args.repeats, "batches": [
+                    {"max_num_seqs": b, "off": off.to_dict(), "on": on.to_dict(),
+                     "round_speedups": [round(x, 4) for x in r]}
+                    for (b, off, on), r in zip(pairs, ratios)]}, f, indent=1)
         return 0
     if speculative is not None:
         engine_kwargs["speculative_config"] = speculative
