@@ -222,7 +222,12 @@ class InputBatch:
         tables = self.block_table[rows, :width]
         samples = list(map(_samples, scheduled))
         ends = query_start_loc[1:].astype(np.int64)
-        if any(map(_spec, scheduled)):  # a speculating row samples its last k + 1 rows
+        num_drafts = sum(map(len, map(_spec, scheduled)))
+        if num_drafts and num_drafts + n == num_tokens and all(samples):
+            # every chunk is its last known token and its drafts (no prefill chunk): every
+            # token is a row the rejection sampler verifies
+            logits_indices = np.arange(num_tokens)
+        elif num_drafts:  # a speculating row samples its last k + 1 rows
             counts = np.array(samples, dtype=np.int64) * (
                 np.fromiter(map(len, map(_spec, scheduled)), dtype=np.int64, count=n) + 1)
             logits_indices = (np.repeat(ends - counts, counts) + np.arange(int(counts.sum()))

@@ -397,7 +397,9 @@ class ModelRunner:
         if batch.sample_request_ids:
             plain_ids = batch.sample_request_ids
             plain_logits = logits
-            if drafts:
+            if drafts and len(drafts) == len(batch.sample_request_ids):  # every row verifies
+                plain_ids, spec_rows = (), range(logits.shape[0])
+            elif drafts:
                 plain_ids = tuple(rid for rid in batch.sample_request_ids if rid not in drafts)
                 plain_rows, spec_rows, row = [], [], 0
                 for rid in batch.sample_request_ids:

@@ -130,6 +130,8 @@ class RejectionSampler:
         if logits.dim() != 2 or logits.shape[0] != sum(counts):
             raise ValueError(f"logits must have {sum(counts)} rows (k + 1 per request), got "
                              f"shape {tuple(logits.shape)}.")
+        if grammar_bitmask is None and all(map(_is_plain_greedy, requests)):
+            return self._plain_greedy(logits, draft_token_ids)
         draft_probs = list(draft_probs) if draft_probs is not None else [None] * len(requests)
         if grammar_bitmask is not None:
             logits = apply_token_bitmask(logits, grammar_bitmask)
@@ -199,6 +201,19 @@ class RejectionSampler:
                                                     [n_lp] * len(tokens)))
             else:
                 out.logprobs.append(None)
+        return out
+
+    def _plain_greedy(self, logits: Tensor, draft_token_ids: Sequence[Sequence[int]]) -> RejectionOutput:
+        """Every request plain greedy, none constrained (a speculative step's common case):
+        one argmax over all rows, then each request's drafts against its rows."""
+        argmax = argmax_rows(logits).tolist()
+        out = RejectionOutput([], [], [None] * len(draft_token_ids))
+        lo = 0
+        for drafts in draft_token_ids:
+            tokens = self._verify_greedy(drafts, argmax[lo:lo + len(drafts) + 1])
+            out.token_ids.append(tokens)
+            out.num_accepted.append(len(tokens) - 1)
+            lo += len(drafts) + 1
         return out
 
     @staticmethod
