@@ -76,6 +76,17 @@ def test_short_chunks_match_reference(group, sliding_window, dtype):
     check_cpu(batch, plan=plan, sliding_window=sliding_window)
 
 
+def test_short_chunk_mask_is_the_bottom_right_causal_rule():
+    """A short chunk's mask (zeros and the cached triangle) is the rule's: query ``i`` of a
+    ``q_len``-token chunk ending a ``seq_len``-token sequence sees keys ``0..seq_len - q_len + i``."""
+    for q_len, seq_len in [(2, 2), (2, 9), (5, 5), (5, 37), (cpu_attention.SHORT_CHUNK, 40)]:
+        chunk = cpu_attention.PrefillChunk(0, q_len, seq_len, torch.arange(seq_len))
+        mask = cpu_attention._prefill_mask(chunk, None)
+        visible = torch.arange(seq_len)[None, :] <= torch.arange(seq_len - q_len, seq_len)[:, None]
+        assert torch.equal(mask == 0, visible) and bool(torch.isneginf(mask[~visible]).all())
+        assert cpu_attention._prefill_mask(chunk, None) is mask  # built once per plan
+
+
 def test_length_tiles_cut_padding():
     """Sequences of 1 and 20 blocks are not padded to one length: sorted, cut into tiles of at
     most tile_rows() positions (a longer sequence alone), each as long as its longest sequence."""
