@@ -115,7 +115,10 @@ def lean_request(request: WorkloadRequest) -> WorkloadRequest:
     p = request.params
     if p.stop_strings or (not p.detokenize and p.output_kind is RequestOutputKind.FINAL_ONLY):
         return request
-    params = dataclasses.replace(p, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
-    lean = copy.copy(request)  # its fields are checked already: no second pass over the prompt
+    # Its fields are checked already (a replace() would validate them all again, once per
+    # request); the two changed are valid with any others, as no stop string needs text.
+    params = copy.copy(p)
+    params.detokenize, params.output_kind = False, RequestOutputKind.FINAL_ONLY
+    lean = copy.copy(request)  # no second pass over the prompt either
     object.__setattr__(lean, "params", params)
     return lean
