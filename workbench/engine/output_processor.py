@@ -289,7 +289,7 @@ class OutputProcessor:
         one of them leaves the tokens after it unseen (``num_seen`` stops there, and the
         scheduler drops them from the request), as one token at a time would have."""
         output_ids, num_seen, status = request.output_token_ids, state.num_seen, request.status
-        num_new = len(output_ids) - num_seen
+        num_new, finished = len(output_ids) - num_seen, status.is_finished
         detok = state.detokenizer
         stop = None  # without text (detokenize=False) no stop string: the new ids are only counted
         if detok is not _NO_TEXT:
@@ -302,7 +302,7 @@ class OutputProcessor:
             stop = detok.update(new_ids[:-1] if hide_last else new_ids)
             if stop is not None and num_new > 1:  # the tokens after the one that stopped it
                 num_new = detok.num_output_tokens - fed
-            if stop is None and status.is_finished:
+            if stop is None and finished:
                 stop = detok.flush()
         if num_new:
             state.num_seen = num_seen = num_seen + num_new
@@ -319,7 +319,7 @@ class OutputProcessor:
                 self._add_logprobs(state, request, logprobs, num_new)
         if stop is not None:
             state.finish("stop", stop)
-        elif status.is_finished:
+        elif finished:
             state.finish(status.finish_reason, request.stop_reason)
         state.num_processed = num_seen
         if detok is not _NO_TEXT:
