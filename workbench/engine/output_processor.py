@@ -298,10 +298,9 @@ class OutputProcessor:
             # left out unless include_stop_str_in_output.
             hide_last = (new_ids and status is RequestStatus.FINISHED_STOPPED
                          and not request.sampling_params.include_stop_str_in_output)
-            fed = detok.num_output_tokens
             stop = detok.update(new_ids[:-1] if hide_last else new_ids)
             if stop is not None and num_new > 1:  # the tokens after the one that stopped it
-                num_new = detok.num_output_tokens - fed
+                num_new = detok.num_output_tokens - num_seen  # it was fed the tokens seen before
             if stop is None and finished:
                 stop = detok.flush()
         if num_new:
