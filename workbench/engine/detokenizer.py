@@ -76,15 +76,23 @@ class IncrementalDetokenizer:
         """
         if self.stop_string is not None:
             return None
+        ids, stream, tokenizer = self._ids, self._stream, self._tokenizer
         for token_id in new_token_ids:
-            self._ids.append(token_id)
-            chunk = self._step(token_id)
+            ids.append(token_id)
+            try:
+                chunk = stream.step(tokenizer, token_id)
+            except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception subclass
+                chunk = self._restart_stream()
+                stream = self._stream
             if chunk is None:
                 self._num_pending += 1
                 continue
             self._num_pending = 0
-            if self._append(chunk):
-                return self.stop_string
+            if self.stop_strings:
+                if self._append(chunk):
+                    return self.stop_string
+            else:  # nothing to look for: the text only grows
+                self._text += chunk
         return None
 
     def flush(self) -> str | None:
@@ -141,17 +149,15 @@ class IncrementalDetokenizer:
             stream.step(self._tokenizer, context)
         return stream
 
-    def _step(self, token_id: int) -> str | None:
-        try:
-            return self._stream.step(self._tokenizer, token_id)
-        except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception subclass
-            # DecodeStream refuses to go on when a decoder rewrites text it already
-            # returned (its "invalid prefix" error). Restart it from the tokens before the
-            # held ones and replay those plus this token, as vLLM does; a second failure
-            # is a real error and propagates.
-            start = len(self._ids) - 1 - self._num_pending
-            self._stream = self._new_stream(self._ids[max(0, start - _CONTEXT_TOKENS) : start])
-            return self._stream.step(self._tokenizer, self._ids[start:])
+    def _restart_stream(self) -> str | None:
+        """The text of the last token of ``_ids`` after the stream refused it.
+
+        DecodeStream refuses to go on when a decoder rewrites text it already returned (its
+        "invalid prefix" error). Restart it from the tokens before the held ones and replay
+        those plus this token, as vLLM does; a second failure is a real error and propagates."""
+        start = len(self._ids) - 1 - self._num_pending
+        self._stream = self._new_stream(self._ids[max(0, start - _CONTEXT_TOKENS) : start])
+        return self._stream.step(self._tokenizer, self._ids[start:])
 
     def _append(self, chunk: str) -> bool:
         """Append text and look for a stop string ending in it; True when one matched."""

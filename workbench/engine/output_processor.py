@@ -177,7 +177,7 @@ class OutputProcessor:
                 fail(state, exc)
                 touched[parent.request_id] = parent
         logprobs = logprobs or {}
-        sequences = self._sequences
+        sequences, update, final_only = self._sequences, self._update, RequestOutputKind.FINAL_ONLY
         for request in requests:
             entry = sequences.get(request.request_id)
             if entry is None:
@@ -187,12 +187,12 @@ class OutputProcessor:
             parent, state = entry
             if state.finish_reason is None:
                 try:
-                    if self._update(state, request, logprobs, stats, now) and not request.is_finished:
+                    if update(state, request, logprobs, stats, now) and not request.is_finished:
                         self._report(result, request, RequestStatus.FINISHED_STOPPED, now,
                                      num_output_tokens=state.num_seen)
                 except Exception as exc:  # noqa: BLE001 - isolate this request
                     fail(state, exc)
-                if state.finish_reason is None and parent.params.output_kind is RequestOutputKind.FINAL_ONLY:
+                if state.finish_reason is None and parent.params.output_kind is final_only:
                     continue  # nothing to give, and no stats, before it finishes
             touched[parent.request_id] = parent
         for rid, message in (errors or {}).items():  # after their tokens, if any
@@ -288,51 +288,55 @@ class OutputProcessor:
         A step may bring several tokens (speculative decoding); a stop string completed by
         one of them leaves the tokens after it unseen (``num_seen`` stops there, and the
         scheduler drops them from the request), as one token at a time would have."""
-        num_new = len(request.output_token_ids) - state.num_seen
+        output_ids, num_seen, status = request.output_token_ids, state.num_seen, request.status
+        num_new, finished = len(output_ids) - num_seen, status.is_finished
         detok = state.detokenizer
-        finished = request.status.is_finished
-        if detok is _NO_TEXT:  # no text, so no stop string (and the new ids are only counted)
-            stop = None
-        else:
-            new_ids = request.output_token_ids[state.num_seen :]
+        stop = None  # without text (detokenize=False) no stop string: the new ids are only counted
+        if detok is not _NO_TEXT:
+            new_ids = output_ids[num_seen:]
             # A stop token (eos or stop_token_ids) ended the request: as vLLM, its text is
             # left out unless include_stop_str_in_output.
-            hide_last = (new_ids and request.status is RequestStatus.FINISHED_STOPPED
+            hide_last = (new_ids and status is RequestStatus.FINISHED_STOPPED
                          and not request.sampling_params.include_stop_str_in_output)
-            fed = detok.num_output_tokens
             stop = detok.update(new_ids[:-1] if hide_last else new_ids)
             if stop is not None and num_new > 1:  # the tokens after the one that stopped it
-                num_new = detok.num_output_tokens - fed
+                num_new = detok.num_output_tokens - num_seen  # it was fed the tokens seen before
             if stop is None and finished:
                 stop = detok.flush()
-        state.num_seen += num_new
         if num_new:
-            if state.last_token_ts is None:
+            state.num_seen = num_seen = num_seen + num_new
+            last = state.last_token_ts
+            if last is None:
                 first = request.first_token_time if request.first_token_time is not None else now
                 stats.time_to_first_tokens_iter.append(first - request.arrival_time)
                 stats.num_prompt_tokens += request.num_prompt_tokens
             else:
-                stats.inter_token_latencies_iter.append(now - state.last_token_ts)
+                stats.inter_token_latencies_iter.append(now - last)
             state.last_token_ts = now
             stats.num_generation_tokens += num_new
-        if state.logprobs is not None and num_new:
-            lp = logprobs.get(request.request_id)
-            if lp is None:
-                raise KeyError(
-                    f"request {request.request_id!r} asked for logprobs={request.sampling_params.logprobs} "
-                    "but the step brought none for it."
-                )
-            for entry in (lp if isinstance(lp, list) else [lp])[:num_new]:
-                state.logprobs.append(self._convert_logprobs(entry, state.logprobs))
-                state.cumulative_logprob += entry.logprob
+            if state.logprobs is not None:
+                self._add_logprobs(state, request, logprobs, num_new)
         if stop is not None:
             state.finish("stop", stop)
         elif finished:
-            state.finish(request.status.finish_reason, request.stop_reason)
-        state.num_processed = state.num_seen
+            state.finish(status.finish_reason, request.stop_reason)
+        state.num_processed = num_seen
         if detok is not _NO_TEXT:
             state.text_processed = len(detok.text)
         return stop is not None
+
+    def _add_logprobs(self, state: SequenceState, request: Request,
+                      logprobs: Mapping[str, TokenLogprobs | list[TokenLogprobs]], num_new: int) -> None:
+        """The logprobs of the request's ``num_new`` tokens seen in this step."""
+        lp = logprobs.get(request.request_id)
+        if lp is None:
+            raise KeyError(
+                f"request {request.request_id!r} asked for logprobs={request.sampling_params.logprobs} "
+                "but the step brought none for it."
+            )
+        for entry in (lp if isinstance(lp, list) else [lp])[:num_new]:
+            state.logprobs.append(self._convert_logprobs(entry, state.logprobs))
+            state.cumulative_logprob += entry.logprob
 
     def _add_prompt_logprobs(
         self, state: SequenceState, start: int, entries: list[TokenLogprobs]
