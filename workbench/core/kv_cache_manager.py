@@ -284,11 +284,14 @@ class KVCacheManager:
         full block of the request's known tokens (the ones this step sampled included, as
         vLLM hashes on append). O(tokens of the tail block + newly full blocks)."""
         rid = request.request_id
-        table = self._tables[rid]
         bs = self.block_size
         num_full = num_computed_tokens // bs
         filled = self._num_filled[rid]
-        self.update_block_hashes(request)
+        prompt, output = request.prompt_token_ids, request.output_token_ids
+        num_prompt = len(prompt)
+        if len(request.block_hashes) < (num_prompt + len(output)) // bs:  # a known block filled up
+            self.update_block_hashes(request)
+        table = self._tables[rid]
         if num_full > filled:  # once per block_size tokens of a decode
             tokens = [tuple(request.token_ids_slice(i * bs, (i + 1) * bs)) for i in range(filled, num_full)]
             if self.enable_prefix_caching:
@@ -298,16 +301,15 @@ class KVCacheManager:
                     hashes[filled - 1] if filled else None, tokens, bs,
                 )
                 if self.prefix_memory is not None:
-                    self.prefix_memory.stored(request, filled, num_full)
+                    self.prefix_memory.stored(request, filled, tokens)
             else:
                 for block, block_tokens in zip(table[filled:num_full], tokens):
                     self.pool.write_tokens(block, block_tokens)
             self._num_filled[rid] = num_full
         start = num_full * bs
         if num_computed_tokens > start:
-            num_prompt = len(request.prompt_token_ids)
             if start >= num_prompt:  # a decode's tail: generated tokens only
-                tail = tuple(request.output_token_ids[start - num_prompt:num_computed_tokens - num_prompt])
+                tail = tuple(output[start - num_prompt:num_computed_tokens - num_prompt])
             else:
                 tail = tuple(request.token_ids_slice(start, num_computed_tokens))
             self.pool.write_tokens(table[num_full], tail)

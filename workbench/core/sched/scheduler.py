@@ -497,38 +497,40 @@ class Scheduler(RemoteKVMixin):
         """``update_from_output``'s pass over the step's chunks: the requests that got a token,
         in batch order, and whether any finished (it is still in ``running``)."""
         kv = self.kv_cache
-        requests = self.requests
+        cache_blocks, check_stop = kv.cache_blocks, self._check_stop  # per chunk
+        requests, running_state = self.requests, RequestStatus.RUNNING
         got_token: list[Request] = []
         any_finished = False
         for chunk in scheduler_output.scheduled:
-            request = requests.get(chunk.request_id)
+            rid = chunk.request_id
+            request = requests.get(rid)
             start = chunk.num_computed_tokens
-            if request is None or request.status is not RequestStatus.RUNNING or request.num_computed_tokens != start:
+            if request is None or request.status is not running_state or request.num_computed_tokens != start:
                 continue
             if not chunk.samples:
                 request.num_computed_tokens = num_computed = start + chunk.num_new_tokens
-                kv.cache_blocks(request, num_computed)
+                cache_blocks(request, num_computed)
                 continue
             if request.pooling_params is not None:  # prefill-only: pooled, done
                 request.num_computed_tokens = start + chunk.num_new_tokens
-                kv.cache_blocks(request, request.num_computed_tokens)
+                cache_blocks(request, request.num_computed_tokens)
                 self._finish(request, RequestStatus.FINISHED_STOPPED, scheduler_output.step, now)
                 any_finished = True
                 continue
             drafts = chunk.spec_token_ids
             try:
-                token = sampled_token_ids[chunk.request_id]
+                token = sampled_token_ids[rid]
             except KeyError:
                 raise ValueError(
-                    f"sampled_token_ids has no token for request {chunk.request_id!r}, which "
+                    f"sampled_token_ids has no token for request {rid!r}, which "
                     f"sampled at step {scheduler_output.step}."
                 ) from None
             num_accepted = 0
             if drafts:
-                result = (spec_decode or {}).get(chunk.request_id)
+                result = (spec_decode or {}).get(rid)
                 num_accepted = 0 if result is None else result.num_accepted
                 if not 0 <= num_accepted <= len(drafts):
-                    raise ValueError(f"request {chunk.request_id!r}: {num_accepted} drafts accepted of "
+                    raise ValueError(f"request {rid!r}: {num_accepted} drafts accepted of "
                                      f"{len(drafts)} scheduled at step {scheduler_output.step}.")
             request.num_computed_tokens = num_computed = (
                 start + chunk.num_new_tokens - len(drafts) + num_accepted)
@@ -536,21 +538,21 @@ class Scheduler(RemoteKVMixin):
                 status = None
                 for new_token in (*drafts[:num_accepted], token):
                     request.output_token_ids.append(new_token)
-                    status = self._check_stop(request, new_token)
+                    status = check_stop(request, new_token)
                     if status is not None:
                         break
                 # K/V exist up to num_computed; a stop inside the accepted run ends the tokens earlier.
-                kv.cache_blocks(request, min(num_computed, request.num_tokens))
+                cache_blocks(request, min(num_computed, request.num_tokens))
                 if status is None:
                     kv.free_unneeded_blocks(request)
             else:
                 request.output_token_ids.append(token)
-                status = self._check_stop(request, token)
-                kv.cache_blocks(request, num_computed)
+                status = check_stop(request, token)
+                cache_blocks(request, num_computed)
             if request.first_token_time is None:
                 request.first_token_time = now
                 if self._events is not None:
-                    self._events.append(RequestFirstToken(request.request_id, scheduler_output.step, now))
+                    self._events.append(RequestFirstToken(rid, scheduler_output.step, now))
             if status is not None:
                 self._finish(request, status, scheduler_output.step, now)
                 any_finished = True
