@@ -482,25 +482,26 @@ class Scheduler(RemoteKVMixin):
         self._update_from_kv_xfer_finished(kv_connector_output)
         now = self.clock() if now is None else now
         self.finish_requests(failed_request_ids, RequestStatus.FINISHED_ERROR, now=now)
-        got_token, any_finished = self._apply_chunks(scheduler_output, sampled_token_ids, spec_decode, now)
+        got_token, finished = self._apply_chunks(scheduler_output, sampled_token_ids, spec_decode, now)
         grammars = self.structured_output_manager
         if grammars is not None:
             ended, refused = grammars.accept_tokens(got_token)
             self.finish_requests(ended, RequestStatus.FINISHED_STOPPED, now=now)
             self.finish_requests(refused, RequestStatus.FINISHED_ERROR, now=now)
-        if any_finished:
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        for request in finished:  # O(finished) removals, not a pass over every running request
+            self.running.remove(request)
         return got_token
 
     def _apply_chunks(self, scheduler_output: SchedulerOutput, sampled_token_ids: Mapping[str, int],
-                      spec_decode: Mapping[str, SpecDecodeResult] | None, now: float) -> tuple[list[Request], bool]:
+                      spec_decode: Mapping[str, SpecDecodeResult] | None, now: float) -> tuple[list[Request], list[Request]]:
         """``update_from_output``'s pass over the step's chunks: the requests that got a token,
-        in batch order, and whether any finished (it is still in ``running``)."""
+        in batch order, and the running requests it finished (still in ``running``: the caller
+        removes them)."""
         kv = self.kv_cache
         cache_blocks, check_stop = kv.cache_blocks, self._check_stop  # per chunk
         requests, running_state = self.requests, RequestStatus.RUNNING
         got_token: list[Request] = []
-        any_finished = False
+        finished: list[Request] = []
         for chunk in scheduler_output.scheduled:
             rid = chunk.request_id
             request = requests.get(rid)
@@ -515,7 +516,7 @@ class Scheduler(RemoteKVMixin):
                 request.num_computed_tokens = start + chunk.num_new_tokens
                 cache_blocks(request, request.num_computed_tokens)
                 self._finish(request, RequestStatus.FINISHED_STOPPED, scheduler_output.step, now)
-                any_finished = True
+                finished.append(request)
                 continue
             drafts = chunk.spec_token_ids
             try:
@@ -555,9 +556,9 @@ class Scheduler(RemoteKVMixin):
                     self._events.append(RequestFirstToken(rid, scheduler_output.step, now))
             if status is not None:
                 self._finish(request, status, scheduler_output.step, now)
-                any_finished = True
+                finished.append(request)
             got_token.append(request)
-        return got_token, any_finished
+        return got_token, finished
 
     def update_draft_token_ids(self, draft_token_ids: Mapping[str, Sequence[int]]) -> None:
         """vLLM's name: set the drafts the proposer made for running requests (the next
