@@ -324,7 +324,9 @@ class Scheduler(RemoteKVMixin):
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
-            num_new = min(num_new_tokens(request), budget)
+            num_new = num_new_tokens(request)
+            if num_new > budget:
+                num_new = budget
             if num_new <= 0:  # async scheduling: its last token is in flight and ends it
                 i += 1
                 continue
