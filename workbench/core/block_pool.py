@@ -232,7 +232,7 @@ class BlockPool:
             out.append(block)
         self.num_allocated += n
         if events is not None:
-            events.extend(BlockAllocated(b.block_id, owner) for b in out)
+            events.extend([BlockAllocated(b.block_id, owner) for b in out])
         return out
 
     def touch(self, blocks: Iterable[KVCacheBlock], owner: str) -> None:

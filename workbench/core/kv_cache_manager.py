@@ -185,9 +185,12 @@ class KVCacheManager:
             return
         salt, lora = request.cache_salt, request.lora_name
         later_keys = block_extra_keys(1, salt, lora)  # the same for every block after the first
-        for i in range(len(hashes), num_full):
+        first = len(hashes)
+        tokens = request.token_ids_slice(first * bs, num_full * bs)  # the new full blocks' tokens
+        for i in range(first, num_full):
             parent, keys = (hashes[i - 1], later_keys) if i else (None, block_extra_keys(0, salt, lora))
-            hashes.append(hash_block_tokens(parent, request.token_ids_slice(i * bs, (i + 1) * bs), keys))
+            start = (i - first) * bs
+            hashes.append(hash_block_tokens(parent, tokens[start:start + bs], keys))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest run of the request's leading full blocks found in the cache, and the
@@ -293,7 +296,8 @@ class KVCacheManager:
             self.update_block_hashes(request)
         table = self._tables[rid]
         if num_full > filled:  # once per block_size tokens of a decode
-            tokens = [tuple(request.token_ids_slice(i * bs, (i + 1) * bs)) for i in range(filled, num_full)]
+            flat = request.token_ids_slice(filled * bs, num_full * bs)
+            tokens = [tuple(flat[i:i + bs]) for i in range(0, len(flat), bs)]  # one tuple per block
             if self.enable_prefix_caching:
                 hashes = request.block_hashes
                 self.pool.cache_full_blocks(

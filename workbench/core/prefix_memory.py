@@ -36,11 +36,6 @@ class PrefixMemory:
         # content key -> (salt, lora)
         self._stored_under: OrderedDict[int, tuple[str | None, str | None]] = OrderedDict()
 
-    @staticmethod
-    def _bound(mapping: OrderedDict, capacity: int) -> None:
-        while len(mapping) > capacity:
-            mapping.popitem(last=False)
-
     def evicted(self, block_hash: bytes, for_request: str) -> None:
         """A cached block lost ``block_hash`` to serve ``for_request`` in the current step."""
         evictions = self.evictions
@@ -80,8 +75,11 @@ class PrefixMemory:
             key = hash((key, block_tokens))
             content_of[block_hash] = key
             stored_under[key] = under
-        self._bound(content_of, self.capacity)
-        self._bound(stored_under, self.capacity)
+        capacity = self.capacity
+        while len(content_of) > capacity:
+            content_of.popitem(last=False)
+        while len(stored_under) > capacity:
+            stored_under.popitem(last=False)
 
     def stored_under(self, request: Request, index: int) -> tuple[str | None, str | None] | None:
         """(cache_salt, LoRA name) the request's block ``index``'s tokens were last cached
