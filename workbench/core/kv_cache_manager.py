@@ -330,8 +330,7 @@ class KVCacheManager:
         surplus = table[keep:]
         del table[keep:]
         self._table_ids[rid] = tuple(b.block_id for b in table)
-        self.pool.free_blocks(freed_block_order(surplus), rid)
-        self._stats.num_blocks_freed += sum(1 for b in surplus if b.ref_count == 0)
+        self._release(surplus, rid)
 
     def free(self, request: Request) -> None:
         """Release every block of the request (tail first into the eviction order)."""
@@ -340,8 +339,15 @@ class KVCacheManager:
             return
         del self._num_filled[request.request_id]
         del self._table_ids[request.request_id]
-        self.pool.free_blocks(freed_block_order(table), request.request_id)
-        self._stats.num_blocks_freed += sum(1 for b in table if b.ref_count == 0)
+        self._release(table, request.request_id)
+
+    def _release(self, blocks: list[KVCacheBlock], rid: str) -> None:
+        """Drop ``rid``'s references on ``blocks`` (tail first) and count the blocks that
+        became free (read off the pool's ``num_freed``, not by a second pass)."""
+        pool = self.pool
+        num_freed = pool.num_freed
+        pool.free_blocks(freed_block_order(blocks), rid)
+        self._stats.num_blocks_freed += pool.num_freed - num_freed
 
     # ------------------------------------------------------------- invariants
     def check_invariants(
