@@ -114,10 +114,15 @@ class FreeBlockQueue:
     def popleft(self) -> KVCacheBlock:
         """Unlink and return the front block; ValueError("No free blocks available") when
         empty (vLLM's type and message)."""
-        block = self._head.next_free
+        head = self._head
+        block = head.next_free
         if block is self._tail:
             raise ValueError("No free blocks available")
-        self.remove(block)
+        nxt = block.next_free
+        head.next_free = nxt
+        nxt.prev_free = head
+        block.prev_free = block.next_free = None
+        self._len -= 1
         return block
 
     def append(self, block: KVCacheBlock) -> None:
@@ -207,16 +212,17 @@ class BlockPool:
         if n > len(self.free_queue):
             raise ValueError(f"cannot allocate {n} blocks: only {len(self.free_queue)} free.")
         out = []
-        events = self._events
+        events, memory, popleft = self._events, self.prefix_memory, self.free_queue.popleft
         for _ in range(n):
-            block = self.free_queue.popleft()
-            if block.block_hash is not None:
+            block = popleft()
+            block_hash = block.block_hash
+            if block_hash is not None:
                 self.num_evictable -= 1
                 if events is not None:
-                    events.append(BlockRemoved((block.block_hash,), (block.block_id,)))
-                if self.prefix_memory is not None:
-                    self.prefix_memory.evicted(block.block_hash, owner)
-                del self.cached[block.block_hash]
+                    events.append(BlockRemoved((block_hash,), (block.block_id,)))
+                if memory is not None:
+                    memory.evicted(block_hash, owner)
+                del self.cached[block_hash]
                 block.block_hash = None
                 self.num_evicted += 1
                 self.cache_version += 1
@@ -226,7 +232,7 @@ class BlockPool:
             out.append(block)
         self.num_allocated += n
         if events is not None:
-            events.extend(BlockAllocated(b.block_id, owner) for b in out)
+            events.extend([BlockAllocated(b.block_id, owner) for b in out])
         return out
 
     def touch(self, blocks: Iterable[KVCacheBlock], owner: str) -> None:
@@ -245,17 +251,18 @@ class BlockPool:
         """Drop ``owner``'s reference on each block; blocks reaching 0 join the queue's back
         in the given order (so the first given is evicted first). Uncached blocks forget
         their tokens; cached ones keep them for later hits (lazy eviction)."""
+        events, append = self._events, self.free_queue.append
         for block in ordered_blocks:
             del block._owners[owner]
             block.ref_count -= 1
-            if self._events is not None:
-                self._events.append(BlockFreed(block.block_id, owner))
+            if events is not None:
+                events.append(BlockFreed(block.block_id, owner))
             if block.ref_count == 0:
                 if block.block_hash is None:
                     block.token_ids = ()
                 else:
                     self.num_evictable += 1
-                self.free_queue.append(block)
+                append(block)
                 self.num_freed += 1
 
     def cache_block(self, block: KVCacheBlock, block_hash: bytes, token_ids: tuple[int, ...]) -> bool:

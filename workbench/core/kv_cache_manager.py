@@ -185,9 +185,12 @@ class KVCacheManager:
             return
         salt, lora = request.cache_salt, request.lora_name
         later_keys = block_extra_keys(1, salt, lora)  # the same for every block after the first
-        for i in range(len(hashes), num_full):
+        first = len(hashes)
+        tokens = request.token_ids_slice(first * bs, num_full * bs)  # the new full blocks' tokens
+        for i in range(first, num_full):
             parent, keys = (hashes[i - 1], later_keys) if i else (None, block_extra_keys(0, salt, lora))
-            hashes.append(hash_block_tokens(parent, request.token_ids_slice(i * bs, (i + 1) * bs), keys))
+            start = (i - first) * bs
+            hashes.append(hash_block_tokens(parent, tokens[start:start + bs], keys))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest run of the request's leading full blocks found in the cache, and the
@@ -284,13 +287,17 @@ class KVCacheManager:
         full block of the request's known tokens (the ones this step sampled included, as
         vLLM hashes on append). O(tokens of the tail block + newly full blocks)."""
         rid = request.request_id
-        table = self._tables[rid]
         bs = self.block_size
         num_full = num_computed_tokens // bs
         filled = self._num_filled[rid]
-        self.update_block_hashes(request)
+        prompt, output = request.prompt_token_ids, request.output_token_ids
+        num_prompt = len(prompt)
+        if len(request.block_hashes) < (num_prompt + len(output)) // bs:  # a known block filled up
+            self.update_block_hashes(request)
+        table = self._tables[rid]
         if num_full > filled:  # once per block_size tokens of a decode
-            tokens = [tuple(request.token_ids_slice(i * bs, (i + 1) * bs)) for i in range(filled, num_full)]
+            flat = request.token_ids_slice(filled * bs, num_full * bs)
+            tokens = [tuple(flat[i:i + bs]) for i in range(0, len(flat), bs)]  # one tuple per block
             if self.enable_prefix_caching:
                 hashes = request.block_hashes
                 self.pool.cache_full_blocks(
@@ -298,16 +305,15 @@ class KVCacheManager:
                     hashes[filled - 1] if filled else None, tokens, bs,
                 )
                 if self.prefix_memory is not None:
-                    self.prefix_memory.stored(request, filled, num_full)
+                    self.prefix_memory.stored(request, filled, tokens)
             else:
                 for block, block_tokens in zip(table[filled:num_full], tokens):
                     self.pool.write_tokens(block, block_tokens)
             self._num_filled[rid] = num_full
         start = num_full * bs
         if num_computed_tokens > start:
-            num_prompt = len(request.prompt_token_ids)
             if start >= num_prompt:  # a decode's tail: generated tokens only
-                tail = tuple(request.output_token_ids[start - num_prompt:num_computed_tokens - num_prompt])
+                tail = tuple(output[start - num_prompt:num_computed_tokens - num_prompt])
             else:
                 tail = tuple(request.token_ids_slice(start, num_computed_tokens))
             self.pool.write_tokens(table[num_full], tail)
@@ -324,8 +330,7 @@ class KVCacheManager:
         surplus = table[keep:]
         del table[keep:]
         self._table_ids[rid] = tuple(b.block_id for b in table)
-        self.pool.free_blocks(freed_block_order(surplus), rid)
-        self._stats.num_blocks_freed += sum(1 for b in surplus if b.ref_count == 0)
+        self._release(surplus, rid)
 
     def free(self, request: Request) -> None:
         """Release every block of the request (tail first into the eviction order)."""
@@ -334,8 +339,15 @@ class KVCacheManager:
             return
         del self._num_filled[request.request_id]
         del self._table_ids[request.request_id]
-        self.pool.free_blocks(freed_block_order(table), request.request_id)
-        self._stats.num_blocks_freed += sum(1 for b in table if b.ref_count == 0)
+        self._release(table, request.request_id)
+
+    def _release(self, blocks: list[KVCacheBlock], rid: str) -> None:
+        """Drop ``rid``'s references on ``blocks`` (tail first) and count the blocks that
+        became free (read off the pool's ``num_freed``, not by a second pass)."""
+        pool = self.pool
+        num_freed = pool.num_freed
+        pool.free_blocks(freed_block_order(blocks), rid)
+        self._stats.num_blocks_freed += pool.num_freed - num_freed
 
     # ------------------------------------------------------------- invariants
     def check_invariants(

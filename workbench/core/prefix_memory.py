@@ -36,11 +36,6 @@ class PrefixMemory:
         # content key -> (salt, lora)
         self._stored_under: OrderedDict[int, tuple[str | None, str | None]] = OrderedDict()
 
-    @staticmethod
-    def _bound(mapping: OrderedDict, capacity: int) -> None:
-        while len(mapping) > capacity:
-            mapping.popitem(last=False)
-
     def evicted(self, block_hash: bytes, for_request: str) -> None:
         """A cached block lost ``block_hash`` to serve ``for_request`` in the current step."""
         evictions = self.evictions
@@ -65,19 +60,26 @@ class PrefixMemory:
             key = hash((key, tuple(request.token_ids_slice(i * bs, (i + 1) * bs))))
         return key
 
-    def stored(self, request: Request, first: int, end: int) -> None:
-        """The request's full blocks ``first..end-1`` were just cached (or written). The run's
-        first key is looked up (:meth:`content_key`); each next one chains on the one before."""
-        hashes, bs = request.block_hashes, self.block_size
+    def stored(self, request: Request, first: int, tokens: list[tuple[int, ...]]) -> None:
+        """The request's full blocks ``first, first + 1, ...`` were just cached (or written);
+        ``tokens`` holds each one's token ids (the cache's own tuples, not sliced again). The
+        run's parent key is looked up (:meth:`content_key`); each block's key chains on the
+        one before."""
+        hashes = request.block_hashes
+        content_of, stored_under = self._content_of, self._stored_under
         under = (request.cache_salt, request.lora_name)
-        key = None
-        for i in range(first, min(end, len(hashes))):
-            key = (self.content_key(request, i) if key is None
-                   else hash((key, tuple(request.token_ids_slice(i * bs, (i + 1) * bs)))))
-            self._content_of[hashes[i]] = key
-            self._stored_under[key] = under
-        self._bound(self._content_of, self.capacity)
-        self._bound(self._stored_under, self.capacity)
+        key = 0 if first == 0 else content_of.get(hashes[first - 1])  # a key depends on tokens only
+        if key is None:
+            key = self.content_key(request, first - 1)
+        for block_hash, block_tokens in zip(hashes[first:], tokens):
+            key = hash((key, block_tokens))
+            content_of[block_hash] = key
+            stored_under[key] = under
+        capacity = self.capacity
+        while len(content_of) > capacity:
+            content_of.popitem(last=False)
+        while len(stored_under) > capacity:
+            stored_under.popitem(last=False)
 
     def stored_under(self, request: Request, index: int) -> tuple[str | None, str | None] | None:
         """(cache_salt, LoRA name) the request's block ``index``'s tokens were last cached

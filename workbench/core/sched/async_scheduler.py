@@ -125,7 +125,7 @@ class AsyncScheduler(Scheduler):
         super().add_request(request)
 
     def _apply_chunks(self, scheduler_output: SchedulerOutput, sampled_token_ids: Mapping[str, int],
-                      spec_decode: Mapping[str, SpecDecodeResult] | None, now: float) -> tuple[list[Request], bool]:
+                      spec_decode: Mapping[str, SpecDecodeResult] | None, now: float) -> tuple[list[Request], list[Request]]:
         """The base's pass over the chunks (see ``update_from_output``), one step behind: each
         sampling chunk's placeholder becomes its token; stop conditions as the base; blocks
         cached up to the known computed tokens. A request finished since the step was
@@ -136,7 +136,7 @@ class AsyncScheduler(Scheduler):
         kv, requests = self.kv_cache, self.requests
         got_token: list[Request] = []
         discarded: list[str] = []
-        any_finished = False
+        finished: list[Request] = []  # the running ones it finished
         for chunk in scheduler_output.scheduled:
             rid = chunk.request_id
             request = requests.get(rid)
@@ -166,14 +166,15 @@ class AsyncScheduler(Scheduler):
                     self._events.append(RequestFirstToken(rid, scheduler_output.step, now))
             kv.update_block_hashes(request)
             if status is not None:
-                if not running:  # preempted while its step was in flight: leaves the waiting queue
+                if running:
+                    finished.append(request)
+                else:  # preempted while its step was in flight: leaves the waiting queue
                     self.waiting.remove(request)
                 self._finish(request, status, scheduler_output.step, now)
-                any_finished = True
             got_token.append(request)
         if discarded:
             self.discarded[scheduler_output.step] = tuple(discarded)
-        return got_token, any_finished
+        return got_token, finished
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
         if draft_token_ids:

@@ -324,7 +324,9 @@ class Scheduler(RemoteKVMixin):
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
-            num_new = min(num_new_tokens(request), budget)
+            num_new = num_new_tokens(request)
+            if num_new > budget:
+                num_new = budget
             if num_new <= 0:  # async scheduling: its last token is in flight and ends it
                 i += 1
                 continue
@@ -482,53 +484,56 @@ class Scheduler(RemoteKVMixin):
         self._update_from_kv_xfer_finished(kv_connector_output)
         now = self.clock() if now is None else now
         self.finish_requests(failed_request_ids, RequestStatus.FINISHED_ERROR, now=now)
-        got_token, any_finished = self._apply_chunks(scheduler_output, sampled_token_ids, spec_decode, now)
+        got_token, finished = self._apply_chunks(scheduler_output, sampled_token_ids, spec_decode, now)
         grammars = self.structured_output_manager
         if grammars is not None:
             ended, refused = grammars.accept_tokens(got_token)
             self.finish_requests(ended, RequestStatus.FINISHED_STOPPED, now=now)
             self.finish_requests(refused, RequestStatus.FINISHED_ERROR, now=now)
-        if any_finished:
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        for request in finished:  # O(finished) removals, not a pass over every running request
+            self.running.remove(request)
         return got_token
 
     def _apply_chunks(self, scheduler_output: SchedulerOutput, sampled_token_ids: Mapping[str, int],
-                      spec_decode: Mapping[str, SpecDecodeResult] | None, now: float) -> tuple[list[Request], bool]:
+                      spec_decode: Mapping[str, SpecDecodeResult] | None, now: float) -> tuple[list[Request], list[Request]]:
         """``update_from_output``'s pass over the step's chunks: the requests that got a token,
-        in batch order, and whether any finished (it is still in ``running``)."""
+        in batch order, and the running requests it finished (still in ``running``: the caller
+        removes them)."""
         kv = self.kv_cache
-        requests = self.requests
+        cache_blocks, check_stop = kv.cache_blocks, self._check_stop  # per chunk
+        requests, running_state = self.requests, RequestStatus.RUNNING
         got_token: list[Request] = []
-        any_finished = False
+        finished: list[Request] = []
         for chunk in scheduler_output.scheduled:
-            request = requests.get(chunk.request_id)
+            rid = chunk.request_id
+            request = requests.get(rid)
             start = chunk.num_computed_tokens
-            if request is None or request.status is not RequestStatus.RUNNING or request.num_computed_tokens != start:
+            if request is None or request.status is not running_state or request.num_computed_tokens != start:
                 continue
             if not chunk.samples:
                 request.num_computed_tokens = num_computed = start + chunk.num_new_tokens
-                kv.cache_blocks(request, num_computed)
+                cache_blocks(request, num_computed)
                 continue
             if request.pooling_params is not None:  # prefill-only: pooled, done
                 request.num_computed_tokens = start + chunk.num_new_tokens
-                kv.cache_blocks(request, request.num_computed_tokens)
+                cache_blocks(request, request.num_computed_tokens)
                 self._finish(request, RequestStatus.FINISHED_STOPPED, scheduler_output.step, now)
-                any_finished = True
+                finished.append(request)
                 continue
             drafts = chunk.spec_token_ids
             try:
-                token = sampled_token_ids[chunk.request_id]
+                token = sampled_token_ids[rid]
             except KeyError:
                 raise ValueError(
-                    f"sampled_token_ids has no token for request {chunk.request_id!r}, which "
+                    f"sampled_token_ids has no token for request {rid!r}, which "
                     f"sampled at step {scheduler_output.step}."
                 ) from None
             num_accepted = 0
             if drafts:
-                result = (spec_decode or {}).get(chunk.request_id)
+                result = (spec_decode or {}).get(rid)
                 num_accepted = 0 if result is None else result.num_accepted
                 if not 0 <= num_accepted <= len(drafts):
-                    raise ValueError(f"request {chunk.request_id!r}: {num_accepted} drafts accepted of "
+                    raise ValueError(f"request {rid!r}: {num_accepted} drafts accepted of "
                                      f"{len(drafts)} scheduled at step {scheduler_output.step}.")
             request.num_computed_tokens = num_computed = (
                 start + chunk.num_new_tokens - len(drafts) + num_accepted)
@@ -536,26 +541,26 @@ class Scheduler(RemoteKVMixin):
                 status = None
                 for new_token in (*drafts[:num_accepted], token):
                     request.output_token_ids.append(new_token)
-                    status = self._check_stop(request, new_token)
+                    status = check_stop(request, new_token)
                     if status is not None:
                         break
                 # K/V exist up to num_computed; a stop inside the accepted run ends the tokens earlier.
-                kv.cache_blocks(request, min(num_computed, request.num_tokens))
+                cache_blocks(request, min(num_computed, request.num_tokens))
                 if status is None:
                     kv.free_unneeded_blocks(request)
             else:
                 request.output_token_ids.append(token)
-                status = self._check_stop(request, token)
-                kv.cache_blocks(request, num_computed)
+                status = check_stop(request, token)
+                cache_blocks(request, num_computed)
             if request.first_token_time is None:
                 request.first_token_time = now
                 if self._events is not None:
-                    self._events.append(RequestFirstToken(request.request_id, scheduler_output.step, now))
+                    self._events.append(RequestFirstToken(rid, scheduler_output.step, now))
             if status is not None:
                 self._finish(request, status, scheduler_output.step, now)
-                any_finished = True
+                finished.append(request)
             got_token.append(request)
-        return got_token, any_finished
+        return got_token, finished
 
     def update_draft_token_ids(self, draft_token_ids: Mapping[str, Sequence[int]]) -> None:
         """vLLM's name: set the drafts the proposer made for running requests (the next
