@@ -66,6 +66,9 @@ class StructuredOutputStep:
         return bool(self.waiting_for_fsm or self.compiled or self.rows or self.reasoning)
 
 
+_IDLE_STEP = StructuredOutputStep()
+
+
 @dataclass
 class _StepWork:
     """What the manager did since the last ``take_step`` (the StructuredOutputStep's makings)."""
@@ -330,8 +333,14 @@ class StructuredOutputManager:
                 self._reasoning.discard(rid)
 
     def take_step(self, requests: Mapping[str, Request]) -> StructuredOutputStep:
-        """This step's work, with the requests still WAITING_FOR_FSM; starts the next."""
-        work, self._step = self._step, _StepWork()
+        """This step's work, with the requests still WAITING_FOR_FSM; starts the next. A step
+        with no grammar work (none compiling, reasoning or masked) gets the one shared empty
+        step, which is immutable."""
+        work = self._step
+        if not (self._pending or self._reasoning or work.compiled or work.cache_hits
+                or work.compile_seconds or work.backends or work.rows or work.mask_seconds):
+            return _IDLE_STEP
+        self._step = _StepWork()
         return StructuredOutputStep(
             waiting_for_fsm=tuple(rid for rid, (request, *_) in self._pending.items()
                                   if requests.get(rid) is request),
