@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from workbench.core.block_pool import BlockPool, KVCacheBlock
 from workbench.core.kv_events import KVEvent
@@ -77,7 +77,12 @@ class KVCacheStats:
     prefix_cache_hits: int = 0
 
     def __add__(self, other: KVCacheStats) -> KVCacheStats:
-        return KVCacheStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+        """Field by field (once per step: spelled out, no ``fields()`` reflection)."""
+        return KVCacheStats(self.num_blocks_allocated + other.num_blocks_allocated,
+                            self.num_blocks_freed + other.num_blocks_freed,
+                            self.num_blocks_evicted + other.num_blocks_evicted,
+                            self.prefix_cache_queries + other.prefix_cache_queries,
+                            self.prefix_cache_hits + other.prefix_cache_hits)
 
 
 class KVCacheManager:
