@@ -49,8 +49,10 @@ def step_features(so: SchedulerOutput, lora_loads: int = 0, after_prefill: bool 
     before ran a prefill (``after_prefill``); all zero for an empty step."""
     if not so.scheduled:
         return (0.0,) * len(FEATURES)
-    prefill = chunks = decode = context = attention = spec = spec_seqs = 0
-    for s in so.scheduled:
+    prefill = chunks = decode = context = attention = spec = spec_seqs = lora_tokens = 0
+    for s in so.scheduled:  # one pass (LoRA included: every chunk has num_new_tokens >= 1)
+        if s.lora_name:
+            lora_tokens += s.num_new_tokens
         if s.is_prefill:
             q = s.num_new_tokens
             prefill += q
@@ -62,7 +64,7 @@ def step_features(so: SchedulerOutput, lora_loads: int = 0, after_prefill: bool 
             if s.spec_token_ids:
                 spec += len(s.spec_token_ids)
                 spec_seqs += 1
-    lora_tokens = sum(s.num_new_tokens for s in so.scheduled if s.lora_name)
+    num_loras = len(so.lora_names) if lora_tokens else 0  # no second pass without adapters
     return (1.0, 1.0 if chunks else 0.0, float(prefill), float(chunks), float(decode), decode ** 0.5, float(context),
             float(attention), float(spec), float(spec_seqs),
-            float(lora_tokens), float(len(so.lora_names)), float(lora_loads), 1.0 if after_prefill else 0.0)
+            float(lora_tokens), float(num_loras), float(lora_loads), 1.0 if after_prefill else 0.0)
