@@ -357,7 +357,8 @@ class StepExplainer:
         self._preemptions: list[PreemptionExplanation] = []
         self._stopped_at: str | None = None  # a running request that was its own victim
         self._deferred_since: dict[str, float] = {}  # id -> arrival, while its grammar compiles
-        self._last_waiting: tuple | None = None  # (queue, its version, common reason, {id: reason})
+        #: (queue, its version, common reason, {id: reason}, whether statuses were fixed then)
+        self._last_waiting: tuple | None = None
         self._deferred_done: list[tuple[str, float]] = []
 
     def detach(self) -> None:
@@ -438,14 +439,17 @@ class StepExplainer:
             common = MaxNumSeqsReached(scheduler.max_num_seqs, len(running), seats_held)
         else:
             common = BehindInOrder(head.request_id)
+        # Waiting statuses change only while grammars compile (no request is WAITING_FOR_FSM
+        # without a pending compile) or with a KV connector.
+        grammars = scheduler.structured_output_manager
+        statuses_fixed = (grammars is None or not grammars.compiling) and scheduler.connector is None
         last = self._last_waiting
         if (last is not None and last[0] is waiting and last[1] == waiting.version and last[2] == common
-                and scheduler.structured_output_manager is None and scheduler.connector is None):
-            # statuses change only with grammars or a KV connector
+                and statuses_fixed and last[4]):
             reasons.update(last[3])  # the same queue held back for the same reason: reuse
         else:
             shared = self._waiting_reasons(scheduler, waiting, common)
-            self._last_waiting = (waiting, waiting.version, common, shared)
+            self._last_waiting = (waiting, waiting.version, common, shared, statuses_fixed)
             reasons.update(shared)
         if common is not None and common.reason is Reason.BEHIND_IN_ORDER:
             reasons[head.request_id] = self._head_reason(scheduler, head, budget)
@@ -459,7 +463,7 @@ class StepExplainer:
                 reasons[rid] = MaxLorasReached(scheduler.requests[rid].lora_name, scheduler.max_loras, loras)
         if common is None:  # the queue was served to its end: only the set-aside ones wait
             reasons = {rid: w for rid, w in reasons.items() if w is not None}
-        if scheduler.structured_output_manager is not None or self._deferred_since:
+        if (grammars is not None and grammars.compiling) or self._deferred_since:  # grammar waits
             self._track_deferred(scheduler, reasons)
         return StepExplanation(FrozenDict(reasons), preemptions, tuple(lookups), common)
 
