@@ -27,7 +27,8 @@ def test_evictions_are_bounded_oldest_first():
 def test_same_tokens_under_another_salt_are_found_after_the_chain_is_forgotten():
     tokens = list(range(100, 124))  # 6 full blocks of 4
     memory = PrefixMemory(block_size=4, capacity=3)
-    memory.stored(request("plain", tokens), 0, [tuple(tokens[i:i + 4]) for i in range(0, 24, 4)])  # only the last 3 blocks' keys are kept
+    # only the last 3 blocks' keys are kept
+    memory.stored(request("plain", tokens), 0, [tuple(tokens[i:i + 4]) for i in range(0, 24, 4)])
     salted = request("salted", tokens, salt="s")
     assert memory.stored_under(salted, 5) == (None, None)  # recomputed from block 0
     assert memory.stored_under(request("other", tokens[:20] + [1, 2, 3, 4]), 5) is None

@@ -153,9 +153,10 @@ def _run_spec_pair(off_spec: dict, on_spec: dict, requests: list[BenchRequest],
                    repeats: int) -> tuple[ThroughputResult, ThroughputResult, list[float]]:
     """The engine without and with speculation in one process, ``repeats`` timed passes each
     (after one untimed warm-up each), alternated off/on then on/off round after round so that
-    neither side always runs first; each side's result is its median pass (wall and CPU
-    time; the faster middle one of an even count), with every pass in ``details["runs_s"]``. Returns (off, on, the speed-up of each
-    round: off wall time / on wall time). Greedy tokens must be the same on both sides."""
+    neither side always runs first. Each side's result is its median pass (wall and CPU time;
+    the faster middle one of an even count), every pass in ``details["runs_s"]``. Returns
+    (off, on, each round's speed-up: off wall time / on wall time). Greedy tokens must be the
+    same on both sides."""
     _setup(off_spec["threads"])
     sides = {"off": (off_spec, *_workbench_llm(off_spec, requests)),
              "on": (on_spec, *_workbench_llm(on_spec, requests))}
