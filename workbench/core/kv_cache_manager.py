@@ -18,7 +18,8 @@ Invariants (``check_invariants``): the pool's (free queue iff ref_count 0, ref_c
 owners, one block per hash); each block table holds ``ceil(tokens / block_size)`` distinct
 blocks where tokens = num_computed_tokens (+ tokens scheduled but not yet computed, draft
 tokens included); a cached block in a table is a full block of the request's computed
-tokens (so no rejected draft is ever hashed); only
+tokens (so no rejected draft is ever hashed); an uncached block's tokens are the
+request's tokens at its first positions (a partial tail: a prefix of its block); only
 unfinished requests hold blocks, so when all requests are done every block is free.
 """
 
@@ -290,38 +291,52 @@ class KVCacheManager:
         """Record the tokens now held by the request's blocks after a step computed them; with
         prefix caching on, newly full blocks enter the cache, and ``block_hashes`` covers every
         full block of the request's known tokens (the ones this step sampled included, as
-        vLLM hashes on append). O(tokens of the tail block + newly full blocks)."""
-        rid = request.request_id
+        vLLM hashes on append). O(tokens of the tail block + newly full blocks).
+
+        A partial tail block's ``token_ids`` are always the request's tokens at its first
+        positions (only this method writes them, from the request's own tokens, and a tail is
+        never shared), so a decode that computed one more token into it extends that tuple by
+        the one token instead of slicing the tail again."""
         bs = self.block_size
-        num_full = num_computed_tokens // bs
-        filled = self._num_filled[rid]
-        prompt, output = request.prompt_token_ids, request.output_token_ids
-        num_prompt = len(prompt)
+        output = request.output_token_ids
+        num_prompt = len(request.prompt_token_ids)
         if len(request.block_hashes) < (num_prompt + len(output)) // bs:  # a known block filled up
             self.update_block_hashes(request)
-        table = self._tables[rid]
-        if num_full > filled:  # once per block_size tokens of a decode
-            flat = request.token_ids_slice(filled * bs, num_full * bs)
-            tokens = [tuple(flat[i:i + bs]) for i in range(0, len(flat), bs)]  # one tuple per block
-            if self.enable_prefix_caching:
-                hashes = request.block_hashes
-                self.pool.cache_full_blocks(
-                    table[filled:num_full], hashes[filled:num_full],
-                    hashes[filled - 1] if filled else None, tokens, bs,
-                )
-                if self.prefix_memory is not None:
-                    self.prefix_memory.stored(request, filled, tokens)
-            else:
-                for block, block_tokens in zip(table[filled:num_full], tokens):
-                    self.pool.write_tokens(block, block_tokens)
-            self._num_filled[rid] = num_full
-        start = num_full * bs
-        if num_computed_tokens > start:
-            if start >= num_prompt:  # a decode's tail: generated tokens only
-                tail = tuple(output[start - num_prompt:num_computed_tokens - num_prompt])
-            else:
-                tail = tuple(request.token_ids_slice(start, num_computed_tokens))
-            self.pool.write_tokens(table[num_full], tail)
+        num_full = num_computed_tokens // bs
+        table = self._tables[request.request_id]
+        if num_full > self._num_filled[request.request_id]:  # once per block_size tokens of a decode
+            self._fill_blocks(request, table, num_full)
+        num_tail = num_computed_tokens - num_full * bs
+        if not num_tail:
+            return
+        block = table[num_full]
+        written = block.token_ids
+        if len(written) == num_tail - 1 and num_computed_tokens > num_prompt:  # one more generated token
+            tail = written + (output[num_computed_tokens - 1 - num_prompt],)
+        else:
+            tail = tuple(request.token_ids_slice(num_full * bs, num_computed_tokens))
+        self.pool.write_tokens(block, tail)
+
+    def _fill_blocks(self, request: Request, table: list[KVCacheBlock], num_full: int) -> None:
+        """``cache_blocks``' blocks that became full: from the first not yet recorded up to
+        ``num_full``, they enter the prefix cache (and the prefix memory), or, with caching
+        off, have their tokens written."""
+        rid, bs = request.request_id, self.block_size
+        filled = self._num_filled[rid]
+        flat = request.token_ids_slice(filled * bs, num_full * bs)
+        tokens = [tuple(flat[i:i + bs]) for i in range(0, len(flat), bs)]  # one tuple per block
+        if self.enable_prefix_caching:
+            hashes = request.block_hashes
+            self.pool.cache_full_blocks(
+                table[filled:num_full], hashes[filled:num_full],
+                hashes[filled - 1] if filled else None, tokens, bs,
+            )
+            if self.prefix_memory is not None:
+                self.prefix_memory.stored(request, filled, tokens)
+        else:
+            for block, block_tokens in zip(table[filled:num_full], tokens):
+                self.pool.write_tokens(block, block_tokens)
+        self._num_filled[rid] = num_full
 
     def free_unneeded_blocks(self, request: Request) -> None:
         """Release the table's blocks past ``ceil(num_computed_tokens / block_size)``: after
@@ -385,6 +400,12 @@ class KVCacheManager:
                         req.token_ids_slice(i * self.block_size, (i + 1) * self.block_size)), (
                         f"request {rid!r}: cached block {b.block_id} at position {i} is not a full "
                         f"block of its computed tokens (num_computed_tokens={req.num_computed_tokens})"
+                    )
+                else:  # what cache_blocks extends: the request's tokens at the block's first positions
+                    start = i * self.block_size
+                    assert b.token_ids == tuple(req.token_ids_slice(start, start + len(b.token_ids))), (
+                        f"request {rid!r}: block {b.block_id} at position {i} holds tokens "
+                        f"{list(b.token_ids)}, not the request's"
                     )
                 if b.block_hash is not None and i < len(req.block_hashes):
                     assert b.block_hash == req.block_hashes[i], (
