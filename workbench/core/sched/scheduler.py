@@ -498,10 +498,10 @@ class Scheduler(RemoteKVMixin):
                       spec_decode: Mapping[str, SpecDecodeResult] | None, now: float) -> tuple[list[Request], list[Request]]:
         """``update_from_output``'s pass over the step's chunks: the requests that got a token,
         in batch order, and the running requests it finished (still in ``running``: the caller
-        removes them)."""
-        kv = self.kv_cache
-        cache_blocks, check_stop = kv.cache_blocks, self._check_stop  # per chunk
-        requests, running_state = self.requests, RequestStatus.RUNNING
+        removes them). A chunk without drafts (every decode) takes the short path: advance by
+        its tokens, append its token, check the stop, cache its blocks."""
+        cache_blocks, check_stop = self.kv_cache.cache_blocks, self._check_stop  # per chunk
+        requests, running_state, step = self.requests, RequestStatus.RUNNING, scheduler_output.step
         got_token: list[Request] = []
         finished: list[Request] = []
         for chunk in scheduler_output.scheduled:
@@ -510,57 +510,64 @@ class Scheduler(RemoteKVMixin):
             start = chunk.num_computed_tokens
             if request is None or request.status is not running_state or request.num_computed_tokens != start:
                 continue
+            num_computed = start + chunk.num_new_tokens
             if not chunk.samples:
-                request.num_computed_tokens = num_computed = start + chunk.num_new_tokens
+                request.num_computed_tokens = num_computed
                 cache_blocks(request, num_computed)
                 continue
             if request.pooling_params is not None:  # prefill-only: pooled, done
-                request.num_computed_tokens = start + chunk.num_new_tokens
-                cache_blocks(request, request.num_computed_tokens)
-                self._finish(request, RequestStatus.FINISHED_STOPPED, scheduler_output.step, now)
+                request.num_computed_tokens = num_computed
+                cache_blocks(request, num_computed)
+                self._finish(request, RequestStatus.FINISHED_STOPPED, step, now)
                 finished.append(request)
                 continue
-            drafts = chunk.spec_token_ids
             try:
                 token = sampled_token_ids[rid]
             except KeyError:
                 raise ValueError(
-                    f"sampled_token_ids has no token for request {rid!r}, which "
-                    f"sampled at step {scheduler_output.step}."
+                    f"sampled_token_ids has no token for request {rid!r}, which sampled at step {step}."
                 ) from None
-            num_accepted = 0
-            if drafts:
-                result = (spec_decode or {}).get(rid)
-                num_accepted = 0 if result is None else result.num_accepted
-                if not 0 <= num_accepted <= len(drafts):
-                    raise ValueError(f"request {rid!r}: {num_accepted} drafts accepted of "
-                                     f"{len(drafts)} scheduled at step {scheduler_output.step}.")
-            request.num_computed_tokens = num_computed = (
-                start + chunk.num_new_tokens - len(drafts) + num_accepted)
-            if drafts:
-                status = None
-                for new_token in (*drafts[:num_accepted], token):
-                    request.output_token_ids.append(new_token)
-                    status = check_stop(request, new_token)
-                    if status is not None:
-                        break
-                # K/V exist up to num_computed; a stop inside the accepted run ends the tokens earlier.
-                cache_blocks(request, min(num_computed, request.num_tokens))
-                if status is None:
-                    kv.free_unneeded_blocks(request)
+            if chunk.spec_token_ids:
+                status = self._accept_drafts(request, chunk, token, spec_decode, step)
             else:
+                request.num_computed_tokens = num_computed
                 request.output_token_ids.append(token)
                 status = check_stop(request, token)
                 cache_blocks(request, num_computed)
             if request.first_token_time is None:
                 request.first_token_time = now
                 if self._events is not None:
-                    self._events.append(RequestFirstToken(rid, scheduler_output.step, now))
+                    self._events.append(RequestFirstToken(rid, step, now))
             if status is not None:
-                self._finish(request, status, scheduler_output.step, now)
+                self._finish(request, status, step, now)
                 finished.append(request)
             got_token.append(request)
         return got_token, finished
+
+    def _accept_drafts(self, request: Request, chunk: ScheduledRequest, token: int,
+                       spec_decode: Mapping[str, SpecDecodeResult] | None, step: int) -> RequestStatus | None:
+        """``_apply_chunks`` for a chunk that verified drafts: advance by the accepted drafts
+        plus the last known token (not the rejected drafts); append the accepted drafts then
+        ``token``, one at a time, up to the first stop (returned); cache the full blocks of
+        accepted tokens; release the blocks that held only rejected ones."""
+        drafts = chunk.spec_token_ids
+        result = (spec_decode or {}).get(request.request_id)
+        num_accepted = 0 if result is None else result.num_accepted
+        if not 0 <= num_accepted <= len(drafts):
+            raise ValueError(f"request {request.request_id!r}: {num_accepted} drafts accepted of "
+                             f"{len(drafts)} scheduled at step {step}.")
+        request.num_computed_tokens = chunk.num_computed_tokens + chunk.num_new_tokens - len(drafts) + num_accepted
+        status = None
+        for new_token in (*drafts[:num_accepted], token):
+            request.output_token_ids.append(new_token)
+            status = self._check_stop(request, new_token)
+            if status is not None:
+                break
+        # K/V exist up to num_computed_tokens; a stop inside the accepted run ends the tokens earlier.
+        self.kv_cache.cache_blocks(request, min(request.num_computed_tokens, request.num_tokens))
+        if status is None:
+            self.kv_cache.free_unneeded_blocks(request)
+        return status
 
     def update_draft_token_ids(self, draft_token_ids: Mapping[str, Sequence[int]]) -> None:
         """vLLM's name: set the drafts the proposer made for running requests (the next
