@@ -303,18 +303,18 @@ class BlockPool:
             self._flush_stored(first, len(token_ids), blocks, block_hashes, parent_hash, token_ids, block_size)
 
     def _flush_stored(self, first, end, blocks, block_hashes, parent_hash, token_ids, block_size) -> None:
-        """One ``BlockStored`` for the run of blocks ``first..end-1`` (none when empty)."""
+        """One ``BlockStored`` for the run of blocks ``first..end-1`` (none when empty). A run
+        of one block (a decode's block that filled up: most runs) takes its id and its own
+        token tuple as they are."""
         if first >= end:
             return
-        self._events.append(
-            BlockStored(
-                block_ids=tuple([b.block_id for b in blocks[first:end]]),
-                block_hashes=tuple(block_hashes[first:end]),
-                parent_block_hash=block_hashes[first - 1] if first else parent_hash,
-                token_ids=tuple(itertools.chain.from_iterable(token_ids[first:end])),
-                block_size=block_size,
-            )
-        )
+        if end - first == 1:
+            ids, tokens = (blocks[first].block_id,), token_ids[first]
+        else:
+            ids = tuple([b.block_id for b in blocks[first:end]])
+            tokens = tuple(itertools.chain.from_iterable(token_ids[first:end]))
+        parent = block_hashes[first - 1] if first else parent_hash
+        self._events.append(BlockStored(ids, tuple(block_hashes[first:end]), parent, tokens, block_size))
 
     def write_tokens(self, block: KVCacheBlock, token_ids: tuple[int, ...]) -> None:
         """Record the tokens an uncached block holds (a partial tail, or caching off)."""

@@ -324,7 +324,10 @@ class KVCacheManager:
         rid, bs = request.request_id, self.block_size
         filled = self._num_filled[rid]
         flat = request.token_ids_slice(filled * bs, num_full * bs)
-        tokens = [tuple(flat[i:i + bs]) for i in range(0, len(flat), bs)]  # one tuple per block
+        if num_full - filled == 1:  # a decode's block filled up
+            tokens = [tuple(flat)]
+        else:
+            tokens = [tuple(flat[i:i + bs]) for i in range(0, len(flat), bs)]  # one tuple per block
         if self.enable_prefix_caching:
             hashes = request.block_hashes
             self.pool.cache_full_blocks(
