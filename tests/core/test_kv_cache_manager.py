@@ -11,7 +11,8 @@ import pytest
 from workbench.core.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock
 from workbench.core.kv_cache_manager import KVCacheManager
 from workbench.core.kv_events import BlockAllocated, BlockRemoved, describe
-from workbench.core.kv_cache_utils import ROOT_HASH, hash_block_tokens, hash_request_blocks
+from workbench.core.kv_cache_utils import (ROOT_HASH, block_extra_keys, hash_block_run, hash_block_tokens,
+                                          hash_request_blocks)
 from workbench.request import Request
 
 
@@ -96,6 +97,26 @@ def test_hash_chain_same_prefix_same_hash_different_parent_different_hash():
     assert other[2] != h1[2] and other[1] != h1[1]
     assert hash_block_tokens(h1[1], [5, 6]) == h1[2]
     assert hash_block_tokens(None, [5, 6]) != h1[2]
+
+
+@pytest.mark.parametrize("salt, lora", [(None, None), ("s", None), (None, "ad"), ("s", "ad")])
+@pytest.mark.parametrize("first_index", [0, 2])
+def test_hash_block_run_is_the_chain_of_single_block_hashes(salt, lora, first_index):
+    """A run hashed at once equals the blocks hashed one by one, each with its own extra keys
+    (the salt on the request's block 0 only, the adapter on all), including the key bytes
+    written out by hand; the partial tail is left out."""
+    tokens, bs = list(range(11)), 4
+    parent = None if first_index == 0 else hashlib.sha256(b"a parent").digest()
+    expected, prev = [], parent
+    for i in range(2):  # 11 // 4 full blocks
+        keys = block_extra_keys(first_index + i, salt, lora)
+        prev = hash_block_tokens(prev, tokens[i * bs:(i + 1) * bs], keys)
+        expected.append(prev)
+    assert hash_block_run(parent, tokens, bs, first_index, salt, lora) == expected
+    keys = block_extra_keys(first_index, salt, lora)
+    data = (parent or ROOT_HASH) + struct.pack("<4q", 0, 1, 2, 3)
+    data += b"".join(struct.pack("<I", len(k)) + k.encode() for k in keys)
+    assert expected[0] == hashlib.sha256(data).digest()
 
 
 def test_cache_salt_enters_the_first_block_hash_only():

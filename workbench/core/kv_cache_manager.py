@@ -33,7 +33,7 @@ from workbench.core.block_pool import BlockPool, KVCacheBlock
 from workbench.core.kv_events import KVEvent
 from workbench.core.prefix_memory import PrefixMemory
 from workbench.core.kv_state import KVState, block_state
-from workbench.core.kv_cache_utils import block_extra_keys, hash_block_tokens
+from workbench.core.kv_cache_utils import hash_block_run
 from workbench.request import Request
 
 
@@ -189,14 +189,10 @@ class KVCacheManager:
         num_full = (len(request.prompt_token_ids) + len(request.output_token_ids)) // bs
         if len(hashes) >= num_full or not self.enable_prefix_caching:
             return
-        salt, lora = request.cache_salt, request.lora_name
-        later_keys = block_extra_keys(1, salt, lora)  # the same for every block after the first
         first = len(hashes)
         tokens = request.token_ids_slice(first * bs, num_full * bs)  # the new full blocks' tokens
-        for i in range(first, num_full):
-            parent, keys = (hashes[i - 1], later_keys) if i else (None, block_extra_keys(0, salt, lora))
-            start = (i - first) * bs
-            hashes.append(hash_block_tokens(parent, tokens[start:start + bs], keys))
+        hashes += hash_block_run(hashes[-1] if first else None, tokens, bs, first,
+                                 request.cache_salt, request.lora_name)
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest run of the request's leading full blocks found in the cache, and the

@@ -33,10 +33,32 @@ def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int],
     a compiled ``Struct``: half the time of building the format and feeding the hash piece by
     piece, once per full block of every request.)"""
     data = (ROOT_HASH if parent_hash is None else parent_hash) + _int64_le(len(token_ids))(*token_ids)
-    for key in extra_keys:
-        encoded = key.encode()
-        data += struct.pack("<I", len(encoded)) + encoded
-    return hashlib.sha256(data).digest()
+    return hashlib.sha256(data + _encode_keys(extra_keys) if extra_keys else data).digest()
+
+
+def hash_block_run(parent_hash: bytes | None, token_ids: Sequence[int], block_size: int,
+                   first_index: int = 0, cache_salt: str | None = None,
+                   lora_name: str | None = None) -> list[bytes]:
+    """The chained hashes of the full blocks of ``token_ids`` (a partial tail is not hashed),
+    whose first is the request's block ``first_index``, chained on ``parent_hash``: the
+    i-th equals ``hash_block_tokens(parent, block, block_extra_keys(first_index + i, ...))``.
+    One packer and one encoding of the extra keys serve the whole run (a request's new
+    blocks are hashed once each, as they fill)."""
+    pack = _int64_le(block_size)
+    later_keys = _encode_keys(block_extra_keys(1, cache_salt, lora_name))
+    parent = ROOT_HASH if parent_hash is None else parent_hash
+    hashes: list[bytes] = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        keys = later_keys if first_index or start else _encode_keys(block_extra_keys(0, cache_salt, lora_name))
+        parent = hashlib.sha256(parent + pack(*token_ids[start:start + block_size]) + keys).digest()
+        hashes.append(parent)
+    return hashes
+
+
+def _encode_keys(extra_keys: Sequence[str]) -> bytes:
+    """The extra keys as hashed: each one uint32_le(length of its UTF-8) || its UTF-8."""
+    encoded = [key.encode() for key in extra_keys]
+    return b"".join(struct.pack("<I", len(e)) + e for e in encoded)
 
 
 @functools.cache
@@ -59,9 +81,4 @@ def hash_request_blocks(
     cache_salt: str | None = None, lora_name: str | None = None,
 ) -> list[bytes]:
     """The chained hashes of every *full* block of ``token_ids`` (a partial tail is not hashed)."""
-    hashes: list[bytes] = []
-    for i, start in enumerate(range(0, len(token_ids) - block_size + 1, block_size)):
-        parent_hash = hash_block_tokens(parent_hash, token_ids[start : start + block_size],
-                                        block_extra_keys(i, cache_salt, lora_name))
-        hashes.append(parent_hash)
-    return hashes
+    return hash_block_run(parent_hash, token_ids, block_size, 0, cache_salt, lora_name)
