@@ -66,6 +66,23 @@ def test_free_queue_order_and_o1_unlinking():
         q.popleft()
 
 
+def test_free_queue_extend_links_in_order_and_refuses_a_queued_block_untouched():
+    blocks = [KVCacheBlock(i) for i in range(6)]
+    q = FreeBlockQueue(blocks[:2])
+    q.extend([blocks[4], blocks[2]])
+    q.extend([])
+    assert q.block_ids() == [0, 1, 4, 2] and len(q) == 4
+    assert blocks[2].next_free is q._tail and q._tail.prev_free is blocks[2]
+    backwards, node = [], q._tail.prev_free  # the back links too
+    while node is not q._head:
+        backwards.append(node.block_id)
+        node = node.prev_free
+    assert backwards == [2, 4, 1, 0]
+    with pytest.raises(ValueError, match="block 1 is already in the free queue"):
+        q.extend([blocks[5], blocks[1]])
+    assert q.block_ids() == [0, 1, 4, 2] and len(q) == 4 and blocks[5] not in q
+
+
 def test_free_tail_first_gives_lru_eviction_order():
     kv = KVCacheManager(num_blocks=6, block_size=2, enable_prefix_caching=False)
     a, b = req("a", range(5)), req("b", range(10, 13))

@@ -135,6 +135,22 @@ class FreeBlockQueue:
         self._tail.prev_free = block
         self._len += 1
 
+    def extend(self, blocks: list[KVCacheBlock]) -> None:
+        """``append`` each block in order, linked in one pass (a finished request's table);
+        nothing is linked when one of them is already queued (ValueError)."""
+        queued = next((b for b in blocks if b.prev_free is not None), None)
+        if queued is not None:
+            raise ValueError(f"block {queued.block_id} is already in the free queue")
+        tail = self._tail
+        last = tail.prev_free
+        for block in blocks:
+            last.next_free = block
+            block.prev_free = last
+            last = block
+        last.next_free = tail
+        tail.prev_free = last
+        self._len += len(blocks)
+
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink a queued block; RuntimeError for one not queued (vLLM's type)."""
         prev, nxt = block.prev_free, block.next_free
@@ -251,7 +267,8 @@ class BlockPool:
         """Drop ``owner``'s reference on each block; blocks reaching 0 join the queue's back
         in the given order (so the first given is evicted first). Uncached blocks forget
         their tokens; cached ones keep them for later hits (lazy eviction)."""
-        events, append = self._events, self.free_queue.append
+        events = self._events
+        released = []
         for block in ordered_blocks:
             del block._owners[owner]
             block.ref_count -= 1
@@ -262,8 +279,9 @@ class BlockPool:
                     block.token_ids = ()
                 else:
                     self.num_evictable += 1
-                append(block)
-                self.num_freed += 1
+                released.append(block)
+        self.free_queue.extend(released)
+        self.num_freed += len(released)
 
     def cache_block(self, block: KVCacheBlock, block_hash: bytes, token_ids: tuple[int, ...]) -> bool:
         """Record a full, computed block under ``block_hash``. Returns False (and leaves the
