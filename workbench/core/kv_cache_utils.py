@@ -45,7 +45,7 @@ def hash_block_run(parent_hash: bytes | None, token_ids: Sequence[int], block_si
     One packer and one encoding of the extra keys serve the whole run (a request's new
     blocks are hashed once each, as they fill)."""
     pack = _int64_le(block_size)
-    later_keys = _encode_keys(block_extra_keys(1, cache_salt, lora_name))
+    later_keys = _encode_keys(block_extra_keys(1, None, lora_name)) if lora_name else b""  # no salt after block 0
     parent = ROOT_HASH if parent_hash is None else parent_hash
     hashes: list[bytes] = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
@@ -58,7 +58,7 @@ def hash_block_run(parent_hash: bytes | None, token_ids: Sequence[int], block_si
 def _encode_keys(extra_keys: Sequence[str]) -> bytes:
     """The extra keys as hashed: each one uint32_le(length of its UTF-8) || its UTF-8."""
     encoded = [key.encode() for key in extra_keys]
-    return b"".join(struct.pack("<I", len(e)) + e for e in encoded)
+    return b"".join([struct.pack("<I", len(e)) + e for e in encoded])
 
 
 @functools.cache
