@@ -50,7 +50,7 @@ import numpy as np
 from workbench.lab.replay import CLOCKS
 from workbench.lab import traces
 from workbench.lab.corpus_prompts import PromptCutter, encode
-from workbench.lab.token_ids import TokenIds
+from workbench.token_ids import TokenIds
 from workbench.lora.request import LoRARequest
 from workbench.sampling_params import RequestOutputKind, SamplingParams
 from workbench.utils.heap import rare_collections
@@ -64,7 +64,7 @@ LengthSpec = int | tuple[int, int] | Sequence[int] | Callable[[np.random.Generat
 @dataclass(frozen=True)
 class WorkloadRequest:
     """One request of a workload. ``prompt``: text, or token ids (any sequence of integers or
-    a 1-D integer array, kept as :class:`~workbench.lab.token_ids.TokenIds`, a tuple of Python
+    a 1-D integer array, kept as :class:`~workbench.token_ids.TokenIds`, a tuple of Python
     ints). ``arrival_step`` is read on the step clock and ``arrival_time`` (seconds from the
     start) on the wall clock; either may be None (the request then comes at 0 on that clock,
     if its workload is on that clock)."""

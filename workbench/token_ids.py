@@ -1,12 +1,13 @@
-"""TokenIds: a workload prompt's token ids, checked once.
+"""TokenIds: a prompt's token ids, checked once.
 
-A token-id prompt of a :class:`~workbench.lab.workload.WorkloadRequest` is a ``TokenIds``: a
-tuple (it compares, hashes and prints as one) whose every element is a Python ``int``.
+A tuple (it compares, hashes and prints as one) whose every element is a Python ``int``.
 ``TokenIds(ids)`` checks any sequence of integers, converting numpy integers, and a 1-D numpy
 integer array by its dtype with one ``tolist()``; anything else is a ValueError. A slice of
 a TokenIds, and a TokenIds plus a TokenIds, are TokenIds with no second check (anything
-else behaves as with a tuple): prompts cut from a corpus checked once
-(:mod:`workbench.lab.corpus_prompts`) cost no pass over their ids.
+else behaves as with a tuple). So prompts cut from a corpus checked once
+(:mod:`workbench.lab.corpus_prompts`) cost no pass over their ids, neither when a
+:class:`~workbench.lab.workload.WorkloadRequest` keeps one nor when the engine's
+:class:`~workbench.engine.input_processor.InputProcessor` takes one as a prompt.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""TokenIds and the generators' fast paths: numpy and Python ids make equal workloads, bad ids
-still raise, prompts are the corpus' own ids, equal output lengths share one SamplingParams."""
+"""TokenIds and the fast paths it opens: numpy and Python ids make equal workloads, bad ids
+still raise, prompts are the corpus' own ids, the engine takes TokenIds as it takes a list,
+equal output lengths share one SamplingParams."""
 
 import copy
 import dataclasses
@@ -12,7 +13,8 @@ from transformers import AutoTokenizer
 from workbench import SamplingParams, Workload, WorkloadRequest
 from workbench.lab.corpus_prompts import PromptCutter
 from workbench.lab.sim.simulate import lean_requests
-from workbench.lab.token_ids import TokenIds
+from workbench.token_ids import TokenIds
+from workbench.engine.input_processor import InputProcessor
 from workbench.lab.workload import exact_length_params
 from workbench.model.loader import default_model_path
 from workbench.sampling_params import RequestOutputKind
@@ -75,6 +77,22 @@ def test_token_id_prompts_are_slices_of_the_corpus_after_bos():
         assert set(found) & set(cutter.line_starts)
         # The corpus' own int objects, not copies.
         assert all(id(t) in corpus_ints for t in body)
+
+
+def test_the_engine_takes_token_ids_as_a_list_and_still_checks_them_against_the_model():
+    tok = AutoTokenizer.from_pretrained(str(default_model_path()))
+    ip = InputProcessor(tok, max_model_len=64, vocab_size=4096)
+    params = SamplingParams(max_tokens=4)
+    ids = [0, 5, 4000, 17]
+    made = ip.process_inputs("a", TokenIds(ids), params)
+    assert made.prompt_token_ids == ids and type(made.prompt_token_ids) is list
+    assert made == ip.process_inputs("a", ids, params)
+    with pytest.raises(ValueError, match="Token id 4096 is out of vocabulary"):
+        ip.process_inputs("a", TokenIds([1, 4096]), params)
+    with pytest.raises(ValueError, match=r"prompt_token_ids must be integers in \[0, 4096\)"):
+        ip.process_inputs("a", TokenIds([1, -1]), params)
+    with pytest.raises(ValueError, match="The decoder prompt cannot be empty"):
+        ip.process_inputs("a", TokenIds(), params)
 
 
 def test_equal_output_lengths_share_one_checked_params():
