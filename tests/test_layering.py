@@ -21,7 +21,7 @@ SOURCES = {"workbench": ROOT / "workbench", "workbench.kernels": ROOT / "kernels
 LAYERS = (
     ("utils",),
     ("sampling_params", "outputs", "request", "config", "kernels", "lora",
-     "pooling_params", "pooling", "token_ids"),  # the public types (pooling: its config and outputs)
+     "pooling_params", "pooling"),  # the public types (pooling: its config and outputs)
     # (lora: LoRARequest; the adapters' torch rooms sit above the model)
     ("core",),  # core.sched included
     ("metrics",),

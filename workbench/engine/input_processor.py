@@ -14,7 +14,6 @@ from workbench.metrics.tracing import check_trace_headers
 from workbench.config import StructuredOutputsConfig
 from workbench.sampling_params import SamplingParams, check_logprobs
 from workbench.structured_output.backends import grammar_key
-from workbench.token_ids import TokenIds
 
 #: A prompt as vLLM accepts it: text, a list of token ids, or {"prompt_token_ids": [...]} / {"prompt": "..."}.
 PromptType = Union[str, Sequence[int], Mapping[str, Any]]
@@ -313,8 +312,6 @@ class InputProcessor:
 
     @staticmethod
     def _as_ids(ids: Sequence[int]) -> list[int]:
-        if type(ids) is TokenIds:  # Python ints, checked when it was made
-            return list(ids)
         ids = list(ids)
         if set(map(type, ids)) - {int}:  # one pass in C for the usual plain ints
             for t in ids:

@@ -16,7 +16,7 @@ import pathlib
 
 import numpy as np
 
-from workbench.token_ids import TokenIds
+from workbench.lab.token_ids import TokenIds
 
 #: The corpus file (``workbench.data/shakespeare/corpus/<name>.txt.gz``) prompts are cut from.
 CORPUS_WORK = "romeo_and_juliet"
@@ -27,7 +27,7 @@ class PromptCutter:
 
     ``tokenizer``: what measures the prompts (None: the embedded model's; a path: loaded
     from it); ``text=False``: prompts are token ids instead of text, as
-    :class:`~workbench.token_ids.TokenIds` cut from the corpus' ids (``ids``, checked
+    :class:`~workbench.lab.token_ids.TokenIds` cut from the corpus' ids (``ids``, checked
     once): its own Python ints, so a large workload holds one pointer per token, not a new int."""
 
     MAX_TRIES = 200

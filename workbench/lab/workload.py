@@ -50,7 +50,7 @@ import numpy as np
 from workbench.lab.replay import CLOCKS
 from workbench.lab import traces
 from workbench.lab.corpus_prompts import PromptCutter, encode
-from workbench.token_ids import TokenIds
+from workbench.lab.token_ids import TokenIds
 from workbench.lora.request import LoRARequest
 from workbench.sampling_params import RequestOutputKind, SamplingParams
 from workbench.utils.heap import rare_collections
@@ -64,13 +64,13 @@ LengthSpec = int | tuple[int, int] | Sequence[int] | Callable[[np.random.Generat
 @dataclass(frozen=True)
 class WorkloadRequest:
     """One request of a workload. ``prompt``: text, or token ids (any sequence of integers or
-    a 1-D integer array, kept as :class:`~workbench.token_ids.TokenIds`, a tuple of Python
-    ints). ``arrival_step`` is read on the step clock and ``arrival_time`` (seconds from the
-    start) on the wall clock; either may be None (the request then comes at 0 on that clock,
-    if its workload is on that clock)."""
+    a 1-D integer array, checked as :class:`~workbench.lab.token_ids.TokenIds` and kept as a
+    tuple of Python ints). ``arrival_step`` is read on the step clock and ``arrival_time``
+    (seconds from the start) on the wall clock; either may be None (the request then comes at
+    0 on that clock, if its workload is on that clock)."""
 
     request_id: str
-    prompt: str | TokenIds
+    prompt: str | tuple[int, ...]
     params: SamplingParams
     arrival_step: int | None = None
     arrival_time: float | None = None
@@ -83,9 +83,10 @@ class WorkloadRequest:
             raise ValueError(f"request_id must be a non-empty string, got {self.request_id!r}.")
         if isinstance(self.prompt, (list, tuple, np.ndarray)):
             try:
-                object.__setattr__(self, "prompt", TokenIds(self.prompt))
+                ids = TokenIds(self.prompt)  # a TokenIds is not checked again
             except ValueError as exc:
                 raise ValueError(f"request {self.request_id!r}: prompt {exc}") from None
+            object.__setattr__(self, "prompt", tuple(ids))  # plain: see workbench.lab.token_ids
         if not isinstance(self.prompt, (str, tuple)) or not self.prompt:
             raise ValueError(f"request {self.request_id!r}: prompt must be non-empty text or token ids.")
         if not isinstance(self.params, SamplingParams):

@@ -5,9 +5,12 @@ A tuple (it compares, hashes and prints as one) whose every element is a Python 
 integer array by its dtype with one ``tolist()``; anything else is a ValueError. A slice of
 a TokenIds, and a TokenIds plus a TokenIds, are TokenIds with no second check (anything
 else behaves as with a tuple). So prompts cut from a corpus checked once
-(:mod:`workbench.lab.corpus_prompts`) cost no pass over their ids, neither when a
-:class:`~workbench.lab.workload.WorkloadRequest` keeps one nor when the engine's
-:class:`~workbench.engine.input_processor.InputProcessor` takes one as a prompt.
+(:mod:`workbench.lab.corpus_prompts`) cost no pass over their ids when a
+:class:`~workbench.lab.workload.WorkloadRequest` takes them.
+
+A WorkloadRequest keeps a plain tuple of them: the cycle collector stops tracking a tuple of
+ints at its first pass, never a tuple subclass, and a large workload's prompts would
+otherwise be walked by every full collection (0.3 s for 100,000 prompts).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""TokenIds and the fast paths it opens: numpy and Python ids make equal workloads, bad ids
-still raise, prompts are the corpus' own ids, the engine takes TokenIds as it takes a list,
-equal output lengths share one SamplingParams."""
+"""TokenIds and the generators' fast paths: numpy and Python ids make equal workloads, bad ids
+still raise, prompts are the corpus' own ids kept as plain tuples, equal output lengths share
+one SamplingParams."""
 
 import copy
 import dataclasses
+import gc
 import pickle
 
 import numpy as np
@@ -13,7 +14,7 @@ from transformers import AutoTokenizer
 from workbench import SamplingParams, Workload, WorkloadRequest
 from workbench.lab.corpus_prompts import PromptCutter
 from workbench.lab.sim.simulate import lean_requests
-from workbench.token_ids import TokenIds
+from workbench.lab.token_ids import TokenIds
 from workbench.engine.input_processor import InputProcessor
 from workbench.lab.workload import exact_length_params
 from workbench.model.loader import default_model_path
@@ -31,7 +32,8 @@ def test_numpy_and_python_ids_are_the_same_python_ints(ids):
     tid = TokenIds(ids)
     assert tid == (3, 4, 5) and hash(tid) == hash((3, 4, 5)) and repr(tid) == "(3, 4, 5)"
     assert [type(t) for t in tid] == [int, int, int]
-    assert WorkloadRequest("a", ids, SamplingParams()) == WorkloadRequest("a", [3, 4, 5], SamplingParams())
+    request = WorkloadRequest("a", ids, SamplingParams())
+    assert request == WorkloadRequest("a", [3, 4, 5], SamplingParams()) and type(request.prompt) is tuple
 
 
 @pytest.mark.parametrize("ids, shown", [
@@ -71,15 +73,18 @@ def test_token_id_prompts_are_slices_of_the_corpus_after_bos():
     w = Workload.poisson(40, input_len=(16, 300), seed=4, text=False)
     corpus_ints = {id(t) for t in cutter.ids}
     for r in w:
-        assert type(r.prompt) is TokenIds and r.prompt[0] == tok.bos_token_id
+        assert type(r.prompt) is tuple and r.prompt[0] == tok.bos_token_id
         body = list(r.prompt[1:])
         found = [i for i, t in enumerate(corpus) if t == body[0] and corpus[i : i + len(body)] == body]
         assert set(found) & set(cutter.line_starts)
         # The corpus' own int objects, not copies.
         assert all(id(t) in corpus_ints for t in body)
+    # Plain tuples of ints: the collector stops tracking them (a tuple subclass it never would).
+    gc.collect()
+    assert not any(gc.is_tracked(r.prompt) for r in w)
 
 
-def test_the_engine_takes_token_ids_as_a_list_and_still_checks_them_against_the_model():
+def test_the_engine_takes_token_ids_as_a_list_and_checks_them_against_the_model():
     tok = AutoTokenizer.from_pretrained(str(default_model_path()))
     ip = InputProcessor(tok, max_model_len=64, vocab_size=4096)
     params = SamplingParams(max_tokens=4)
