@@ -287,7 +287,8 @@ class Workload:
         per_request = exact_length_params(params, [r.output_len for r in rows])
         width = len(str(len(rows) - 1))
         requests = [
-            WorkloadRequest(f"{id_prefix}{i:0{width}d}", prompt, p, arrival_step=int(math.floor(t)), arrival_time=float(t))
+            WorkloadRequest(f"{id_prefix}{i:0{width}d}", prompt, p, arrival_step=int(math.floor(t)),
+                            arrival_time=float(t))
             for i, (prompt, p, t) in enumerate(zip(prompts, per_request, times))
         ]
         name = str(path) if str(path) in traces.SHIPPED else pathlib.Path(path).name
@@ -372,8 +373,9 @@ class Workload:
         starts with group ``i % num_prefix_groups``'s ``prefix_len``-token prefix (every input
         length must then exceed ``prefix_len``). ``params``: the template SamplingParams
         (default greedy); each request gets its output length as ``max_tokens`` with
-        ``ignore_eos`` (see :func:`exact_length_params`). ``tokenizer``: what measures text prompts (default: the embedded
-        model's); prompts must be replayed on a model with the same tokenizer.
+        ``ignore_eos`` (see :func:`exact_length_params`). ``tokenizer``: what measures text
+        prompts (default: the embedded model's); prompts must be replayed on a model with the
+        same tokenizer.
         """
         n = len(arrival_times)
         inputs = draw_lengths("input_len", input_len, n, rng, low=1)
