@@ -38,7 +38,7 @@ from workbench.engine.llm_engine import LLMEngine
 from workbench.lab.corpus_prompts import encode
 from workbench.lab.run import resolve_config
 from workbench.lab.sim.cost_model import CostModel, as_cost_model
-from workbench.lab.sim.simulate import lean_request, output_lengths, simulated_engine
+from workbench.lab.sim.simulate import lean_requests, output_lengths, simulated_engine
 from workbench.lab.workload import LengthSpec, Workload
 from workbench.metrics.request_tracker import RequestTracker
 from workbench.utils.heap import frozen_heap, rare_collections
@@ -136,7 +136,7 @@ class _Run:
         self.clock = workload.clock
         if cluster.simulated_replicas:
             lengths = output_lengths(workload, cluster.output_len, cluster.seed)
-            driven = [lean_request(r) for r in workload]
+            driven = lean_requests(workload)
         else:
             lengths, driven = {}, list(workload)
         field = "arrival_step" if self.clock == "steps" else "arrival_time"

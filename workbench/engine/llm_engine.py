@@ -30,6 +30,7 @@ from workbench.engine.idle import IdleWaiter
 from workbench.engine.input_processor import InputProcessor, PromptType, check_request_id
 from workbench.model.loader import resolve_model_path
 from workbench.model.model_config import ModelConfig
+from workbench.model.tokenizer import load_tokenizer
 from workbench.engine.output_processor import OutputProcessor, StepOutputs
 from workbench.outputs import RequestOutput
 from workbench.engine.parallel_sampling import ParentRequest
@@ -58,12 +59,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _load_tokenizer(path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path))
-
-
 class LLMEngine:
     """A continuous-batching engine over a paged KV cache, advanced one ``step()`` at a time.
 
@@ -89,7 +84,7 @@ class LLMEngine:
             config = dataclasses.replace(config, **overrides)
         self.config = config
         model_path = resolve_model_path(config.model)
-        self.tokenizer = _load_tokenizer(config.tokenizer or model_path)
+        self.tokenizer = load_tokenizer(config.tokenizer or model_path)
         reasoner = None  # structured outputs start once its reasoning ends (vLLM's rule)
         if config.reasoning_parser is not None:
             try:

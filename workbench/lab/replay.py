@@ -424,7 +424,7 @@ class Driver:
         try:
             engine.add_request(
                 request.request_id,
-                request.prompt if isinstance(request.prompt, str) else list(request.prompt),
+                request.prompt,
                 request.params,
                 # A policy that ignores priorities (fcfs, spf) runs the same workload.
                 priority=request.priority if engine.uses_priority else 0,

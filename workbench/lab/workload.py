@@ -50,9 +50,10 @@ import numpy as np
 from workbench.lab.replay import CLOCKS
 from workbench.lab import traces
 from workbench.lab.corpus_prompts import PromptCutter, encode
-from workbench.lab.corpus_prompts import PromptCutter
+from workbench.lab.token_ids import TokenIds
 from workbench.lora.request import LoRARequest
 from workbench.sampling_params import RequestOutputKind, SamplingParams
+from workbench.utils.heap import rare_collections
 
 #: A length spec: an exact length, an inclusive ``(low, high)`` uniform range, one explicit
 #: length per request, or a distribution ``fn(rng, n) -> n lengths`` drawn from the workload's
@@ -62,9 +63,11 @@ LengthSpec = int | tuple[int, int] | Sequence[int] | Callable[[np.random.Generat
 
 @dataclass(frozen=True)
 class WorkloadRequest:
-    """One request of a workload. ``arrival_step`` is read on the step clock and
-    ``arrival_time`` (seconds from the start) on the wall clock; either may be None (the
-    request then comes at 0 on that clock, if its workload is on that clock)."""
+    """One request of a workload. ``prompt``: text, or token ids (any sequence of integers or
+    a 1-D integer array, checked as :class:`~workbench.lab.token_ids.TokenIds` and kept as a
+    tuple of Python ints). ``arrival_step`` is read on the step clock and ``arrival_time``
+    (seconds from the start) on the wall clock; either may be None (the request then comes at
+    0 on that clock, if its workload is on that clock)."""
 
     request_id: str
     prompt: str | tuple[int, ...]
@@ -78,13 +81,12 @@ class WorkloadRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
             raise ValueError(f"request_id must be a non-empty string, got {self.request_id!r}.")
-        if isinstance(self.prompt, (list, tuple)):
-            if set(map(type, self.prompt)) - {int}:  # numpy integers to convert, or a bad id
-                if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in self.prompt):
-                    raise ValueError(f"request {self.request_id!r}: prompt token ids must be integers.")
-                object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))
-            elif type(self.prompt) is not tuple:
-                object.__setattr__(self, "prompt", tuple(self.prompt))
+        if isinstance(self.prompt, (list, tuple, np.ndarray)):
+            try:
+                ids = TokenIds(self.prompt)  # a TokenIds is not checked again
+            except ValueError as exc:
+                raise ValueError(f"request {self.request_id!r}: prompt {exc}") from None
+            object.__setattr__(self, "prompt", tuple(ids))  # plain: see workbench.lab.token_ids
         if not isinstance(self.prompt, (str, tuple)) or not self.prompt:
             raise ValueError(f"request {self.request_id!r}: prompt must be non-empty text or token ids.")
         if not isinstance(self.params, SamplingParams):
@@ -282,13 +284,12 @@ class Workload:
             prompts = [r.text if text and len(i) == r.input_len else tuple(i[: r.input_len]) for r, i in zip(rows, ids)]
         else:
             prompts = [cutter.prompt(r.input_len) for r in rows]
-        template = params or SamplingParams(temperature=0.0)
+        per_request = exact_length_params(params, [r.output_len for r in rows])
         width = len(str(len(rows) - 1))
         requests = [
-            WorkloadRequest(f"{id_prefix}{i:0{width}d}", prompt,
-                            dataclasses.replace(template, max_tokens=r.output_len, ignore_eos=True),
-                            arrival_step=int(math.floor(t)), arrival_time=float(t))
-            for i, (r, prompt, t) in enumerate(zip(rows, prompts, times))
+            WorkloadRequest(f"{id_prefix}{i:0{width}d}", prompt, p, arrival_step=int(math.floor(t)),
+                            arrival_time=float(t))
+            for i, (prompt, p, t) in enumerate(zip(prompts, per_request, times))
         ]
         name = str(path) if str(path) in traces.SHIPPED else pathlib.Path(path).name
         info = {"generator": "trace", "trace": name, "format": fmt, "window": window, "max_requests": max_requests,
@@ -317,8 +318,7 @@ class Workload:
         times = np.concatenate([[0.0], np.cumsum(gaps[1:])])
         info = {"generator": "poisson", "num_requests": num_requests, "rate": rate, "input_len": input_len,
                 "output_len": output_len, "seed": seed, "clock": clock, **kwargs}
-        return cls.build([float(t) for t in times], input_len, output_len, rng=rng, clock=clock, info=info,
-                         **kwargs)
+        return cls.build(times.tolist(), input_len, output_len, rng=rng, clock=clock, info=info, **kwargs)
 
     @classmethod
     def burst(
@@ -373,8 +373,9 @@ class Workload:
         starts with group ``i % num_prefix_groups``'s ``prefix_len``-token prefix (every input
         length must then exceed ``prefix_len``). ``params``: the template SamplingParams
         (default greedy); each request gets its output length as ``max_tokens`` with
-        ``ignore_eos``. ``tokenizer``: what measures text prompts (default: the embedded
-        model's); prompts must be replayed on a model with the same tokenizer.
+        ``ignore_eos`` (see :func:`exact_length_params`). ``tokenizer``: what measures text
+        prompts (default: the embedded model's); prompts must be replayed on a model with the
+        same tokenizer.
         """
         n = len(arrival_times)
         inputs = draw_lengths("input_len", input_len, n, rng, low=1)
@@ -393,22 +394,23 @@ class Workload:
                 )
         cutter = PromptCutter(tokenizer, rng, text)
         prefixes = [cutter.prompt(prefix_len) for _ in range(num_prefix_groups)]
-        template = params or SamplingParams(temperature=0.0)
+        per_request = exact_length_params(params, outputs)
         width = len(str(n - 1))
         requests = []
-        for i, t in enumerate(arrival_times):
-            prefix = prefixes[i % num_prefix_groups] if num_prefix_groups else None
-            prompt = cutter.prompt(inputs[i], prefix)
-            requests.append(
-                WorkloadRequest(
-                    request_id=f"{id_prefix}{i:0{width}d}",
-                    prompt=prompt,
-                    params=dataclasses.replace(template, max_tokens=outputs[i], ignore_eos=True),
-                    arrival_step=int(math.floor(t)),
-                    arrival_time=float(t),
-                    priority=prios[i],
+        with rare_collections():  # what it makes lives on: the collector's passes would find nothing
+            for i, t in enumerate(arrival_times):
+                prefix = prefixes[i % num_prefix_groups] if num_prefix_groups else None
+                prompt = cutter.prompt(inputs[i], prefix)
+                requests.append(
+                    WorkloadRequest(
+                        request_id=f"{id_prefix}{i:0{width}d}",
+                        prompt=prompt,
+                        params=per_request[i],
+                        arrival_step=int(math.floor(t)),
+                        arrival_time=float(t),
+                        priority=prios[i],
+                    )
                 )
-            )
         return cls(requests, info, clock=clock)
 
     # -------------------------------------------------------------- JSON
@@ -494,7 +496,7 @@ def draw_lengths(name: str, spec: LengthSpec, n: int, rng: np.random.Generator, 
         lo, hi = spec
         _check_int(f"{name} low", lo, low)
         _check_int(f"{name} high", hi, lo)
-        return [int(x) for x in rng.integers(lo, hi + 1, size=n)]
+        return rng.integers(lo, hi + 1, size=n).tolist()
     if callable(spec):
         spec = [int(x) for x in spec(rng, n)]
     if isinstance(spec, Sequence) and not isinstance(spec, str):
@@ -506,6 +508,17 @@ def draw_lengths(name: str, spec: LengthSpec, n: int, rng: np.random.Generator, 
     raise ValueError(
         f"{name} must be an int, a (low, high) tuple, one length per request or fn(rng, n), got {spec!r}."
     )
+
+
+def exact_length_params(template: SamplingParams | None, lengths: Sequence[int]) -> list[SamplingParams]:
+    """Per request, ``template`` (default greedy) with its output length as ``max_tokens`` and
+    ``ignore_eos``. Requests of one length share one SamplingParams, made and checked once (as
+    the requests of one ``LLM.generate`` call share theirs: nothing changes a request's
+    params after it is made); a length the template refuses raises its ValueError, the first
+    such length in request order."""
+    template = template or SamplingParams(temperature=0.0)
+    made = {n: dataclasses.replace(template, max_tokens=n, ignore_eos=True) for n in dict.fromkeys(lengths)}
+    return [made[n] for n in lengths]
 
 
 def _params_to_json(params: SamplingParams) -> dict:

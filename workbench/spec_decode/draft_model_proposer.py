@@ -24,6 +24,7 @@ from workbench.core.kv_cache_manager import KVCacheManager
 from workbench.core.sched.output import ScheduledRequest, SchedulerOutput
 from workbench.model.loader import ModelLoadError, resolve_model_path
 from workbench.model.model_config import ModelConfig
+from workbench.model.tokenizer import load_tokenizer
 from workbench.request import Request
 from workbench.sampling_params import SamplingParams
 from workbench.worker.model_runner import ModelRunner
@@ -37,12 +38,6 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
-
-
-def _load_draft_tokenizer(path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path))
 
 
 def check_draft(draft: ModelConfig, draft_tokenizer: Any, target: ModelConfig, tokenizer: Any) -> None:
@@ -74,7 +69,7 @@ class DraftModelProposer:
         except (ModelLoadError, FileNotFoundError) as exc:
             raise ValueError(f"speculative_config.model: the draft model {config.model!r} cannot be "
                              f"loaded: {exc}") from None
-        check_draft(draft, _load_draft_tokenizer(path), target, tokenizer)
+        check_draft(draft, load_tokenizer(path), target, tokenizer)
         draft = ModelConfig.from_pretrained(path, dtype=target.dtype, device=device,
                                             max_model_len=target.max_model_len)
         self.k = config.num_speculative_tokens

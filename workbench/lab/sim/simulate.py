@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from workbench.lab.sim.cost_model import CostModel, as_cost_model
 from workbench.lab.sim.simulated_runner import SimulatedRunner
 from workbench.lab.sim.spec_decode import SimulatedProposer, SpecDecodeProfile
 from workbench.lab.workload import LengthSpec, Workload, WorkloadRequest, draw_lengths
-from workbench.sampling_params import RequestOutputKind
+from workbench.sampling_params import RequestOutputKind, SamplingParams
 from workbench.utils.heap import rare_collections
 
 
@@ -72,7 +73,7 @@ def simulate(
     # The lean copies too: made with the usual thresholds, the copies of a 100,000-request
     # workload set off three full collections of the whole heap (2.2 s).
     with rare_collections():
-        lean = Workload([lean_request(r) for r in workload], workload.info, clock=workload.clock)
+        lean = Workload(lean_requests(workload), workload.info, clock=workload.clock)
         make = functools.partial(simulated_engine, config, model, lengths, spec_profile if speculative else None, seed)
         source = RunSource(make, lean, run_clock(lean, clock), exact=True)
         result = drive(source.make_engine(), lean, clock=clock, progress=progress, exclusive=True, source=source)
@@ -112,15 +113,23 @@ def output_lengths(workload: Workload, output_len: LengthSpec | None, seed: int)
     return {r.request_id: n for r, n in zip(workload, drawn) if not r.params.ignore_eos}
 
 
-def lean_request(request: WorkloadRequest) -> WorkloadRequest:
-    """The request with no text made and one output (at the end), unless stop strings need text."""
-    p = request.params
-    if p.stop_strings or (not p.detokenize and p.output_kind is RequestOutputKind.FINAL_ONLY):
-        return request
-    # Its fields are checked already (a replace() would validate them all again, once per
-    # request); the two changed are valid with any others, as no stop string needs text.
-    params = copy.copy(p)
-    params.detokenize, params.output_kind = False, RequestOutputKind.FINAL_ONLY
-    lean = copy.copy(request)  # no second pass over the prompt either
-    object.__setattr__(lean, "params", params)
+def lean_requests(requests: Iterable[WorkloadRequest]) -> list[WorkloadRequest]:
+    """Each request with no text made and one output (at the end), unless stop strings need
+    text. Requests that share a SamplingParams share its lean copy (made once)."""
+    made: dict[int, tuple[SamplingParams, SamplingParams]] = {}  # id(params) -> (params, lean copy)
+    lean = []
+    for request in requests:
+        p = request.params
+        if p.stop_strings or (not p.detokenize and p.output_kind is RequestOutputKind.FINAL_ONLY):
+            lean.append(request)
+            continue
+        if id(p) not in made:
+            # Its fields are checked already (a replace() would validate them all again); the
+            # two changed are valid with any others, as no stop string needs text.
+            params = copy.copy(p)
+            params.detokenize, params.output_kind = False, RequestOutputKind.FINAL_ONLY
+            made[id(p)] = (p, params)  # p kept alive: its id stays its own
+        copied = copy.copy(request)  # no second pass over the prompt either
+        object.__setattr__(copied, "params", made[id(p)][1])
+        lean.append(copied)
     return lean
