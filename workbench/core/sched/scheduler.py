@@ -315,15 +315,22 @@ class Scheduler(RemoteKVMixin):
         now = self.clock()
         budget = self.max_num_batched_tokens
         running = self.running
-        running_chunks: dict[Request, int] = {}  # request -> new tokens (drafts too), running order
-        spec_of: dict[Request, tuple[int, ...]] = {}  # request -> its scheduled draft tokens
+        # request -> its chunk, in running order, built as soon as its slots are allocated:
+        # nothing later in the step changes its table (a victim's chunk is dropped)
+        running_chunks: dict[Request, ScheduledRequest] = {}
         preempted: list[str] = []
 
         running_state = RequestStatus.RUNNING  # read several times per running request
-        num_new_tokens = self._num_new_tokens
+        num_new_tokens, decode_chunk = self._num_new_tokens, self._decode_chunk
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
+            chunk = decode_chunk(request)
+            if chunk is not None:  # the short path: one generated token, a slot already held
+                running_chunks[request] = chunk
+                budget -= 1
+                i += 1
+                continue
             num_new = num_new_tokens(request)
             if num_new > budget:
                 num_new = budget
@@ -343,17 +350,14 @@ class Scheduler(RemoteKVMixin):
                     self.explainer.preempting(victim, request, self.policy, victim in running_chunks)
                 del running[running.index(victim)]
                 if victim in running_chunks:
-                    budget += running_chunks.pop(victim)
+                    budget += running_chunks.pop(victim).num_new_tokens
                     i -= 1
                 self._preempt(victim, now)
                 preempted.append(victim.request_id)
             if request.status is not running_state:  # it was its own victim
                 break
-            if spec:
-                spec_of[request] = spec
-                num_new += len(spec)
-            running_chunks[request] = num_new
-            budget -= num_new
+            running_chunks[request] = self._chunk(request, num_new + len(spec), 0, spec)
+            budget -= num_new + len(spec)
             i += 1
 
         admitted: list[tuple[Request, int, int]] = []  # (request, new tokens, prefix-hit tokens)
@@ -418,9 +422,7 @@ class Scheduler(RemoteKVMixin):
         self.waiting.restore_skipped()
 
         chunk = self._chunk
-        scheduled = [chunk(r, n, 0, spec_of[r]) if r in spec_of else chunk(r, n, 0)
-                     for r, n in running_chunks.items()]
-        scheduled += [chunk(r, n, hit) for r, n, hit in admitted]
+        scheduled = [*running_chunks.values(), *[chunk(r, n, hit) for r, n, hit in admitted]]
         output = SchedulerOutput(
             step=self.step_count,
             scheduled=tuple(scheduled),
@@ -599,11 +601,32 @@ class Scheduler(RemoteKVMixin):
             room = min(room, max_tokens - request.num_output_tokens - 1)
         return tuple(drafts[: max(0, room)])
 
+    def _decode_chunk(self, request: Request) -> ScheduledRequest | None:
+        """The chunk of a plain decode, or None for any other running request (the general
+        path). A plain decode has one known token left to compute, a generated one, no drafts,
+        no output placeholder (async scheduling's hooks see those) and a slot for that token
+        in its block table already. Its chunk equals what the general path gives it
+        (``_num_new_tokens`` 1, ``allocate_slots`` allocating nothing, ``_chunk``) without
+        their work: about every running request takes this path in every step of a decode."""
+        start = request.num_computed_tokens
+        output = request.output_token_ids
+        if (not output or start + 1 != len(request.prompt_token_ids) + len(output)
+                or request.spec_token_ids or request.num_output_placeholders):
+            return None
+        block_ids = self.kv_cache.block_ids_with_room(request.request_id, start + 1)
+        if block_ids is None:
+            return None
+        request.is_prefill_chunk = False
+        lora = request.lora_request
+        return ScheduledRequest(request.request_id, start, 1, (output[-1],), block_ids, False, True, 0,
+                                None if lora is None else lora.lora_name)
+
     def _chunk(self, request: Request, num_new: int, num_hit: int,
                spec: tuple[int, ...] = ()) -> ScheduledRequest:
         """The request's ScheduledRequest for ``num_new`` tokens (``spec``: the drafts among
         them), and its ``is_prefill_chunk`` (the chunk stops short of its last known token).
-        Built once per scheduled request per step, so a decode chunk takes a short path."""
+        Plain decodes come from ``_decode_chunk``; a decode here (one that needed a new block)
+        still skips the token slice."""
         start = request.num_computed_tokens
         end = start + num_new - len(spec)  # known tokens; the drafts follow
         prompt, output = request.prompt_token_ids, request.output_token_ids
