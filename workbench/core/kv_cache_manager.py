@@ -159,11 +159,12 @@ class KVCacheManager:
         """``block_table`` as a tuple (what a ScheduledRequest carries); O(1)."""
         return self._table_ids.get(request_id, ())
 
-    def block_ids_with_room(self, request_id: str, num_tokens: int) -> tuple[int, ...] | None:
-        """``block_ids`` when the request's table already has slots for ``num_tokens`` tokens
-        (``allocate_slots`` up to them would allocate nothing and change nothing), else None. O(1)."""
-        ids = self._table_ids.get(request_id)
-        return ids if ids is not None and len(ids) * self.block_size >= num_tokens else None
+    @property
+    def block_ids_by_request(self) -> Mapping[str, tuple[int, ...]]:
+        """Request id -> ``block_ids``, for a caller that reads many in a row (the scheduler's
+        decode path); read-only: only this manager changes it. A table of ``k`` ids holds
+        ``k * block_size`` slots: a request whose tokens fit them needs no allocation."""
+        return self._table_ids
 
     def make_stats(self) -> KVCacheStats:
         """The counts since the previous call (vLLM: ``make_prefix_cache_stats``), and reset."""

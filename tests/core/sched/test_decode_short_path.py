@@ -1,10 +1,11 @@
-"""The scheduler's decode short path (``Scheduler._decode_chunk``) against the general path.
+"""The scheduler's decode short path against its general path.
 
 A plain decode -- one generated token left to compute, no drafts, no output placeholder, a slot
-for it in the block table already -- gets its ScheduledRequest without ``_num_new_tokens``,
-``allocate_slots`` and ``_chunk``. The hand-worked cases below say which requests take it
-(block_size 4, blocks handed out 0, 1, 2, ...; the fake runner samples token 9); the seeded
-workloads run two schedulers side by side, one with the short path switched off, and require
+for it in the block table already -- gets its ScheduledRequest in the running pass without
+``_num_new_tokens``, ``allocate_slots`` and ``_chunk``. The hand-worked cases below give the
+chunks a request gets on either side of that line (block_size 4, blocks handed out 0, 1, 2,
+...; the fake runner samples token 9); the seeded workloads run two schedulers side by side, one
+whose KV manager shows it no table (so every request takes the general path), and require
 every step's output and every event to be equal.
 """
 
@@ -25,8 +26,17 @@ TOKEN = 9
 ADAPTER = LoRARequest("ad", 1, "/adapters/ad")
 
 
-def make(cls=Scheduler, num_blocks=16, budget=64, max_num_seqs=8, max_loras=None, events=False, policy="fcfs"):
-    kv = KVCacheManager(num_blocks, 4, enable_prefix_caching=True, record_events=events)
+class BlindKV(KVCacheManager):
+    """A KV manager that shows the scheduler no table, so no request takes the short path."""
+
+    @property
+    def block_ids_by_request(self):
+        return {}
+
+
+def make(cls=Scheduler, num_blocks=16, budget=64, max_num_seqs=8, max_loras=None, events=False,
+         policy="fcfs", kv_cls=KVCacheManager):
+    kv = kv_cls(num_blocks, 4, enable_prefix_caching=True, record_events=events)
     return cls(kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=64,
                max_loras=max_loras, record_events=events, policy=policy)
 
@@ -46,43 +56,45 @@ def step(s):
     return out
 
 
-def test_block_ids_with_room_says_whether_the_table_already_holds_the_slots():
+def test_block_ids_by_request_is_the_tables_as_ids():
     kv = KVCacheManager(8, 4)
     r = Request("a", list(range(6)))
-    assert kv.block_ids_with_room("a", 1) is None  # no table yet
+    assert "a" not in kv.block_ids_by_request  # no table yet
     kv.allocate_slots(r, 6)  # ceil(6 / 4) = 2 blocks: 8 slots
-    assert kv.block_ids_with_room("a", 8) == (0, 1)
-    assert kv.block_ids_with_room("a", 9) is None  # a ninth token needs a third block
+    assert kv.block_ids_by_request["a"] == kv.block_ids("a") == (0, 1)
+    kv.free(r)
+    assert "a" not in kv.block_ids_by_request
 
 
-def test_a_decode_takes_the_short_path_until_its_tail_block_is_full():
-    s = make()
-    a = add(s, "A", 3)
-    # step 0: the 3-token prompt, one block [0], samples: outputs [9], 4 known tokens.
-    assert step(s).scheduled == (ScheduledRequest("A", 0, 3, (100, 101, 102), (0,), True, True),)
-    # step 1: token 3 (the first output) has slot 3 of block 0: the short path.
-    expected = ScheduledRequest("A", 3, 1, (TOKEN,), (0,), False, True)
-    assert s._decode_chunk(a) == expected
-    assert step(s).scheduled == (expected,)
-    # step 2: token 4 needs a fifth slot: no short path; the general path allocates block 1.
-    assert s._decode_chunk(a) is None
-    assert step(s).scheduled == (ScheduledRequest("A", 4, 1, (TOKEN,), (0, 1), False, True),)
-    assert s._decode_chunk(a) == ScheduledRequest("A", 5, 1, (TOKEN,), (0, 1), False, True)
+@pytest.mark.parametrize("kv_cls", [KVCacheManager, BlindKV])
+def test_a_decode_at_a_block_boundary_takes_the_general_path_for_one_step(kv_cls):
+    s = make(kv_cls=kv_cls)
+    add(s, "A", 3)
+    expected = [
+        # step 0: the 3-token prompt, one block [0], samples: outputs [9], 4 known tokens.
+        ScheduledRequest("A", 0, 3, (100, 101, 102), (0,), True, True),
+        # step 1: token 3 (the first output) has slot 3 of block 0: the short path.
+        ScheduledRequest("A", 3, 1, (TOKEN,), (0,), False, True),
+        # step 2: token 4 needs a fifth slot: the general path allocates block 1.
+        ScheduledRequest("A", 4, 1, (TOKEN,), (0, 1), False, True),
+        # step 3: token 5 has slot 5 of block 1: the short path again.
+        ScheduledRequest("A", 5, 1, (TOKEN,), (0, 1), False, True),
+    ]
+    assert [step(s).scheduled for _ in expected] == [(c,) for c in expected]
 
 
-def test_drafts_a_prompt_token_and_placeholders_take_the_general_path():
+def test_a_decode_with_drafts_takes_the_general_path():
     s = make(budget=2)
-    a = add(s, "A", 3)
-    assert s._decode_chunk(a) is None  # waiting: no output yet
+    add(s, "A", 3)
     step(s)  # A: 2 of its 3 prompt tokens (budget 2)
-    assert s._decode_chunk(a) is None  # one prompt token left: a prefill chunk
     step(s)  # its last prompt token: samples, outputs [9]
     s.update_draft_token_ids({"A": [7, 8]})
-    assert s._decode_chunk(a) is None  # drafts to verify
-    # budget 2: the known token and one draft; 6 slots -> blocks [0, 1].
+    # budget 2: the known token and one draft at positions 3, 4 -> 5 slots, blocks [0, 1].
     assert step(s).scheduled == (ScheduledRequest("A", 3, 2, (TOKEN, 7), (0, 1), False, True, 0, None, (7,)),)
-    r = Request("B", [1, 2, 3], output_token_ids=[5], num_computed_tokens=3, num_output_placeholders=1)
-    assert s._decode_chunk(r) is None  # a token in flight (async scheduling)
+    # The draft was rejected (the runner's 9 came in its place) and block 1, which held only
+    # it, went back to the free queue's end: token 4 needs a block again, the front one, 2.
+    assert step(s).scheduled == (ScheduledRequest("A", 4, 1, (TOKEN,), (0, 2), False, True),)
+    assert step(s).scheduled == (ScheduledRequest("A", 5, 1, (TOKEN,), (0, 2), False, True),)  # short path
 
 
 def test_the_short_path_carries_the_adapter():
@@ -94,9 +106,8 @@ def test_the_short_path_carries_the_adapter():
 
 def test_async_decodes_keep_their_placeholder_chunks():
     s = make(AsyncScheduler)
-    a = add(s, "A", 3)
+    add(s, "A", 3)
     s.schedule()  # the prompt, optimistically computed: one placeholder in flight
-    assert s._decode_chunk(a) is None
     out = s.schedule()  # step 1 before step 0's token is known
     assert out.scheduled == (ScheduledRequest("A", 3, 1, (PLACEHOLDER_TOKEN_ID,), (0,), False, True),)
 
@@ -107,9 +118,8 @@ def run(seed: int, short_path: bool) -> list:
     sharing; every step's output and events."""
     rng = random.Random(seed)
     s = make(num_blocks=rng.randint(8, 11), budget=rng.randint(4, 24), max_num_seqs=rng.randint(3, 6),
-             max_loras=2, events=True, policy=rng.choice(["fcfs", "priority"]))
-    if not short_path:
-        s._decode_chunk = lambda request: None
+             max_loras=2, events=True, policy=rng.choice(["fcfs", "priority"]),
+             kv_cls=KVCacheManager if short_path else BlindKV)
     adapters = [None, LoRARequest("x", 1, "/x"), LoRARequest("y", 2, "/y")]
     shared = list(range(200, 208))
     steps, n = [], 0
@@ -141,7 +151,7 @@ def test_the_short_path_schedules_exactly_what_the_general_path_does(seed):
     assert with_short == without
 
 
-def test_a_victim_scheduled_earlier_in_its_step_loses_its_short_path_chunk():
+def test_a_victim_scheduled_earlier_in_its_step_loses_its_chunk():
     # Seed 2 (priority policy) preempts requests the running pass had already scheduled.
     with_short, without = run(2, True), run(2, False)
     assert any(p.unscheduled for out, _, _ in with_short for p in out.explanation.preemptions)

@@ -405,8 +405,8 @@ class StepExplainer:
             nonlocal spent
             if spent is None:
                 spent = TokenBudgetSpent(scheduler.max_num_batched_tokens, tuple(
-                    (r.request_id, c.num_new_tokens) for r, c in running_chunks.items()) + tuple(
-                    (r.request_id, n) for r, n, _ in admitted))
+                    [(c.request_id, c.num_new_tokens) for c in running_chunks.values()]
+                    + [(r.request_id, n) for r, n, _ in admitted]))
             return spent
 
         if running_chunks:  # running: the last chunk may be cut short by the budget

@@ -321,16 +321,30 @@ class Scheduler(RemoteKVMixin):
         preempted: list[str] = []
 
         running_state = RequestStatus.RUNNING  # read several times per running request
-        num_new_tokens, decode_chunk = self._num_new_tokens, self._decode_chunk
+        num_new_tokens = self._num_new_tokens
+        table_ids, block_size = kv.block_ids_by_request, kv.block_size
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
-            chunk = decode_chunk(request)
-            if chunk is not None:  # the short path: one generated token, a slot already held
-                running_chunks[request] = chunk
-                budget -= 1
-                i += 1
-                continue
+            # A plain decode -- one generated token left to compute, no drafts, no token in
+            # flight (async scheduling's hooks see those), a slot for it in its table already --
+            # gets the chunk the general path below would give it (_num_new_tokens 1,
+            # allocate_slots allocating nothing, _chunk) without their work: nearly every
+            # running request, every step.
+            start = request.num_computed_tokens
+            output = request.output_token_ids
+            if (output and start + 1 == len(request.prompt_token_ids) + len(output)
+                    and not request.spec_token_ids and not request.num_output_placeholders):
+                block_ids = table_ids.get(request.request_id)
+                if block_ids is not None and len(block_ids) * block_size > start:
+                    request.is_prefill_chunk = False
+                    lora = request.lora_request
+                    running_chunks[request] = ScheduledRequest(
+                        request.request_id, start, 1, (output[-1],), block_ids, False, True, 0,
+                        None if lora is None else lora.lora_name)
+                    budget -= 1
+                    i += 1
+                    continue
             num_new = num_new_tokens(request)
             if num_new > budget:
                 num_new = budget
@@ -601,32 +615,12 @@ class Scheduler(RemoteKVMixin):
             room = min(room, max_tokens - request.num_output_tokens - 1)
         return tuple(drafts[: max(0, room)])
 
-    def _decode_chunk(self, request: Request) -> ScheduledRequest | None:
-        """The chunk of a plain decode, or None for any other running request (the general
-        path). A plain decode has one known token left to compute, a generated one, no drafts,
-        no output placeholder (async scheduling's hooks see those) and a slot for that token
-        in its block table already. Its chunk equals what the general path gives it
-        (``_num_new_tokens`` 1, ``allocate_slots`` allocating nothing, ``_chunk``) without
-        their work: about every running request takes this path in every step of a decode."""
-        start = request.num_computed_tokens
-        output = request.output_token_ids
-        if (not output or start + 1 != len(request.prompt_token_ids) + len(output)
-                or request.spec_token_ids or request.num_output_placeholders):
-            return None
-        block_ids = self.kv_cache.block_ids_with_room(request.request_id, start + 1)
-        if block_ids is None:
-            return None
-        request.is_prefill_chunk = False
-        lora = request.lora_request
-        return ScheduledRequest(request.request_id, start, 1, (output[-1],), block_ids, False, True, 0,
-                                None if lora is None else lora.lora_name)
-
     def _chunk(self, request: Request, num_new: int, num_hit: int,
                spec: tuple[int, ...] = ()) -> ScheduledRequest:
         """The request's ScheduledRequest for ``num_new`` tokens (``spec``: the drafts among
         them), and its ``is_prefill_chunk`` (the chunk stops short of its last known token).
-        Plain decodes come from ``_decode_chunk``; a decode here (one that needed a new block)
-        still skips the token slice."""
+        Plain decodes take the running pass's short path; a decode here (one that needed a new
+        block) still skips the token slice."""
         start = request.num_computed_tokens
         end = start + num_new - len(spec)  # known tokens; the drafts follow
         prompt, output = request.prompt_token_ids, request.output_token_ids
