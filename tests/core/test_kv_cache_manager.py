@@ -293,6 +293,21 @@ def test_allocate_slots_exact_fit_then_none():
     assert kv.num_free_blocks == 0 and kv.usage == 1.0
 
 
+def test_a_scheduled_request_grows_its_table_without_prefix_hits():
+    kv = KVCacheManager(num_blocks=6, block_size=4, enable_prefix_caching=False)
+    a = req("a", range(5))
+    assert [b.block_id for b in kv.allocate_slots(a, 5)] == [0, 1]  # ceil(5/4) = 2
+    a.num_computed_tokens = 5
+    assert kv.allocate_slots(a, 3) == []  # 8 tokens fit the 2 blocks
+    assert [b.block_id for b in kv.allocate_slots(a, 8)] == [2, 3]  # ceil(13/4) = 4: 2 more
+    assert kv.block_ids("a") == (0, 1, 2, 3)
+    stats = kv.make_stats()
+    assert (stats.num_blocks_allocated, stats.num_blocks_evicted) == (4, 0)
+    with pytest.raises(ValueError, match="already holds blocks"):
+        kv.allocate_slots(a, 1, [kv.blocks[5]])  # prefix hits apply only at admission
+    assert kv.block_ids("a") == (0, 1, 2, 3) and kv.num_free_blocks == 2
+
+
 def test_reset_prefix_cache_only_when_idle():
     kv = KVCacheManager(num_blocks=4, block_size=2)
     run_prefill(kv, a := req("a", [1, 2, 3]))

@@ -228,24 +228,27 @@ class BlockPool:
         if n > len(self.free_queue):
             raise ValueError(f"cannot allocate {n} blocks: only {len(self.free_queue)} free.")
         out = []
-        events, memory, popleft = self._events, self.prefix_memory, self.free_queue.popleft
+        events, memory, popleft, cached = self._events, self.prefix_memory, self.free_queue.popleft, self.cached
+        num_evicted = 0
         for _ in range(n):
             block = popleft()
             block_hash = block.block_hash
             if block_hash is not None:
-                self.num_evictable -= 1
                 if events is not None:
                     events.append(BlockRemoved((block_hash,), (block.block_id,)))
                 if memory is not None:
                     memory.evicted(block_hash, owner)
-                del self.cached[block_hash]
+                del cached[block_hash]
                 block.block_hash = None
-                self.num_evicted += 1
-                self.cache_version += 1
+                num_evicted += 1
             block.token_ids = ()
             block.ref_count = 1
             block._owners[owner] = None
             out.append(block)
+        if num_evicted:
+            self.num_evictable -= num_evicted
+            self.num_evicted += num_evicted
+            self.cache_version += num_evicted
         self.num_allocated += n
         if events is not None:
             events.extend([BlockAllocated(b.block_id, owner) for b in out])

@@ -160,6 +160,13 @@ class KVCacheManager:
         """``block_table`` as a tuple (what a ScheduledRequest carries); O(1)."""
         return self._table_ids.get(request_id, ())
 
+    @property
+    def block_ids_by_request(self) -> Mapping[str, tuple[int, ...]]:
+        """Request id -> ``block_ids``, for a caller that reads many in a row (the scheduler's
+        decode path); read-only: only this manager changes it. A table of ``k`` ids holds
+        ``k * block_size`` slots: a request whose tokens fit them needs no allocation."""
+        return self._table_ids
+
     def make_stats(self) -> KVCacheStats:
         """The counts since the previous call (vLLM: ``make_prefix_cache_stats``), and reset."""
         stats, self._stats = self._stats, KVCacheStats()
@@ -246,41 +253,49 @@ class KVCacheManager:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}.")
         rid = request.request_id
         table = self._tables.get(rid)
+        bs = self.block_size
         total = request.num_computed_tokens + num_new_tokens
-        if table is not None and not new_computed_blocks and len(table) * self.block_size >= total:
-            return []  # fast path: a decode step inside the tail block
+        if table is not None:  # a scheduled request grows its table
+            if new_computed_blocks:
+                raise ValueError(f"request {rid!r} already holds blocks; prefix hits apply only at admission.")
+            num_new_blocks = cdiv(total, bs) - len(table)
+            if num_new_blocks <= 0:
+                return []  # a decode step inside the tail block
+            if num_new_blocks > self.pool.num_free_blocks:
+                return None
+            new_blocks = self._take_new_blocks(rid, num_new_blocks)
+            table.extend(new_blocks)
+            self._table_ids[rid] += tuple([b.block_id for b in new_blocks])  # the ids held so far stay
+            return new_blocks
+        # admission: the prefix hits, then new blocks for the rest
         hits = list(new_computed_blocks or ())
-        if hits and table is not None:
-            raise ValueError(f"request {rid!r} already holds blocks; prefix hits apply only at admission.")
-        num_held = len(table) if table else 0
-        total += len(hits) * self.block_size
-        num_new_blocks = max(0, cdiv(total, self.block_size) - num_held - len(hits))
+        num_new_blocks = cdiv(total, bs)
         num_hits_from_free = sum(b.ref_count == 0 for b in hits) if hits else 0
         if num_new_blocks + num_hits_from_free > self.pool.num_free_blocks:
             return None
-        if table is None:
-            table = self._tables[rid] = []
-            self._table_ids[rid] = ()
-            self._num_filled[rid] = len(hits)
-            if self.enable_prefix_caching:
-                total_stats, step_stats = self.prefix_cache_stats, self._stats
-                total_stats.requests += 1
-                total_stats.queries += request.num_tokens
-                total_stats.hits += len(hits) * self.block_size
-                step_stats.prefix_cache_queries += request.num_tokens
-                step_stats.prefix_cache_hits += len(hits) * self.block_size
+        table = self._tables[rid] = hits
+        self._num_filled[rid] = len(hits)
+        if self.enable_prefix_caching:
+            total_stats, step_stats = self.prefix_cache_stats, self._stats
+            total_stats.requests += 1
+            total_stats.queries += request.num_tokens
+            total_stats.hits += len(hits) * bs
+            step_stats.prefix_cache_queries += request.num_tokens
+            step_stats.prefix_cache_hits += len(hits) * bs
         if hits:
             self.pool.touch(hits, rid)
-        new_blocks = []
-        if num_new_blocks:
-            num_cached = len(self.pool.cached)  # only evictions shrink it here
-            new_blocks = self.pool.get_new_blocks(num_new_blocks, rid)
-            self._stats.num_blocks_allocated += num_new_blocks
-            self._stats.num_blocks_evicted += num_cached - len(self.pool.cached)
-        added = hits + new_blocks
-        if added:
-            table.extend(added)
-            self._table_ids[rid] += tuple([b.block_id for b in added])  # the ids held so far stay
+        new_blocks = self._take_new_blocks(rid, num_new_blocks) if num_new_blocks else []
+        table += new_blocks
+        self._table_ids[rid] = tuple([b.block_id for b in table])
+        return new_blocks
+
+    def _take_new_blocks(self, request_id: str, n: int) -> list[KVCacheBlock]:
+        """``n`` blocks from the pool for ``request_id``, counted in the step's stats."""
+        pool = self.pool
+        num_cached = len(pool.cached)  # only evictions shrink it here
+        new_blocks = pool.get_new_blocks(n, request_id)
+        self._stats.num_blocks_allocated += n
+        self._stats.num_blocks_evicted += num_cached - len(pool.cached)
         return new_blocks
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:

@@ -390,7 +390,9 @@ class StepExplainer:
 
     def explain_step(self, scheduler, running_chunks: dict, admitted: list, preempted: list,
                      lora_skipped: list, budget: int, seats_held: int = 0) -> StepExplanation:
-        """The step's explanation, from the state the scheduler's passes left. O(running +
+        """The step's explanation, from the state the scheduler's passes left (``running_chunks``:
+        running request -> its ScheduledRequest; ``admitted``: (request, new tokens, prefix-hit
+        tokens)). O(running +
         waiting) dictionary work: a chunk can be cut short only where the budget ran out (the
         last of each pass), and a reason shared by many requests is one object."""
         self.memory.step = scheduler.step_count + 1
@@ -403,12 +405,13 @@ class StepExplainer:
             nonlocal spent
             if spent is None:
                 spent = TokenBudgetSpent(scheduler.max_num_batched_tokens, tuple(
-                    (r.request_id, n) for r, n in running_chunks.items()) + tuple(
-                    (r.request_id, n) for r, n, _ in admitted))
+                    [(c.request_id, c.num_new_tokens) for c in running_chunks.values()]
+                    + [(r.request_id, n) for r, n, _ in admitted]))
             return spent
 
         if running_chunks:  # running: the last chunk may be cut short by the budget
-            request, n = next(reversed(running_chunks.items()))
+            request, chunk = next(reversed(running_chunks.items()))
+            n = chunk.num_new_tokens
             remaining = request.num_tokens - request.num_computed_tokens
             if n < remaining:
                 reasons[request.request_id] = ChunkedPrefillLimit(n, remaining, n)

@@ -315,15 +315,36 @@ class Scheduler(RemoteKVMixin):
         now = self.clock()
         budget = self.max_num_batched_tokens
         running = self.running
-        running_chunks: dict[Request, int] = {}  # request -> new tokens (drafts too), running order
-        spec_of: dict[Request, tuple[int, ...]] = {}  # request -> its scheduled draft tokens
+        # request -> its chunk, in running order, built as soon as its slots are allocated:
+        # nothing later in the step changes its table (a victim's chunk is dropped)
+        running_chunks: dict[Request, ScheduledRequest] = {}
         preempted: list[str] = []
 
         running_state = RequestStatus.RUNNING  # read several times per running request
         num_new_tokens = self._num_new_tokens
+        table_ids, block_size = kv.block_ids_by_request, kv.block_size
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
+            # A plain decode -- one generated token left to compute, no drafts, no token in
+            # flight (async scheduling's hooks see those), a slot for it in its table already --
+            # gets the chunk the general path below would give it (_num_new_tokens 1,
+            # allocate_slots allocating nothing, _chunk) without their work: nearly every
+            # running request, every step.
+            start = request.num_computed_tokens
+            output = request.output_token_ids
+            if (output and start + 1 == len(request.prompt_token_ids) + len(output)
+                    and not request.spec_token_ids and not request.num_output_placeholders):
+                block_ids = table_ids.get(request.request_id)
+                if block_ids is not None and len(block_ids) * block_size > start:
+                    request.is_prefill_chunk = False
+                    lora = request.lora_request
+                    running_chunks[request] = ScheduledRequest(
+                        request.request_id, start, 1, (output[-1],), block_ids, False, True, 0,
+                        None if lora is None else lora.lora_name)
+                    budget -= 1
+                    i += 1
+                    continue
             num_new = num_new_tokens(request)
             if num_new > budget:
                 num_new = budget
@@ -343,17 +364,14 @@ class Scheduler(RemoteKVMixin):
                     self.explainer.preempting(victim, request, self.policy, victim in running_chunks)
                 del running[running.index(victim)]
                 if victim in running_chunks:
-                    budget += running_chunks.pop(victim)
+                    budget += running_chunks.pop(victim).num_new_tokens
                     i -= 1
                 self._preempt(victim, now)
                 preempted.append(victim.request_id)
             if request.status is not running_state:  # it was its own victim
                 break
-            if spec:
-                spec_of[request] = spec
-                num_new += len(spec)
-            running_chunks[request] = num_new
-            budget -= num_new
+            running_chunks[request] = self._chunk(request, num_new + len(spec), 0, spec)
+            budget -= num_new + len(spec)
             i += 1
 
         admitted: list[tuple[Request, int, int]] = []  # (request, new tokens, prefix-hit tokens)
@@ -418,9 +436,7 @@ class Scheduler(RemoteKVMixin):
         self.waiting.restore_skipped()
 
         chunk = self._chunk
-        scheduled = [chunk(r, n, 0, spec_of[r]) if r in spec_of else chunk(r, n, 0)
-                     for r, n in running_chunks.items()]
-        scheduled += [chunk(r, n, hit) for r, n, hit in admitted]
+        scheduled = [*running_chunks.values(), *[chunk(r, n, hit) for r, n, hit in admitted]]
         output = SchedulerOutput(
             step=self.step_count,
             scheduled=tuple(scheduled),
@@ -610,7 +626,8 @@ class Scheduler(RemoteKVMixin):
                spec: tuple[int, ...] = ()) -> ScheduledRequest:
         """The request's ScheduledRequest for ``num_new`` tokens (``spec``: the drafts among
         them), and its ``is_prefill_chunk`` (the chunk stops short of its last known token).
-        Built once per scheduled request per step, so a decode chunk takes a short path."""
+        Plain decodes take the running pass's short path; a decode here (one that needed a new
+        block) still skips the token slice."""
         start = request.num_computed_tokens
         end = start + num_new - len(spec)  # known tokens; the drafts follow
         prompt, output = request.prompt_token_ids, request.output_token_ids

@@ -176,14 +176,17 @@ class SimulatedRunner:
             clock.text_prompt_tokens = []
         clock.advance(seconds)
         sampled, spec = {}, {}
+        next_token, profile = self._next_token, self.spec_profile
         for s in scheduler_output.scheduled:
             if not s.samples:
                 continue
-            accepted = 0
-            if s.spec_token_ids and self.spec_profile is not None:
-                accepted = self.spec_profile.draw_accepted(len(s.spec_token_ids), self.spec_rng)
-                spec[s.request_id] = SpecDecodeResult(s.spec_token_ids, accepted)
-            sampled[s.request_id] = self._next_token(requests[s.request_id], accepted)
+            rid = s.request_id
+            if s.spec_token_ids and profile is not None:
+                accepted = profile.draw_accepted(len(s.spec_token_ids), self.spec_rng)
+                spec[rid] = SpecDecodeResult(s.spec_token_ids, accepted)
+                sampled[rid] = next_token(requests[rid], accepted)
+            else:
+                sampled[rid] = next_token(requests[rid])
         return RunnerOutput(sampled_token_ids=sampled, timings={"forward": seconds, "simulated": seconds},
                             spec_decode=spec)
 
