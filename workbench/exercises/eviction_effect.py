@@ -27,8 +27,9 @@ ABOUT = "shared_prefix_workload(200, rate=200, num_groups=8, prefix_len=96, seed
 
 
 class LearnerFreeQueue:
-    """The block pool's free queue (``popleft``, ``append``, ``remove``, ``len``, ``in``) kept by
-    the learner's queue over block ids. ``releasing(owner)`` brackets one request's release."""
+    """The block pool's free queue (``popleft``, ``append``, ``extend``, ``remove``, ``len``,
+    ``in``) kept by the learner's queue over block ids. ``releasing(owner)`` brackets one
+    request's release."""
 
     def __init__(self, queue, blocks) -> None:
         self.queue, self.blocks = queue, blocks
@@ -60,6 +61,10 @@ class LearnerFreeQueue:
             self._released.append(block.block_id)
         else:
             self.queue.free([block.block_id])
+
+    def extend(self, blocks) -> None:
+        for block in blocks:
+            self.append(block)
 
     def remove(self, block) -> None:
         self.free.discard(block.block_id)
