@@ -28,7 +28,7 @@ ABOUT = "shared_prefix_workload(200, rate=200, num_groups=8, prefix_len=96, seed
 
 class LearnerFreeQueue:
     """The block pool's free queue (``popleft``, ``append``, ``extend``, ``remove``, ``len``,
-    ``in``) kept by the learner's queue over block ids. ``releasing(owner)`` brackets one
+    ``in``) kept by the learner's queue over block ids. ``wrap(free_blocks)`` brackets one
     request's release."""
 
     def __init__(self, queue, blocks) -> None:
