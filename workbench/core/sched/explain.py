@@ -392,9 +392,9 @@ class StepExplainer:
                      lora_skipped: list, budget: int, seats_held: int = 0) -> StepExplanation:
         """The step's explanation, from the state the scheduler's passes left (``running_chunks``:
         running request -> its ScheduledRequest; ``admitted``: (request, new tokens, prefix-hit
-        tokens)). O(running +
-        waiting) dictionary work: a chunk can be cut short only where the budget ran out (the
-        last of each pass), and a reason shared by many requests is one object."""
+        tokens)). O(running + waiting) dictionary work: a chunk can be cut short only where the
+        budget ran out (the last of each pass), and a reason shared by many requests is one
+        object."""
         self.memory.step = scheduler.step_count + 1
         preemptions, self._preemptions = tuple(self._preemptions), []
         stopped_at, self._stopped_at = self._stopped_at, None
