@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
+import msgspec
+
 from workbench.core.sched.async_scheduler import PLACEHOLDER_TOKEN_ID
 from workbench.core.sched.output import SchedulerOutput
 from workbench.request import Request
@@ -78,7 +80,7 @@ def fill_placeholders(scheduler_output: SchedulerOutput, last_sampled: Mapping[s
     if not any(c.token_ids and c.token_ids[-1] == PLACEHOLDER_TOKEN_ID for c in chunks):
         return scheduler_output
     return replace(scheduler_output, scheduled=tuple(
-        replace(c, token_ids=c.token_ids[:-1] + (last_sampled.get(c.request_id, 0),))
+        msgspec.structs.replace(c, token_ids=c.token_ids[:-1] + (last_sampled.get(c.request_id, 0),))
         if c.token_ids and c.token_ids[-1] == PLACEHOLDER_TOKEN_ID else c for c in chunks))
 
 
