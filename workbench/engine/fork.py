@@ -37,12 +37,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import html
+import sys
 import threading
 import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
-
-import torch
 
 from workbench.core.sched.policies import get_policy
 from workbench.core.sched.request_queue import WaitingQueue
@@ -72,7 +71,11 @@ def set_engine_thread(engine: LLMEngine, thread: threading.Thread | None) -> Non
 
 def _own(shared):
     """The fork's own object for a shared one: a tensor over the same storage (a parameter
-    stays a parameter), anything else the object itself."""
+    stays a parameter), anything else the object itself. No tensor exists before torch is
+    imported, and a simulated engine never imports it."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return shared
     if isinstance(shared, torch.nn.Parameter):
         return torch.nn.Parameter(shared.data, requires_grad=shared.requires_grad)
     if isinstance(shared, torch.Tensor):

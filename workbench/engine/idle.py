@@ -15,14 +15,19 @@ spins instead of parking, so keeping warm costs about one core while it lasts (m
 100% of a core with 5 ms ticks; 39% with 20 ms ticks, which left most of the delays). So it
 lasts ``keep_warm_s`` seconds after the last step (the engine config's, 10 s by default), then
 lets the threads park: a server quiet for longer pays the wake-up once. Measure it on a
-machine with ``python -m workbench.engine.idle``.
+machine with ``python -m workbench.engine.idle``. A simulated device computes nothing: its
+waiter is off and imports no torch.
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-import torch
+from workbench.worker.device import SimulatedDevice
+
+if TYPE_CHECKING:
+    import torch
 
 #: Seconds between two pokes while warm (a 5 ms tick removed every wake-up penalty measured;
 #: 10 ms left some, 20 ms most).
@@ -38,13 +43,18 @@ class IdleWaiter:
     ``keep_warm_s > 0``) and within ``keep_warm_s`` of the last ``mark_busy()``.
     """
 
-    def __init__(self, device: torch.device, keep_warm_s: float) -> None:
+    def __init__(self, device: torch.device | SimulatedDevice, keep_warm_s: float) -> None:
         if not keep_warm_s >= 0:
             raise ValueError(f"keep_warm_s must be >= 0, got {keep_warm_s!r}.")
-        threads = torch.get_num_threads()
         self.keep_warm_s = float(keep_warm_s)
-        self.active = torch.device(device).type == "cpu" and threads > 1 and keep_warm_s > 0
-        self._buffer = torch.zeros(GRAIN * threads) if self.active else None
+        self.active = False
+        self._buffer = None
+        if not isinstance(device, SimulatedDevice):
+            import torch
+
+            threads = torch.get_num_threads()
+            self.active = torch.device(device).type == "cpu" and threads > 1 and keep_warm_s > 0
+            self._buffer = torch.zeros(GRAIN * threads) if self.active else None
         self._last_busy = time.monotonic()
         self.pokes = 0
 
@@ -84,6 +94,7 @@ def measure(gaps=(0.01, 0.03, 0.1, 0.3, 1.0), repeats: int = 10, keep_warm_s: fl
     """Print how much longer a fixed matmul burst takes after an idle ``gap`` than back to back,
     with plain ``time.sleep`` and with :class:`IdleWaiter` (median and all repeats, ms)."""
     import numpy as np
+    import torch
 
     a, w = torch.randn(200, 192), torch.randn(192, 512)
 

@@ -13,8 +13,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
-import torch
-
 from workbench.config import EngineConfig, default_max_num_batched_tokens, default_max_num_seqs
 from workbench.core.kv_cache_manager import KVCacheManager
 from workbench.core.sched.explain import explain_stats
@@ -24,6 +22,7 @@ from workbench.engine.batch_queue import BatchQueue, InFlight, StepOverlap
 from workbench.core.sched.output import SchedulerOutput
 from workbench.distributed.kv_transfer.factory import create_kv_connector
 from workbench.engine.history import StageTimer, StepHistory, StepRecord
+from workbench.worker.device import engine_device
 from workbench.engine.engine_core_request import EngineCoreRequest
 from workbench.engine.fork import fork_engine
 from workbench.engine.idle import IdleWaiter
@@ -41,9 +40,8 @@ from workbench.lora.request import LoRARequest
 from workbench.request import Request, RequestStatus
 from workbench.metrics.request_tracker import RequestTracker
 from workbench.metrics.tracing import RequestTracer, log_tracing_disabled_warning
-from workbench.worker.model_runner import ModelRunner, RunnerOutput
+from workbench.worker.runner_output import RunnerOutput
 from workbench.worker.run_method import run_method
-from workbench.worker.sleep_mode import TAGS as SLEEP_TAGS
 from workbench.worker.runner_protocol import Runner, RunnerFactory
 from workbench.sampling_params import SamplingParams
 from workbench.reasoning import ReasoningParserManager
@@ -92,9 +90,12 @@ class LLMEngine:
             except KeyError as exc:
                 raise ValueError(exc.args[0]) from None
             reasoner = parser(self.tokenizer)
-        self.device = torch.device(
-            config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        )
+        if make_runner is None:  # the model itself: torch is imported only when one runs
+            from workbench.worker.model_runner import ModelRunner
+
+            make_runner = ModelRunner
+        #: A torch.device; a SimulatedDevice with a simulated runner (workbench.worker.device).
+        self.device = engine_device(config.device, make_runner)
         self.model_config = ModelConfig.from_pretrained(
             model_path, dtype=config.dtype, max_model_len=config.max_model_len, device=self.device
         )
@@ -112,7 +113,7 @@ class LLMEngine:
             raise ValueError("logits_processors: custom logits processors are not supported with "
                              "speculative_config (their batch state follows one row per request; "
                              "verification samples several).")
-        self.runner: Runner = (make_runner or ModelRunner)(
+        self.runner: Runner = make_runner(
             self.model_config,
             device=self.device,
             block_size=config.block_size,
@@ -439,6 +440,8 @@ class LLMEngine:
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Wake what sleeps: ``tags`` "weights", "kv_cache" or both (None), in any order.
         Without ``enable_sleep_mode``: AssertionError, as :meth:`sleep`."""
+        from workbench.worker.sleep_mode import TAGS as SLEEP_TAGS
+
         self._check_sleep_mode()
         unknown = sorted(set(tags or ()) - set(SLEEP_TAGS))
         if unknown:

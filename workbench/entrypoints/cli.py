@@ -8,6 +8,7 @@ import dataclasses
 import sys
 
 from workbench.config import EngineArgs
+from workbench.entrypoints import fast_exit
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -244,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "summary; `workbench simulate accuracy` compares simulated and real latencies.",
     )
     sim_commands.add_simulate_arguments(simulate)
-    simulate.set_defaults(func=sim_commands.simulate_main)
+    simulate.set_defaults(func=sim_commands.simulate_main, finish=fast_exit.finish)
 
     trace = sub.add_parser("trace", help="timelines for Perfetto: 'trace export WORKLOAD.json'")
     trace_sub = trace.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
@@ -272,3 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     return args.func(args)
+
+
+def console_main() -> int:
+    """The ``workbench`` console script: :func:`main`, where a command that finished its work
+    may end the process without tearing its heap down (:mod:`workbench.entrypoints.fast_exit`)."""
+    with fast_exit.console_command():
+        return main()

@@ -8,12 +8,13 @@ import logging
 import os
 import pathlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # finding a model needs no torch (a simulation finds one and loads none)
+    import torch
 
-from workbench.model.llama import MODEL_CLASSES, LlamaForCausalLM
-from workbench.model.model_config import ModelConfig
-from workbench.model.weight_layout import store_input_major
+    from workbench.model.llama import LlamaForCausalLM
+    from workbench.model.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +161,8 @@ def iterate_safetensors(path: pathlib.Path) -> Iterator[tuple[str, torch.Tensor]
 def load_weights(model: LlamaForCausalLM, model_config: ModelConfig, *, load_format: str, seed: int) -> None:
     """Fill ``model``'s parameters (allocated at their shapes) as :func:`load_model` does, then
     store its CPU weights input-major (:mod:`workbench.model.weight_layout`)."""
+    from workbench.model.weight_layout import store_input_major
+
     if load_format == "dummy":
         model.init_dummy_weights(seed)
     else:
@@ -181,6 +184,8 @@ def load_model(
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}.")
+    from workbench.model.llama import MODEL_CLASSES
+
     model = MODEL_CLASSES[model_config.architecture](model_config, device=device)
     load_weights(model, model_config, load_format=load_format, seed=seed)
     logger.info(

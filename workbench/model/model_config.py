@@ -10,9 +10,10 @@ import html
 import json
 import pathlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # a config is read without torch (a simulation reads one and loads no weights)
+    import torch
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -28,18 +29,19 @@ _MODEL_TYPE_TO_ARCH = {
     "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
 }
+#: Accepted dtype names (a torch.dtype is accepted by its name) -> the torch attribute name.
 _DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
+    "float32": "float32",
+    "float": "float32",
+    "float16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
 }
+#: Bytes per element of each dtype (what a KV block's size needs).
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def _parse_dtype(name: Any, what: str) -> torch.dtype:
-    if isinstance(name, torch.dtype):
-        return name
+def _parse_dtype(name: Any, what: str) -> str:
     key = str(name).removeprefix("torch.")
     if key not in _DTYPES:
         raise ValueError(f"{what} must be one of {sorted(set(_DTYPES))}, got {name!r}.")
@@ -140,7 +142,8 @@ class ModelConfig:
     qkv_bias: bool
     qk_norm: bool
     sliding_window: int | None
-    dtype: torch.dtype
+    #: The weights' dtype by name ("float32", "float16", "bfloat16"); :attr:`dtype` is the torch.dtype.
+    dtype_name: str
     eos_token_ids: list[int]
     bos_token_id: int | None
     max_position_embeddings: int = 0
@@ -211,13 +214,15 @@ class ModelConfig:
         if "sliding_attention" not in layer_types:
             window = None
 
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
         if dtype == "auto":
             ckpt_dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
             resolved = _parse_dtype(ckpt_dtype, "config.json torch_dtype")
-            if torch.device(device).type == "cpu" and resolved in (torch.float16, torch.bfloat16):
-                resolved = torch.float32
+            if device is None:
+                import torch
+
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+            if str(device).split(":")[0] == "cpu" and resolved in ("float16", "bfloat16"):
+                resolved = "float32"
         else:
             resolved = _parse_dtype(dtype, "dtype")
 
@@ -254,7 +259,7 @@ class ModelConfig:
             qkv_bias=qkv_bias,
             qk_norm=architecture == "Qwen3ForCausalLM",
             sliding_window=int(window) if window is not None else None,
-            dtype=resolved,
+            dtype_name=resolved,
             eos_token_ids=eos,
             bos_token_id=cfg.get("bos_token_id"),
             max_position_embeddings=max_pos,
@@ -269,9 +274,16 @@ class ModelConfig:
         """The attention window of ``layer`` (None = full causal attention)."""
         return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' torch.dtype (imports torch: a real model's runner asks for it)."""
+        import torch
+
+        return getattr(torch, self.dtype_name)
+
     def kv_cache_bytes_per_block(self, block_size: int) -> int:
         """Bytes one KV block takes over all layers: K and V, ``block_size`` tokens each."""
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        itemsize = _ITEMSIZE[self.dtype_name]
         return 2 * self.num_layers * block_size * self.num_kv_heads * self.head_dim * itemsize
 
     def summary(self) -> dict[str, Any]:
@@ -280,7 +292,7 @@ class ModelConfig:
         return {
             "model": self.path.name,
             "architecture": self.architecture,
-            "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype": self.dtype_name,
             "layers": self.num_layers,
             "hidden_size": self.hidden_size,
             "heads": f"{self.num_heads} q / {self.num_kv_heads} kv x {self.head_dim}",

@@ -4,8 +4,10 @@ views EmbeddingRequestOutput and ScoringRequestOutput."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from workbench.config import SpeculativeConfig
-from workbench.model.model_config import ModelConfig
-from workbench.spec_decode.draft_model_proposer import DraftModelProposer
 from workbench.spec_decode.ngram_proposer import NgramProposer
+
+if TYPE_CHECKING:
+    import torch
+
+    from workbench.model.model_config import ModelConfig
+    from workbench.spec_decode.draft_model_proposer import DraftModelProposer
 
 
 def make_proposer(config: SpeculativeConfig | None, target: ModelConfig, tokenizer: Any, *,
@@ -23,6 +25,8 @@ def make_proposer(config: SpeculativeConfig | None, target: ModelConfig, tokeniz
         return None
     if config.method == "ngram":
         return NgramProposer(config)
+    from workbench.spec_decode.draft_model_proposer import DraftModelProposer  # torch: only for a draft model
+
     return DraftModelProposer(config, target, tokenizer, device=device, block_size=block_size,
                               attention_backend=attention_backend, num_blocks=num_blocks,
                               load_format=load_format, seed=seed)

@@ -20,8 +20,7 @@ import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from workbench.config import StructuredOutputsConfig
 from workbench.core.sched.output import SchedulerOutput
@@ -30,7 +29,9 @@ from workbench.request import Request
 from workbench.structured_output.backends import grammar_key
 from workbench.structured_output.request import GrammarKey
 from workbench.utils.frozen import FrozenDict
-from workbench.worker.sampler import unpack_bitmask
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,10 @@ class StructuredOutputManager:
                   and c.request_id not in self._reasoning]
         if not chunks:
             return {}
+        import torch  # only a constrained request needs it: an engine without one imports none
+
+        from workbench.worker.sampler import unpack_bitmask
+
         start = time.perf_counter()
         num_rows = sum(1 + len(c.spec_token_ids) for c in chunks)
         bitmask = torch.full((num_rows, -(-self.vocab_size // 32)), -1, dtype=torch.int32)

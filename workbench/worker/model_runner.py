@@ -12,7 +12,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import torch
 
@@ -29,6 +28,7 @@ from workbench.utils.ranges import Ranged
 from workbench.worker.batch_inputs import BatchInputs, build_batch_inputs  # noqa: F401 (re-exported)
 from workbench.worker.input_batch import InputBatch
 from workbench.worker.rejection_sampler import RejectionSampler
+from workbench.worker.runner_output import RunnerOutput  # noqa: F401 (re-exported)
 from workbench.worker.sampler import Sampler, TokenLogprobs, gather_logprobs
 from workbench.worker.sleep_mode import SleepMode
 
@@ -59,31 +59,6 @@ def _stack_masks(row_ids: tuple[str, ...], masks: Mapping[str, torch.Tensor]
         if rid in masks:
             stacked[row] = masks[rid]
     return stacked
-
-
-@dataclass(frozen=True)
-class RunnerOutput:
-    """What one execute() produced, by request id: sampled tokens, their logprobs, prompt
-    logprobs ``(first prompt index, entries)`` of prefill chunks that asked, and the rows
-    whose own work raised (``failed``: the ``describe``d error; such a row has no token,
-    logprobs or prompt logprobs, and the scheduler finishes it with an error); plus the
-    batch (None when nothing was scheduled) and timings (s).
-
-    A speculating request's ``sampled_token_ids`` entry is the target's own token, emitted
-    after its accepted drafts; ``spec_decode`` holds its drafts and how many were accepted,
-    and its ``logprobs`` entry is a list, one per emitted token (accepted drafts, then that)."""
-
-    sampled_token_ids: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, TokenLogprobs | list[TokenLogprobs]] = field(default_factory=dict)
-    prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)
-    batch: BatchInputs | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-    spec_decode: dict[str, SpecDecodeResult] = field(default_factory=dict)
-    #: The pooled data of each pooling request whose prompt this step completed (it samples
-    #: nothing): see :mod:`workbench.model.pooler`.
-    pooler_output: dict = field(default_factory=dict)
-    kv_connector_output: object = None  # the KV connector's finished transfers (vLLM's)
 
 
 class ModelRunner:

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from workbench.core.sched.output import SchedulerOutput
-from workbench.model.model_config import ModelConfig
-from workbench.request import Request
-from workbench.worker.model_runner import RunnerOutput
+    from workbench.core.sched.output import SchedulerOutput
+    from workbench.worker.device import SimulatedDevice
+    from workbench.model.model_config import ModelConfig
+    from workbench.request import Request
+    from workbench.worker.runner_output import RunnerOutput
 
 
 @runtime_checkable
@@ -88,8 +90,11 @@ class Runner(Protocol):
 
 class RunnerFactory(Protocol):
     """How the engine builds its runner (``LLMEngine(make_runner=...)``): the ModelRunner class
-    itself, or :meth:`SimulatedRunner.factory(...) <workbench.lab.sim.simulated_runner.SimulatedRunner.factory>`."""
+    itself, or :meth:`SimulatedRunner.factory(...) <workbench.lab.sim.simulated_runner.SimulatedRunner.factory>`.
+    A factory whose runner computes nothing may name the device it stands for in a
+    ``simulated_device`` attribute: it is then built with a SimulatedDevice and the engine
+    imports no torch (:mod:`workbench.worker.device`)."""
 
-    def __call__(self, model_config: ModelConfig, *, device: torch.device, block_size: int,
+    def __call__(self, model_config: ModelConfig, *, device: torch.device | SimulatedDevice, block_size: int,
                  attention_backend: str, load_format: str, seed: int, batch_invariant: bool) -> Runner:
         ...

@@ -23,8 +23,6 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
-import torch
-
 from workbench.distributed.kv_transfer.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                    KVConnectorRole, KVTransfer)
 from workbench.distributed.kv_transfer.link import LINK_KEYS, KVLink
@@ -189,6 +187,8 @@ class InProcessConnector(KVConnectorBase_V1):
         for req in meta.reqs_to_recv:
             peer = _WORKERS[req.remote_engine_id]
             if self.kv_caches is not None and peer.kv_caches is not None:
+                import torch  # KV tensors to copy: a real model runs (a simulated one has none)
+
                 dst = torch.tensor(req.block_ids, dtype=torch.long)
                 src = torch.tensor(req.remote_block_ids, dtype=torch.long)
                 for (key, value), (peer_key, peer_value) in zip(self.kv_caches, peer.kv_caches):

@@ -22,8 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Mapping
-
-import torch
+from typing import TYPE_CHECKING
 
 from workbench.core.sched.output import SchedulerOutput, SpecDecodeResult
 from workbench.lab.sim.clock import SimClock
@@ -32,8 +31,11 @@ from workbench.lab.sim.features import PREFILL_STEP, step_features
 from workbench.lab.sim.lora_slots import LoRASlots
 from workbench.model.model_config import ModelConfig
 from workbench.request import Request
-from workbench.worker.model_runner import RunnerOutput
+from workbench.worker.runner_output import RunnerOutput
 from workbench.worker.runner_protocol import RunnerFactory
+
+if TYPE_CHECKING:
+    from workbench.worker.device import SimulatedDevice
 
 
 class SimulatedRunner:
@@ -77,8 +79,11 @@ class SimulatedRunner:
     def factory(cls, cost_model: CostModel, clock: SimClock,
                 output_lengths: Mapping[str, int] | None = None) -> RunnerFactory:
         """What ``LLMEngine(make_runner=...)`` takes: builds a SimulatedRunner from the engine's
-        runner arguments (picklable)."""
-        return functools.partial(_build, cls, cost_model=cost_model, clock=clock, output_lengths=output_lengths)
+        runner arguments (picklable). Its ``simulated_device`` is the device the cost model was
+        calibrated on (see :mod:`workbench.worker.device`: the engine imports no torch)."""
+        make = functools.partial(_build, cls, cost_model=cost_model, clock=clock, output_lengths=output_lengths)
+        make.simulated_device = str(cost_model.hardware.get("device") or "cpu")
+        return make
 
     # ------------------------------------------------------------ the Runner interface
     def determine_num_blocks(self, *, num_kv_blocks: int | None, kv_cache_memory_bytes: int,
@@ -248,7 +253,7 @@ class SimulatedRunner:
                 f"{self.block_size}, simulated time {self.clock.now:.6f} s")
 
 
-def _build(cls: type[SimulatedRunner], model_config: ModelConfig, *, device: torch.device, block_size: int,
+def _build(cls: type[SimulatedRunner], model_config: ModelConfig, *, device: SimulatedDevice, block_size: int,
            attention_backend: str, load_format: str, seed: int, batch_invariant: bool, cost_model: CostModel,
            clock: SimClock, output_lengths: Mapping[str, int] | None) -> SimulatedRunner:
     """A :class:`~workbench.worker.runner_protocol.RunnerFactory`: the device, the attention

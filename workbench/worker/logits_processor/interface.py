@@ -14,11 +14,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum, auto
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from workbench.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 class MoveDirectionality(Enum):

@@ -6,11 +6,13 @@ never does)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 from workbench.request import Request
 from workbench.worker.logits_processor.interface import BatchUpdate, LogitsProcessor
+
+if TYPE_CHECKING:
+    import torch
 
 
 class LogitsProcessors:
