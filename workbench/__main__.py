@@ -1,3 +1,3 @@
-from workbench.entrypoints.cli import main
+from workbench.entrypoints.cli import console_main
 
-raise SystemExit(main())
+raise SystemExit(console_main())
