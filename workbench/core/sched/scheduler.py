@@ -319,9 +319,6 @@ class Scheduler(RemoteKVMixin):
         # nothing later in the step changes its table (a victim's chunk is dropped)
         running_chunks: dict[Request, ScheduledRequest] = {}
         preempted: list[str] = []
-        # Their RequestScheduled events, in the same order (logged after the passes' own).
-        events, step = self._events, self.step_count
-        scheduled_events: list[RequestScheduled] = []
 
         running_state = RequestStatus.RUNNING  # read several times per running request
         num_new_tokens = self._num_new_tokens
@@ -341,12 +338,10 @@ class Scheduler(RemoteKVMixin):
                 block_ids = table_ids.get(request.request_id)
                 if block_ids is not None and len(block_ids) * block_size > start:
                     request.is_prefill_chunk = False
-                    lora, rid = request.lora_request, request.request_id
+                    lora = request.lora_request
                     running_chunks[request] = ScheduledRequest(
-                        rid, start, 1, (output[-1],), block_ids, False, True, 0,
+                        request.request_id, start, 1, (output[-1],), block_ids, False, True, 0,
                         None if lora is None else lora.lora_name)
-                    if events is not None:
-                        scheduled_events.append(RequestScheduled(rid, step, now, start, 1, False, True))
                     budget -= 1
                     i += 1
                     continue
@@ -371,15 +366,11 @@ class Scheduler(RemoteKVMixin):
                 if victim in running_chunks:
                     budget += running_chunks.pop(victim).num_new_tokens
                     i -= 1
-                    scheduled_events = [e for e in scheduled_events if e.request_id != victim.request_id]
                 self._preempt(victim, now)
                 preempted.append(victim.request_id)
             if request.status is not running_state:  # it was its own victim
                 break
-            running_chunks[request] = c = self._chunk(request, num_new + len(spec), 0, spec)
-            if events is not None:
-                scheduled_events.append(RequestScheduled(c.request_id, step, now, c.num_computed_tokens,
-                                                         c.num_new_tokens, c.is_prefill, c.samples))
+            running_chunks[request] = self._chunk(request, num_new + len(spec), 0, spec)
             budget -= num_new + len(spec)
             i += 1
 
@@ -445,10 +436,9 @@ class Scheduler(RemoteKVMixin):
         self.waiting.restore_skipped()
 
         chunk = self._chunk
-        admitted_chunks = [chunk(r, n, hit) for r, n, hit in admitted]
-        scheduled = [*running_chunks.values(), *admitted_chunks]
+        scheduled = [*running_chunks.values(), *[chunk(r, n, hit) for r, n, hit in admitted]]
         output = SchedulerOutput(
-            step=step,
+            step=self.step_count,
             scheduled=tuple(scheduled),
             new_request_ids=tuple(new_ids),
             resumed_request_ids=tuple(resumed_ids),
@@ -462,11 +452,13 @@ class Scheduler(RemoteKVMixin):
             explanation=why,
             kv_connector_metadata=None if self.connector is None else self.connector.build_connector_meta(None),
         )
-        if events is not None:
-            self._events.extend(scheduled_events)
-            self._events.extend([RequestScheduled(c.request_id, step, now, c.num_computed_tokens,
-                                                  c.num_new_tokens, c.is_prefill, c.samples)
-                                 for c in admitted_chunks])
+        if self._events is not None:
+            step = output.step
+            self._events.extend([
+                RequestScheduled(c.request_id, step, now, c.num_computed_tokens, c.num_new_tokens,
+                                 c.is_prefill, c.samples)
+                for c in scheduled
+            ])
         if self.structured_output_manager is not None:  # their last tokens were fed: forget them
             self.structured_output_manager.remove(self._finished_ids)
         self._finished_ids = []
