@@ -11,6 +11,14 @@ from workbench.pooling_params import PoolingParams
 from workbench.sampling_params import SamplingParams
 
 
+_FINISH_REASONS = {  # by RequestStatus value
+    "finished_stopped": "stop",
+    "finished_length_capped": "length",
+    "finished_aborted": "abort",
+    "finished_error": "error",
+}
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     #: vLLM's status of a request whose grammar (structured outputs) is still compiling: it
@@ -28,28 +36,12 @@ class RequestStatus(enum.Enum):
     FINISHED_ABORTED = "finished_aborted"
     FINISHED_ERROR = "finished_error"  # processing this request raised; the others went on
 
-    @property
-    def is_finished(self) -> bool:
-        return self in _FINISHED  # a tuple: identity tests, not the enum's Python-level __hash__
-
-    @property
-    def finish_reason(self) -> str | None:
-        """vLLM's finish_reason string: "stop", "length", "abort", "error" or None while unfinished."""
-        return _FINISH_REASON.get(self)
-
-
-_FINISHED = (
-    RequestStatus.FINISHED_STOPPED,
-    RequestStatus.FINISHED_LENGTH_CAPPED,
-    RequestStatus.FINISHED_ABORTED,
-    RequestStatus.FINISHED_ERROR,
-)
-_FINISH_REASON = {
-    RequestStatus.FINISHED_STOPPED: "stop",
-    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
-    RequestStatus.FINISHED_ABORTED: "abort",
-    RequestStatus.FINISHED_ERROR: "error",
-}
+    def __init__(self, value: str) -> None:
+        #: Whether the status ends the request (the FINISHED_* ones). A plain attribute, not
+        #: a property: it is read for every request every step.
+        self.is_finished: bool = value in _FINISH_REASONS
+        #: vLLM's finish_reason string: "stop", "length", "abort", "error" or None while unfinished.
+        self.finish_reason: str | None = _FINISH_REASONS.get(value)
 
 
 @dataclass(eq=False)

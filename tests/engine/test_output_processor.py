@@ -574,3 +574,53 @@ def test_parent_request_fans_out_seeded_children():
     assert [c.sampling_params.seed for c in top.children] == [2**63 - 1, -(2**63)]
     single = ParentRequest("q", None, [1], SamplingParams(), arrival_time=0.0)
     assert [c.request_id for c in single.children] == ["q"] and single.deferred == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_counts_only_fast_path_keeps_the_general_paths_stats(seed):
+    """A FINAL_ONLY request without text or logprobs is only counted until it finishes
+    (``SequenceState.counts_only``: ``process`` skips ``_update``); the same tokens, on the same
+    clock, through the general path (a CUMULATIVE twin) must give the same IterationStats every
+    step -- several tokens a step (speculative decoding), none, the first token, the finish --
+    and the same final tokens and finish."""
+    rnd = random.Random(seed)
+    kinds = (FINAL, RequestOutputKind.CUMULATIVE)
+    procs = {kind: OutputProcessor(tokenizer=None) for kind in kinds}
+    reqs = {kind: [] for kind in kinds}
+    for i in range(12):
+        prompt, max_tokens = [rnd.randrange(100) for _ in range(rnd.randint(1, 20))], rnd.randint(1, 30)
+        for kind in kinds:
+            params = SamplingParams(max_tokens=max_tokens, detokenize=False, output_kind=kind)
+            parent = ParentRequest(f"r{i}", None, prompt, params, arrival_time=0.5 * i)
+            procs[kind].add_request(parent)
+            parent.children[0].status = RequestStatus.RUNNING
+            reqs[kind].append(parent.children[0])
+    assert all(s.counts_only for _, s in procs[FINAL]._sequences.values())
+    assert not any(s.counts_only for _, s in procs[kinds[1]]._sequences.values())
+    finals = {kind: {} for kind in kinds}
+    for step in range(60):
+        now = 10.0 + step
+        plan = [(i, rnd.choice([0, 1, 1, 1, 2, 3])) for i, r in enumerate(reqs[FINAL]) if not r.is_finished]
+        if not plan:
+            break
+        stats = {}
+        for kind in kinds:
+            updated = []
+            for i, n in plan:
+                r = reqs[kind][i]
+                n = min(n, r.sampling_params.max_tokens - r.num_output_tokens)
+                r.output_token_ids.extend(random.Random(f"{seed}-{i}-{step}-{j}").randrange(100) for j in range(n))
+                if r.first_token_time is None and r.output_token_ids:
+                    r.first_token_time = now
+                if r.num_output_tokens == r.sampling_params.max_tokens:
+                    r.status, r.finished_time = RequestStatus.FINISHED_LENGTH_CAPPED, now
+                updated.append(r)
+            result = procs[kind].process(updated, now=now)
+            for out in result.outputs:
+                if out.finished:
+                    finals[kind][out.request_id] = [(c.token_ids, c.finish_reason) for c in out.outputs]
+            s = result.stats
+            stats[kind] = (s.num_prompt_tokens, s.num_generation_tokens, s.time_to_first_tokens_iter,
+                           s.inter_token_latencies_iter, s.finished_requests)
+        assert stats[FINAL] == stats[kinds[1]], f"step {step}"
+    assert finals[FINAL] == finals[kinds[1]] and len(finals[FINAL]) == 12

@@ -96,14 +96,16 @@ class OutputProcessor:
         for i, child in enumerate(parent.children):
             wants_logprobs = child.sampling_params.logprobs is not None
             wants_prompt = getattr(child.sampling_params, "prompt_logprobs", None) is not None
+            detokenize = child.sampling_params.detokenize
             state = SequenceState(
                 request=child,
                 index=i,
-                detokenizer=IncrementalDetokenizer(self.tokenizer, child)
-                if child.sampling_params.detokenize else _NO_TEXT,
+                detokenizer=IncrementalDetokenizer(self.tokenizer, child) if detokenize else _NO_TEXT,
                 logprobs=[] if wants_logprobs else None,
                 cumulative_logprob=0.0 if wants_logprobs else None,
                 prompt_logprobs=[None] if wants_prompt else None,
+                counts_only=(not detokenize and not wants_logprobs
+                             and parent.params.output_kind is RequestOutputKind.FINAL_ONLY),
             )
             parent.sequences.append(state)
             self._sequences[child.request_id] = (parent, state)
@@ -178,6 +180,7 @@ class OutputProcessor:
                 touched[parent.request_id] = parent
         logprobs = logprobs or {}
         sequences, update, final_only = self._sequences, self._update, RequestOutputKind.FINAL_ONLY
+        itls = stats.inter_token_latencies_iter
         for request in requests:
             entry = sequences.get(request.request_id)
             if entry is None:
@@ -185,6 +188,18 @@ class OutputProcessor:
                     f"request_id {request.request_id!r} was never added (or already finished)."
                 )
             parent, state = entry
+            last = state.last_token_ts
+            if (state.counts_only and last is not None and state.finish_reason is None
+                    and not request.status.is_finished):
+                # What _update does for it (no text, no stop string, no logprobs, not its first
+                # token): count the new tokens. Nothing to give before it finishes.
+                num_new = len(request.output_token_ids) - state.num_seen
+                if num_new:
+                    state.num_seen = state.num_processed = state.num_seen + num_new
+                    itls.append(now - last)
+                    state.last_token_ts = now
+                    stats.num_generation_tokens += num_new
+                continue
             if state.finish_reason is None:
                 try:
                     if update(state, request, logprobs, stats, now) and not request.is_finished:

@@ -31,6 +31,9 @@ class SequenceState:
     stats_recorded: bool = False  # its FinishedRequestStats went into an IterationStats
     num_processed: int = 0  # output tokens whose text and logprobs were built without error
     text_processed: int = 0  # characters of the text at that point
+    #: FINAL_ONLY, no text (``detokenize=False``), no logprobs: until it finishes, a step's
+    #: tokens are only counted (its stats); it has no stop string and gives no output.
+    counts_only: bool = False
 
     def __repr__(self) -> str:
         return (

@@ -518,6 +518,7 @@ class Scheduler(RemoteKVMixin):
         its tokens, append its token, check the stop, cache its blocks."""
         cache_blocks, check_stop = self.kv_cache.cache_blocks, self._check_stop  # per chunk
         requests, running_state, step = self.requests, RequestStatus.RUNNING, scheduler_output.step
+        max_model_len = self.max_model_len
         got_token: list[Request] = []
         finished: list[Request] = []
         for chunk in scheduler_output.scheduled:
@@ -547,8 +548,18 @@ class Scheduler(RemoteKVMixin):
                 status = self._accept_drafts(request, chunk, token, spec_decode, step)
             else:
                 request.num_computed_tokens = num_computed
-                request.output_token_ids.append(token)
-                status = check_stop(request, token)
+                output = request.output_token_ids
+                output.append(token)
+                # _check_stop's no-stop case, tested inline first (nearly every token): no stop
+                # token, room left under max_tokens and max_model_len. Else it decides.
+                params = request.sampling_params
+                max_tokens, num_output = params.max_tokens, len(output)
+                if (token != request.eos_token_id and not params.stop_token_ids
+                        and (max_tokens is None or num_output < max_tokens)
+                        and len(request.prompt_token_ids) + num_output < max_model_len):
+                    status = None
+                else:
+                    status = check_stop(request, token)
                 cache_blocks(request, num_computed)
             if request.first_token_time is None:
                 request.first_token_time = now
