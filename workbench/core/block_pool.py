@@ -193,6 +193,8 @@ class BlockPool:
         self.num_freed = 0
         self.cache_version = 0
         self.num_evictable = 0
+        # One list for the pool's lifetime (take_events empties it), so the KVCacheManager
+        # appends the events it records itself (a decode's BlockWritten) to it directly.
         self._events: list[KVEvent] | None = [] if record_events else None
         #: Told of each eviction (a ``PrefixMemory``; None: nobody listens).
         self.prefix_memory = None
@@ -205,7 +207,8 @@ class BlockPool:
         """The events since the previous call, oldest first (empty when not recording)."""
         if not self._events:
             return ()
-        events, self._events = tuple(self._events), []
+        events = tuple(self._events)
+        self._events.clear()
         return events
 
     @property

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from workbench.core.block_pool import BlockPool, KVCacheBlock
-from workbench.core.kv_events import KVEvent
+from workbench.core.kv_events import BlockWritten, KVEvent
 from workbench.core.prefix_memory import PrefixMemory
 from workbench.core.kv_state import KVState, block_state
 from workbench.core.kv_cache_utils import hash_block_run
@@ -107,6 +107,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, record_events=record_events)
+        self._events = self.pool._events  # the pool's event list (the same list for its lifetime), or None
         self.prefix_cache_stats = PrefixCacheStats()  # cumulative since the last reset
         self._stats = KVCacheStats()  # since the last make_stats()
         self._tables: dict[str, list[KVCacheBlock]] = {}
@@ -313,20 +314,22 @@ class KVCacheManager:
         num_prompt = len(request.prompt_token_ids)
         if len(request.block_hashes) < (num_prompt + len(output)) // bs:  # a known block filled up
             self.update_block_hashes(request)
+        rid = request.request_id
+        table = self._tables[rid]
         num_full = num_computed_tokens // bs
-        table = self._tables[request.request_id]
-        if num_full > self._num_filled[request.request_id]:  # once per block_size tokens of a decode
+        if num_full > self._num_filled[rid]:  # once per block_size tokens of a decode
             self._fill_blocks(request, table, num_full)
         num_tail = num_computed_tokens - num_full * bs
-        if not num_tail:
-            return
-        block = table[num_full]
-        written = block.token_ids
-        if len(written) == num_tail - 1 and num_computed_tokens > num_prompt:  # one more generated token
-            tail = written + (output[num_computed_tokens - 1 - num_prompt],)
-        else:
-            tail = tuple(request.token_ids_slice(num_full * bs, num_computed_tokens))
-        self.pool.write_tokens(block, tail)
+        if num_tail:  # the tail block's tokens, as BlockPool.write_tokens records them (inlined: once per decode)
+            block = table[num_full]
+            written = block.token_ids
+            if len(written) == num_tail - 1 and num_computed_tokens > num_prompt:  # one more generated token
+                tail = written + (output[num_computed_tokens - 1 - num_prompt],)
+            else:
+                tail = tuple(request.token_ids_slice(num_full * bs, num_computed_tokens))
+            block.token_ids = tail
+            if self._events is not None:
+                self._events.append(BlockWritten(block.block_id, tail))
 
     def _fill_blocks(self, request: Request, table: list[KVCacheBlock], num_full: int) -> None:
         """``cache_blocks``' blocks that became full: from the first not yet recorded up to
