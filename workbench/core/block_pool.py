@@ -326,6 +326,17 @@ class BlockPool:
         if self._events is not None:
             self._flush_stored(first, len(token_ids), blocks, block_hashes, parent_hash, token_ids, block_size)
 
+    def cache_full_block(self, block: KVCacheBlock, block_hash: bytes, parent_hash: bytes | None,
+                         token_ids: tuple[int, ...], block_size: int) -> None:
+        """:meth:`cache_full_blocks` of one block (a decode's block that filled up), with the
+        same events: a ``BlockStored`` of it, or a ``BlockWritten`` when another block holds
+        its hash."""
+        if self.cache_block(block, block_hash, token_ids):
+            if self._events is not None:
+                self._events.append(BlockStored((block.block_id,), (block_hash,), parent_hash, token_ids, block_size))
+        elif self._events is not None:
+            self._events.append(BlockWritten(block.block_id, token_ids))
+
     def _flush_stored(self, first, end, blocks, block_hashes, parent_hash, token_ids, block_size) -> None:
         """One ``BlockStored`` for the run of blocks ``first..end-1`` (none when empty). A run
         of one block (a decode's block that filled up: most runs) takes its id and its own

@@ -342,17 +342,21 @@ class KVCacheManager:
             tokens = [tuple(flat)]
         else:
             tokens = [tuple(flat[i:i + bs]) for i in range(0, len(flat), bs)]  # one tuple per block
-        if self.enable_prefix_caching:
+        if not self.enable_prefix_caching:
+            for block, block_tokens in zip(table[filled:num_full], tokens):
+                self.pool.write_tokens(block, block_tokens)
+        elif len(tokens) == 1:  # one block: no run to split (most calls)
+            hashes = request.block_hashes
+            self.pool.cache_full_block(table[filled], hashes[filled], hashes[filled - 1] if filled else None,
+                                       tokens[0], bs)
+        else:
             hashes = request.block_hashes
             self.pool.cache_full_blocks(
                 table[filled:num_full], hashes[filled:num_full],
                 hashes[filled - 1] if filled else None, tokens, bs,
             )
-            if self.prefix_memory is not None:
-                self.prefix_memory.stored(request, filled, tokens)
-        else:
-            for block, block_tokens in zip(table[filled:num_full], tokens):
-                self.pool.write_tokens(block, block_tokens)
+        if self.prefix_memory is not None and self.enable_prefix_caching:
+            self.prefix_memory.stored(request, filled, tokens)
         self._num_filled[rid] = num_full
 
     def free_unneeded_blocks(self, request: Request) -> None:
