@@ -66,6 +66,20 @@ def test_free_queue_order_and_o1_unlinking():
         q.popleft()
 
 
+def test_free_queue_popleft_n_takes_the_front_in_order_and_relinks_the_rest():
+    blocks = [KVCacheBlock(i) for i in range(5)]
+    q = FreeBlockQueue([blocks[3], blocks[0], blocks[4], blocks[1], blocks[2]])
+    with pytest.raises(ValueError, match="only 5 free"):
+        q.popleft_n(6)
+    assert q.block_ids() == [3, 0, 4, 1, 2] and len(q) == 5  # nothing unlinked
+    assert q.popleft_n(0) == [] and len(q) == 5
+    assert q.popleft_n(3) == [blocks[3], blocks[0], blocks[4]]  # the same as three popleft()
+    assert all(b.prev_free is None and b.next_free is None and b not in q for b in blocks[3:] + blocks[:1])
+    assert q.block_ids() == [1, 2] and len(q) == 2 and q._head.next_free is blocks[1]
+    assert blocks[1].prev_free is q._head
+    assert q.popleft_n(2) == [blocks[1], blocks[2]] and len(q) == 0
+    assert q._head.next_free is q._tail and q._tail.prev_free is q._head
+
 def test_free_queue_extend_links_in_order_and_refuses_a_queued_block_untouched():
     blocks = [KVCacheBlock(i) for i in range(6)]
     q = FreeBlockQueue(blocks[:2])

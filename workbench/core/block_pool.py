@@ -125,6 +125,23 @@ class FreeBlockQueue:
         self._len -= 1
         return block
 
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """Unlink and return the ``n`` front blocks, front first, in one pass (vLLM's name);
+        ValueError when fewer than ``n`` are queued, with nothing unlinked."""
+        if n > self._len:
+            raise ValueError(f"cannot take {n} blocks: only {self._len} free.")
+        out = []
+        block = self._head.next_free
+        for _ in range(n):
+            out.append(block)
+            nxt = block.next_free
+            block.prev_free = block.next_free = None
+            block = nxt
+        self._head.next_free = block
+        block.prev_free = self._head
+        self._len -= n
+        return out
+
     def append(self, block: KVCacheBlock) -> None:
         if block.prev_free is not None:
             raise ValueError(f"block {block.block_id} is already in the free queue")
@@ -230,11 +247,10 @@ class BlockPool:
         one ``BlockAllocated`` per block handed out."""
         if n > len(self.free_queue):
             raise ValueError(f"cannot allocate {n} blocks: only {len(self.free_queue)} free.")
-        out = []
-        events, memory, popleft, cached = self._events, self.prefix_memory, self.free_queue.popleft, self.cached
+        out = self.free_queue.popleft_n(n)
+        events, memory, cached = self._events, self.prefix_memory, self.cached
         num_evicted = 0
-        for _ in range(n):
-            block = popleft()
+        for block in out:
             block_hash = block.block_hash
             if block_hash is not None:
                 if events is not None:
@@ -247,7 +263,6 @@ class BlockPool:
             block.token_ids = ()
             block.ref_count = 1
             block._owners[owner] = None
-            out.append(block)
         if num_evicted:
             self.num_evictable -= num_evicted
             self.num_evicted += num_evicted
