@@ -374,3 +374,25 @@ def test_repr_is_deterministic_and_html_is_a_grid():
     assert "0x" not in repr(kv.blocks[0])
     html = kv._repr_html_()
     assert html.count("title=") == 4 and "owners a" in html
+
+
+def test_cache_full_block_is_cache_full_blocks_of_one_block():
+    """The one-block entry (a decode's block that filled up) changes the pool and records the
+    events that cache_full_blocks does for that block: BlockStored when the hash is new, a
+    BlockWritten when another block holds it."""
+    results = []
+    for one in (True, False):
+        pool = BlockPool(4, record_events=True)
+        blocks = pool.get_new_blocks(3, "r")
+        pool.take_events()
+        parent, h, tokens = b"p" * 32, b"h" * 32, (1, 2, 3, 4)
+        for block in blocks[:2]:  # the second finds the hash held by the first
+            if one:
+                pool.cache_full_block(block, h, parent, tokens, 4)
+            else:
+                pool.cache_full_blocks([block], [h], parent, [tokens], 4)
+        results.append((pool.take_events(), [(b.block_hash, b.token_ids) for b in pool.blocks],
+                        pool.cached == {h: blocks[0]}, pool.cache_version, pool.num_evictable))
+    assert results[0] == results[1]
+    assert [describe(e) for e in results[0][0]] == [
+        f"stored in the prefix cache: 0:{(b'h' * 32).hex()[:8]}", "block 1 holds 4 tokens"]

@@ -367,7 +367,8 @@ class BlockPool:
         self._events.append(BlockStored(ids, tuple(block_hashes[first:end]), parent, tokens, block_size))
 
     def write_tokens(self, block: KVCacheBlock, token_ids: tuple[int, ...]) -> None:
-        """Record the tokens an uncached block holds (a partial tail, or caching off)."""
+        """Record the tokens an uncached block holds (a partial tail, or caching off). A
+        decode's tail is written by ``KVCacheManager.cache_blocks`` itself, with the same event."""
         block.token_ids = token_ids
         if self._events is not None:
             self._events.append(BlockWritten(block.block_id, token_ids))

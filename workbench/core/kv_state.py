@@ -76,11 +76,8 @@ class BlockState:
         )
 
 
-def _setters(cls) -> tuple:
-    return tuple(cls.__dict__[name].__set__ for name in ("block_id", "ref_count", "block_hash", "token_ids", "owners"))
-
-
-_SET_ID, _SET_REF_COUNT, _SET_HASH, _SET_TOKENS, _SET_OWNERS = _setters(BlockState)
+_SET_ID, _SET_REF_COUNT, _SET_HASH, _SET_TOKENS, _SET_OWNERS = (  # BlockState's slot setters
+    BlockState.__dict__[name].__set__ for name in ("block_id", "ref_count", "block_hash", "token_ids", "owners"))
 
 
 def make_block_state(block_id: int, ref_count: int, block_hash: bytes | None,
@@ -189,8 +186,8 @@ class KVReplay:
     """Applies block events to a copy of a KVState; :meth:`freeze` may be called between runs.
 
     Blocks stay immutable :class:`BlockState` objects: an event replaces the ones it touches
-    (built by :func:`make_block_state`), so frozen states share every block that did not change. The free queue is an
-    insertion-ordered dict (removal from anywhere and appending are O(1)). ``BlockWritten``
+    (built by :func:`make_block_state`), so frozen states share every block that did not
+    change. The free queue is an insertion-ordered dict (removal from anywhere and appending are O(1)). ``BlockWritten``
     (one per decoding request per step, each overwriting its tail block's tokens) only notes
     the tokens; the block is rebuilt when another event reads it or at :meth:`freeze`.
     """
@@ -258,7 +255,8 @@ class KVReplay:
         size, tokens = event.block_size, event.token_ids
         for i, (b, h) in enumerate(zip(event.block_ids, event.block_hashes, strict=True)):
             block = self._block(b)
-            self.blocks[b] = make_block_state(b, block.ref_count, h, tuple(tokens[i * size : (i + 1) * size]), block.owners)
+            self.blocks[b] = make_block_state(b, block.ref_count, h, tuple(tokens[i * size : (i + 1) * size]),
+                                              block.owners)
 
     def _written(self, event: BlockWritten) -> None:
         b = event.block_id

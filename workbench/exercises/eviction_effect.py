@@ -28,8 +28,8 @@ ABOUT = "shared_prefix_workload(200, rate=200, num_groups=8, prefix_len=96, seed
 
 class LearnerFreeQueue:
     """The block pool's free queue (``popleft``, ``popleft_n``, ``append``, ``extend``,
-    ``remove``, ``len``, ``in``) kept by the learner's queue over block ids. ``wrap(free_blocks)`` brackets one
-    request's release."""
+    ``remove``, ``len``, ``in``) kept by the learner's queue over block ids.
+    ``wrap(free_blocks)`` brackets one request's release."""
 
     def __init__(self, queue, blocks) -> None:
         self.queue, self.blocks = queue, blocks
