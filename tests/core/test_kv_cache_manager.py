@@ -396,3 +396,21 @@ def test_cache_full_block_is_cache_full_blocks_of_one_block():
     assert results[0] == results[1]
     assert [describe(e) for e in results[0][0]] == [
         f"stored in the prefix cache: 0:{(b'h' * 32).hex()[:8]}", "block 1 holds 4 tokens"]
+
+
+def test_block_hashes_grown_a_token_at_a_time_are_the_whole_prompts_hashes():
+    """update_block_hashes as a decode calls it (one more token each time, so one new block
+    now and then) gives every block the hash of the whole token list hashed at once, for a
+    plain, a salted and an adapted request (the salt only in block 0, the adapter in all)."""
+    from workbench.lora.request import LoRARequest
+
+    kv = KVCacheManager(64, 4)
+    adapter = LoRARequest("ad", 1, "/nowhere")
+    for salt, lora in ((None, None), ("s", None), (None, adapter), ("s", adapter)):
+        r = Request("r", [3, 1, 4, 1, 5, 9], cache_salt=salt, lora_request=lora)
+        kv.update_block_hashes(r)
+        for token in range(20, 35):
+            r.output_token_ids.append(token)
+            kv.update_block_hashes(r)
+            assert r.block_hashes == hash_request_blocks(r.all_token_ids, 4, None, salt, r.lora_name)
+        assert len(r.block_hashes) == 5

@@ -33,7 +33,7 @@ from workbench.core.block_pool import BlockPool, KVCacheBlock
 from workbench.core.kv_events import BlockWritten, KVEvent
 from workbench.core.prefix_memory import PrefixMemory
 from workbench.core.kv_state import KVState, block_state
-from workbench.core.kv_cache_utils import hash_block_run
+from workbench.core.kv_cache_utils import hash_block_run, hash_block_tokens
 from workbench.request import Request
 
 
@@ -199,6 +199,10 @@ class KVCacheManager:
             return
         first = len(hashes)
         tokens = request.token_ids_slice(first * bs, num_full * bs)  # the new full blocks' tokens
+        if num_full - first == 1 and first and request.lora_request is None:
+            # one block past the first (a decode's), no adapter: no extra keys to encode
+            hashes.append(hash_block_tokens(hashes[-1], tokens))
+            return
         hashes += hash_block_run(hashes[-1] if first else None, tokens, bs, first,
                                  request.cache_salt, request.lora_name)
 
