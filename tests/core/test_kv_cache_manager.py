@@ -66,6 +66,20 @@ def test_free_queue_order_and_o1_unlinking():
         q.popleft()
 
 
+def test_free_queue_popleft_n_takes_the_front_in_order_and_relinks_the_rest():
+    blocks = [KVCacheBlock(i) for i in range(5)]
+    q = FreeBlockQueue([blocks[3], blocks[0], blocks[4], blocks[1], blocks[2]])
+    with pytest.raises(ValueError, match="only 5 free"):
+        q.popleft_n(6)
+    assert q.block_ids() == [3, 0, 4, 1, 2] and len(q) == 5  # nothing unlinked
+    assert q.popleft_n(0) == [] and len(q) == 5
+    assert q.popleft_n(3) == [blocks[3], blocks[0], blocks[4]]  # the same as three popleft()
+    assert all(b.prev_free is None and b.next_free is None and b not in q for b in blocks[3:] + blocks[:1])
+    assert q.block_ids() == [1, 2] and len(q) == 2 and q._head.next_free is blocks[1]
+    assert blocks[1].prev_free is q._head
+    assert q.popleft_n(2) == [blocks[1], blocks[2]] and len(q) == 0
+    assert q._head.next_free is q._tail and q._tail.prev_free is q._head
+
 def test_free_queue_extend_links_in_order_and_refuses_a_queued_block_untouched():
     blocks = [KVCacheBlock(i) for i in range(6)]
     q = FreeBlockQueue(blocks[:2])
@@ -360,3 +374,43 @@ def test_repr_is_deterministic_and_html_is_a_grid():
     assert "0x" not in repr(kv.blocks[0])
     html = kv._repr_html_()
     assert html.count("title=") == 4 and "owners a" in html
+
+
+def test_cache_full_block_is_cache_full_blocks_of_one_block():
+    """The one-block entry (a decode's block that filled up) changes the pool and records the
+    events that cache_full_blocks does for that block: BlockStored when the hash is new, a
+    BlockWritten when another block holds it."""
+    results = []
+    for one in (True, False):
+        pool = BlockPool(4, record_events=True)
+        blocks = pool.get_new_blocks(3, "r")
+        pool.take_events()
+        parent, h, tokens = b"p" * 32, b"h" * 32, (1, 2, 3, 4)
+        for block in blocks[:2]:  # the second finds the hash held by the first
+            if one:
+                pool.cache_full_block(block, h, parent, tokens, 4)
+            else:
+                pool.cache_full_blocks([block], [h], parent, [tokens], 4)
+        results.append((pool.take_events(), [(b.block_hash, b.token_ids) for b in pool.blocks],
+                        pool.cached == {h: blocks[0]}, pool.cache_version, pool.num_evictable))
+    assert results[0] == results[1]
+    assert [describe(e) for e in results[0][0]] == [
+        f"stored in the prefix cache: 0:{(b'h' * 32).hex()[:8]}", "block 1 holds 4 tokens"]
+
+
+def test_block_hashes_grown_a_token_at_a_time_are_the_whole_prompts_hashes():
+    """update_block_hashes as a decode calls it (one more token each time, so one new block
+    now and then) gives every block the hash of the whole token list hashed at once, for a
+    plain, a salted and an adapted request (the salt only in block 0, the adapter in all)."""
+    from workbench.lora.request import LoRARequest
+
+    kv = KVCacheManager(64, 4)
+    adapter = LoRARequest("ad", 1, "/nowhere")
+    for salt, lora in ((None, None), ("s", None), (None, adapter), ("s", adapter)):
+        r = Request("r", [3, 1, 4, 1, 5, 9], cache_salt=salt, lora_request=lora)
+        kv.update_block_hashes(r)
+        for token in range(20, 35):
+            r.output_token_ids.append(token)
+            kv.update_block_hashes(r)
+            assert r.block_hashes == hash_request_blocks(r.all_token_ids, 4, None, salt, r.lora_name)
+        assert len(r.block_hashes) == 5

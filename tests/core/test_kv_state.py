@@ -339,3 +339,16 @@ def test_tracker_keeps_the_last_arrivals_and_ignores_unknown_requests():
     assert [r["request_id"] for r in rows] == ["r1", "r2"]
     assert rows[0]["arrival_s"] == 1.0  # the epoch is the first arrival seen (r0's)
     assert rows[0]["finish_reason"] is None and math.isnan(rows[0]["ttft_s"])
+
+
+def test_make_block_state_builds_the_same_frozen_block():
+    from dataclasses import FrozenInstanceError
+
+    from workbench.core.kv_state import make_block_state
+
+    for fields in ((3, 0, None, (), ()), (7, 2, b"h" * 32, (5, 6, 7), ("a", "b"))):
+        made, built = make_block_state(*fields), BlockState(*fields)
+        assert type(made) is BlockState and made == built and hash(made) == hash(built)
+        assert repr(made) == repr(built) and made.state == built.state
+        with pytest.raises(FrozenInstanceError):
+            made.ref_count = 9

@@ -125,6 +125,23 @@ class FreeBlockQueue:
         self._len -= 1
         return block
 
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """Unlink and return the ``n`` front blocks, front first, in one pass (vLLM's name);
+        ValueError when fewer than ``n`` are queued, with nothing unlinked."""
+        if n > self._len:
+            raise ValueError(f"cannot take {n} blocks: only {self._len} free.")
+        out = []
+        block = self._head.next_free
+        for _ in range(n):
+            out.append(block)
+            nxt = block.next_free
+            block.prev_free = block.next_free = None
+            block = nxt
+        self._head.next_free = block
+        block.prev_free = self._head
+        self._len -= n
+        return out
+
     def append(self, block: KVCacheBlock) -> None:
         if block.prev_free is not None:
             raise ValueError(f"block {block.block_id} is already in the free queue")
@@ -193,6 +210,8 @@ class BlockPool:
         self.num_freed = 0
         self.cache_version = 0
         self.num_evictable = 0
+        # One list for the pool's lifetime (take_events empties it), so the KVCacheManager
+        # appends the events it records itself (a decode's BlockWritten) to it directly.
         self._events: list[KVEvent] | None = [] if record_events else None
         #: Told of each eviction (a ``PrefixMemory``; None: nobody listens).
         self.prefix_memory = None
@@ -205,7 +224,8 @@ class BlockPool:
         """The events since the previous call, oldest first (empty when not recording)."""
         if not self._events:
             return ()
-        events, self._events = tuple(self._events), []
+        events = tuple(self._events)
+        self._events.clear()
         return events
 
     @property
@@ -227,11 +247,10 @@ class BlockPool:
         one ``BlockAllocated`` per block handed out."""
         if n > len(self.free_queue):
             raise ValueError(f"cannot allocate {n} blocks: only {len(self.free_queue)} free.")
-        out = []
-        events, memory, popleft, cached = self._events, self.prefix_memory, self.free_queue.popleft, self.cached
+        out = self.free_queue.popleft_n(n)
+        events, memory, cached = self._events, self.prefix_memory, self.cached
         num_evicted = 0
-        for _ in range(n):
-            block = popleft()
+        for block in out:
             block_hash = block.block_hash
             if block_hash is not None:
                 if events is not None:
@@ -244,7 +263,6 @@ class BlockPool:
             block.token_ids = ()
             block.ref_count = 1
             block._owners[owner] = None
-            out.append(block)
         if num_evicted:
             self.num_evictable -= num_evicted
             self.num_evicted += num_evicted
@@ -323,6 +341,17 @@ class BlockPool:
         if self._events is not None:
             self._flush_stored(first, len(token_ids), blocks, block_hashes, parent_hash, token_ids, block_size)
 
+    def cache_full_block(self, block: KVCacheBlock, block_hash: bytes, parent_hash: bytes | None,
+                         token_ids: tuple[int, ...], block_size: int) -> None:
+        """:meth:`cache_full_blocks` of one block (a decode's block that filled up), with the
+        same events: a ``BlockStored`` of it, or a ``BlockWritten`` when another block holds
+        its hash."""
+        if self.cache_block(block, block_hash, token_ids):
+            if self._events is not None:
+                self._events.append(BlockStored((block.block_id,), (block_hash,), parent_hash, token_ids, block_size))
+        elif self._events is not None:
+            self._events.append(BlockWritten(block.block_id, token_ids))
+
     def _flush_stored(self, first, end, blocks, block_hashes, parent_hash, token_ids, block_size) -> None:
         """One ``BlockStored`` for the run of blocks ``first..end-1`` (none when empty). A run
         of one block (a decode's block that filled up: most runs) takes its id and its own
@@ -338,7 +367,8 @@ class BlockPool:
         self._events.append(BlockStored(ids, tuple(block_hashes[first:end]), parent, tokens, block_size))
 
     def write_tokens(self, block: KVCacheBlock, token_ids: tuple[int, ...]) -> None:
-        """Record the tokens an uncached block holds (a partial tail, or caching off)."""
+        """Record the tokens an uncached block holds (a partial tail, or caching off). A
+        decode's tail is written by ``KVCacheManager.cache_blocks`` itself, with the same event."""
         block.token_ids = token_ids
         if self._events is not None:
             self._events.append(BlockWritten(block.block_id, token_ids))

@@ -30,10 +30,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from workbench.core.block_pool import BlockPool, KVCacheBlock
-from workbench.core.kv_events import KVEvent
+from workbench.core.kv_events import BlockWritten, KVEvent
 from workbench.core.prefix_memory import PrefixMemory
 from workbench.core.kv_state import KVState, block_state
-from workbench.core.kv_cache_utils import hash_block_run
+from workbench.core.kv_cache_utils import hash_block_run, hash_block_tokens
 from workbench.request import Request
 
 
@@ -107,6 +107,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, record_events=record_events)
+        self._events = self.pool._events  # the pool's event list (the same list for its lifetime), or None
         self.prefix_cache_stats = PrefixCacheStats()  # cumulative since the last reset
         self._stats = KVCacheStats()  # since the last make_stats()
         self._tables: dict[str, list[KVCacheBlock]] = {}
@@ -198,6 +199,10 @@ class KVCacheManager:
             return
         first = len(hashes)
         tokens = request.token_ids_slice(first * bs, num_full * bs)  # the new full blocks' tokens
+        if num_full - first == 1 and first and request.lora_request is None:
+            # one block past the first (a decode's), no adapter: no extra keys to encode
+            hashes.append(hash_block_tokens(hashes[-1], tokens))
+            return
         hashes += hash_block_run(hashes[-1] if first else None, tokens, bs, first,
                                  request.cache_salt, request.lora_name)
 
@@ -313,20 +318,22 @@ class KVCacheManager:
         num_prompt = len(request.prompt_token_ids)
         if len(request.block_hashes) < (num_prompt + len(output)) // bs:  # a known block filled up
             self.update_block_hashes(request)
+        rid = request.request_id
+        table = self._tables[rid]
         num_full = num_computed_tokens // bs
-        table = self._tables[request.request_id]
-        if num_full > self._num_filled[request.request_id]:  # once per block_size tokens of a decode
+        if num_full > self._num_filled[rid]:  # once per block_size tokens of a decode
             self._fill_blocks(request, table, num_full)
         num_tail = num_computed_tokens - num_full * bs
-        if not num_tail:
-            return
-        block = table[num_full]
-        written = block.token_ids
-        if len(written) == num_tail - 1 and num_computed_tokens > num_prompt:  # one more generated token
-            tail = written + (output[num_computed_tokens - 1 - num_prompt],)
-        else:
-            tail = tuple(request.token_ids_slice(num_full * bs, num_computed_tokens))
-        self.pool.write_tokens(block, tail)
+        if num_tail:  # the tail block's tokens, as BlockPool.write_tokens records them (inlined: once per decode)
+            block = table[num_full]
+            written = block.token_ids
+            if len(written) == num_tail - 1 and num_computed_tokens > num_prompt:  # one more generated token
+                tail = written + (output[num_computed_tokens - 1 - num_prompt],)
+            else:
+                tail = tuple(request.token_ids_slice(num_full * bs, num_computed_tokens))
+            block.token_ids = tail
+            if self._events is not None:
+                self._events.append(BlockWritten(block.block_id, tail))
 
     def _fill_blocks(self, request: Request, table: list[KVCacheBlock], num_full: int) -> None:
         """``cache_blocks``' blocks that became full: from the first not yet recorded up to
@@ -339,17 +346,21 @@ class KVCacheManager:
             tokens = [tuple(flat)]
         else:
             tokens = [tuple(flat[i:i + bs]) for i in range(0, len(flat), bs)]  # one tuple per block
-        if self.enable_prefix_caching:
+        if not self.enable_prefix_caching:
+            for block, block_tokens in zip(table[filled:num_full], tokens):
+                self.pool.write_tokens(block, block_tokens)
+        elif len(tokens) == 1:  # one block: no run to split (most calls)
+            hashes = request.block_hashes
+            self.pool.cache_full_block(table[filled], hashes[filled], hashes[filled - 1] if filled else None,
+                                       tokens[0], bs)
+        else:
             hashes = request.block_hashes
             self.pool.cache_full_blocks(
                 table[filled:num_full], hashes[filled:num_full],
                 hashes[filled - 1] if filled else None, tokens, bs,
             )
-            if self.prefix_memory is not None:
-                self.prefix_memory.stored(request, filled, tokens)
-        else:
-            for block, block_tokens in zip(table[filled:num_full], tokens):
-                self.pool.write_tokens(block, block_tokens)
+        if self.prefix_memory is not None and self.enable_prefix_caching:
+            self.prefix_memory.stored(request, filled, tokens)
         self._num_filled[rid] = num_full
 
     def free_unneeded_blocks(self, request: Request) -> None:

@@ -27,9 +27,9 @@ ABOUT = "shared_prefix_workload(200, rate=200, num_groups=8, prefix_len=96, seed
 
 
 class LearnerFreeQueue:
-    """The block pool's free queue (``popleft``, ``append``, ``extend``, ``remove``, ``len``,
-    ``in``) kept by the learner's queue over block ids. ``wrap(free_blocks)`` brackets one
-    request's release."""
+    """The block pool's free queue (``popleft``, ``popleft_n``, ``append``, ``extend``,
+    ``remove``, ``len``, ``in``) kept by the learner's queue over block ids.
+    ``wrap(free_blocks)`` brackets one request's release."""
 
     def __init__(self, queue, blocks) -> None:
         self.queue, self.blocks = queue, blocks
@@ -54,6 +54,9 @@ class LearnerFreeQueue:
             raise ValueError(f"popleft() gave {block_id!r}, which is not a free block.")
         self.free.discard(block_id)
         return self.blocks[block_id]
+
+    def popleft_n(self, n: int) -> list:
+        return [self.popleft() for _ in range(n)]
 
     def append(self, block) -> None:
         self.free.add(block.block_id)
