@@ -1,4 +1,4 @@
-"""The step's per-request record types (``ScheduledRequest`` and the request events) are
+"""The step's per-request record types (``ScheduledRequest``, the request and KV events) are
 msgspec Structs: read-only, equal and hashable by value, with the repr a dataclass of the
 same fields would print (logs, notebooks and the records digest read it), picklable (they
 cross to and from the engine-core process inside step records)."""
@@ -10,6 +10,15 @@ import pickle
 import msgspec
 import pytest
 
+from workbench.core.kv_events import (
+    AllBlocksCleared,
+    BlockAllocated,
+    BlockFreed,
+    BlockRemoved,
+    BlockStored,
+    BlockWritten,
+    describe,
+)
 from workbench.core.request_events import (
     RequestArrived,
     RequestEvent,
@@ -55,3 +64,22 @@ def test_request_events_leave_time_out_of_repr_equality_and_hash():
     assert copied == event and copied.time == 12.5
     assert {cls.kind for cls in RequestEvent.__subclasses__()} >= {"scheduled", "finished", "arrived"}
     assert not gc.is_tracked(event)
+
+
+def test_kv_events_are_values_with_dataclass_reprs():
+    events = [BlockAllocated(4, "r1"), BlockFreed(4, "r1"), BlockWritten(4, (7, 8)),
+              BlockStored((4,), (b"\x01" * 32,), None, (7, 8), 2), BlockRemoved((b"\x01" * 32,), (4,)),
+              AllBlocksCleared()]
+    assert [repr(e) for e in events[:3]] == [
+        "BlockAllocated(block_id=4, request_id='r1', prefix_hit=False)",
+        "BlockFreed(block_id=4, request_id='r1')",
+        "BlockWritten(block_id=4, token_ids=(7, 8))",
+    ]
+    assert repr(events[-1]) == "AllBlocksCleared()"
+    assert describe(events[4]) == "evicted from the prefix cache: 4:01010101"
+    assert BlockAllocated(4, "r1") == BlockAllocated(4, "r1", prefix_hit=False) != BlockAllocated(4, "r1", True)
+    assert BlockAllocated(4, "r1") != BlockFreed(4, "r1")
+    assert len(set(events) | set(pickle.loads(pickle.dumps(events)))) == len(events)
+    with pytest.raises(AttributeError):
+        events[2].token_ids = ()
+    assert not any(gc.is_tracked(e) for e in events)
