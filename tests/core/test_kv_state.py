@@ -341,14 +341,14 @@ def test_tracker_keeps_the_last_arrivals_and_ignores_unknown_requests():
     assert rows[0]["finish_reason"] is None and math.isnan(rows[0]["ttft_s"])
 
 
-def test_make_block_state_builds_the_same_frozen_block():
-    from dataclasses import FrozenInstanceError
-
-    from workbench.core.kv_state import make_block_state
+def test_a_block_state_is_a_frozen_value():
+    import gc
+    import pickle
 
     for fields in ((3, 0, None, (), ()), (7, 2, b"h" * 32, (5, 6, 7), ("a", "b"))):
-        made, built = make_block_state(*fields), BlockState(*fields)
-        assert type(made) is BlockState and made == built and hash(made) == hash(built)
-        assert repr(made) == repr(built) and made.state == built.state
-        with pytest.raises(FrozenInstanceError):
-            made.ref_count = 9
+        built, again = BlockState(*fields), BlockState(*fields)
+        assert built == again and hash(built) == hash(again) and pickle.loads(pickle.dumps(built)) == built
+        assert repr(built).startswith(f"BlockState(block_id={fields[0]}, ref_count={fields[1]}, ")
+        assert not gc.is_tracked(built)
+        with pytest.raises(AttributeError):
+            built.ref_count = 9

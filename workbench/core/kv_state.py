@@ -12,6 +12,8 @@ import html
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from workbench.core.kv_events import (
     AllBlocksCleared,
     BlockAllocated,
@@ -52,10 +54,11 @@ def never_used_blocks(free_queue: Sequence[int], num_blocks: int) -> set[int]:
     return set(run) if list(free_queue[: len(run)]) == run else set()
 
 
-@dataclass(frozen=True, slots=True)
-class BlockState:
+class BlockState(msgspec.Struct, frozen=True, gc=False):
     """One block: ``owners`` are the request ids holding it, in the order they took it
-    (``ref_count == len(owners)``); ``block_hash`` is set while it is in the prefix cache."""
+    (``ref_count == len(owners)``); ``block_hash`` is set while it is in the prefix cache.
+    A frozen ``msgspec.Struct``, like the events that change it: a capture builds one per
+    block and a replay one per event, in C, untracked by the cycle collector."""
 
     block_id: int
     ref_count: int = 0
@@ -76,24 +79,6 @@ class BlockState:
         )
 
 
-_SET_ID, _SET_REF_COUNT, _SET_HASH, _SET_TOKENS, _SET_OWNERS = (  # BlockState's slot setters
-    BlockState.__dict__[name].__set__ for name in ("block_id", "ref_count", "block_hash", "token_ids", "owners"))
-
-
-def make_block_state(block_id: int, ref_count: int, block_hash: bytes | None,
-                     token_ids: tuple[int, ...], owners: tuple[str, ...]) -> BlockState:
-    """``BlockState(block_id, ref_count, block_hash, token_ids, owners)`` (all five given), an
-    equal object built in half the time: the slots are set directly, not through the frozen
-    dataclass's ``object.__setattr__`` per field (a capture builds one per block)."""
-    state = object.__new__(BlockState)
-    _SET_ID(state, block_id)
-    _SET_REF_COUNT(state, ref_count)
-    _SET_HASH(state, block_hash)
-    _SET_TOKENS(state, token_ids)
-    _SET_OWNERS(state, owners)
-    return state
-
-
 @dataclass(frozen=True)
 class KVState:
     """The pool at one moment. ``free_queue`` lists the free block ids, next evicted first;
@@ -112,7 +97,7 @@ class KVState:
     @classmethod
     def capture(cls, pool, tables: Mapping[str, Iterable[int]], block_size: int) -> KVState:
         """The state of a live :class:`~workbench.core.block_pool.BlockPool` and its tables."""
-        make = make_block_state  # a live block's token_ids are a tuple already
+        make = BlockState  # a live block's token_ids are a tuple already
         blocks = tuple([make(b.block_id, b.ref_count, b.block_hash, b.token_ids, tuple(b._owners))
                         for b in pool.blocks])
         kept = {rid: tuple(ids) for rid, ids in tables.items() if ids}
@@ -185,9 +170,8 @@ class KVState:
 class KVReplay:
     """Applies block events to a copy of a KVState; :meth:`freeze` may be called between runs.
 
-    Blocks stay immutable :class:`BlockState` objects: an event replaces the ones it touches
-    (built by :func:`make_block_state`), so frozen states share every block that did not
-    change. The free queue is an insertion-ordered dict (removal from anywhere and appending are O(1)). ``BlockWritten``
+    Blocks stay immutable :class:`BlockState` objects: an event replaces the ones it touches,
+    so frozen states share every block that did not change. The free queue is an insertion-ordered dict (removal from anywhere and appending are O(1)). ``BlockWritten``
     (one per decoding request per step, each overwriting its tail block's tokens) only notes
     the tokens; the block is rebuilt when another event reads it or at :meth:`freeze`.
     """
@@ -218,7 +202,7 @@ class KVReplay:
         block = self.blocks[b]
         tokens = self._written.pop(b, None)
         if tokens is not None:
-            block = self.blocks[b] = make_block_state(b, block.ref_count, block.block_hash, tokens, block.owners)
+            block = self.blocks[b] = BlockState(b, block.ref_count, block.block_hash, tokens, block.owners)
         return block
 
     def _allocated(self, event: BlockAllocated) -> None:
@@ -228,7 +212,7 @@ class KVReplay:
             del self.free[b]
         if not event.prefix_hit and block.block_hash is not None:
             raise ValueError(f"block {b} is allocated while still cached")
-        self.blocks[b] = make_block_state(
+        self.blocks[b] = BlockState(
             b, block.ref_count + 1, block.block_hash, block.token_ids if event.prefix_hit else (),
             block.owners + (rid,),
         )
@@ -240,7 +224,7 @@ class KVReplay:
         if rid not in block.owners:
             raise ValueError(f"{rid!r} does not own block {b}")
         ref = block.ref_count - 1
-        self.blocks[b] = make_block_state(
+        self.blocks[b] = BlockState(
             b, ref, block.block_hash, () if ref == 0 and block.block_hash is None else block.token_ids,
             tuple(o for o in block.owners if o != rid),
         )
@@ -255,7 +239,7 @@ class KVReplay:
         size, tokens = event.block_size, event.token_ids
         for i, (b, h) in enumerate(zip(event.block_ids, event.block_hashes, strict=True)):
             block = self._block(b)
-            self.blocks[b] = make_block_state(b, block.ref_count, h, tuple(tokens[i * size : (i + 1) * size]),
+            self.blocks[b] = BlockState(b, block.ref_count, h, tuple(tokens[i * size : (i + 1) * size]),
                                               block.owners)
 
     def _written(self, event: BlockWritten) -> None:
@@ -266,7 +250,7 @@ class KVReplay:
 
     def _uncache(self, b: int) -> None:
         block = self._block(b)
-        self.blocks[b] = make_block_state(b, block.ref_count, None, (), block.owners)
+        self.blocks[b] = BlockState(b, block.ref_count, None, (), block.owners)
 
     def _removed(self, event: BlockRemoved) -> None:
         (b,) = event.block_ids  # one event per evicted block
