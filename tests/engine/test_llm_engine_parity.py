@@ -56,7 +56,9 @@ def tiny():
     return path, model, prompts
 
 
-def test_embedded_model_matches_transformers_with_eos(tiny):
+@pytest.mark.parametrize("gemm", ["torch", "onednn"])  # the CPU linear paths (kernels/cpu_linear.py)
+def test_embedded_model_matches_transformers_with_eos(tiny, gemm, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CPU_GEMM", gemm)
     path, model, prompts = tiny
     engine = tight_engine(path)
     outs = generate(engine, prompts, SamplingParams(temperature=0, max_tokens=24))

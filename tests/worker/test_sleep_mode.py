@@ -65,6 +65,25 @@ def test_level_2_frees_both_and_reloads_the_checkpoint_waking_one_tag_at_a_time(
     assert generate(engine) == before
 
 
+@pytest.mark.parametrize("level", [1, 2])
+def test_sleep_frees_the_packed_weight_copies_and_waking_packs_the_weights_again(monkeypatch, level):
+    """With oneDNN's packed copies in use (kernels/cpu_linear.py): sleep frees them, and the
+    woken engine packs its weights again and generates the same tokens."""
+    monkeypatch.setenv("WORKBENCH_CPU_GEMM", "onednn")
+    engine = LLMEngine(device="cpu", block_size=8, num_kv_blocks=16, enable_sleep_mode=True)
+    def copies():
+        return [m.packed for m in engine.runner.model.modules() if getattr(m, "packed", None) is not None]
+
+    before = generate(engine)
+    held = copies()
+    assert held and all(c.nbytes > 0 for c in held)  # the prefill's rows took oneDNN
+    engine.sleep(level)
+    assert all(c.nbytes == 0 for c in held)
+    engine.wake_up()
+    assert generate(engine) == before
+    assert all(c.nbytes > 0 for c in copies())  # level 2's reload gives fresh copies
+
+
 def test_sleep_is_refused_with_requests_in_flight_and_nothing_is_lost(engine):
     engine.add_request("busy", "ROMEO:", GREEDY)
     engine.step()

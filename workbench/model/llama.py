@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.kernels import ops
+from workbench.kernels import cpu_linear, ops
 from workbench.model.attention import AttentionMetadata
 from workbench.model.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
 from workbench.model.rotary import build_cos_sin_cache
@@ -35,7 +35,8 @@ def _param(shape: tuple[int, ...], dtype: torch.dtype, device) -> nn.Parameter:
 
 
 class _Linear(nn.Module):
-    """y = x @ weight.T (+ bias); ``shards`` names the row blocks of a fused weight."""
+    """y = x @ weight.T (+ bias); ``shards`` names the row blocks of a fused weight. ``packed``:
+    the weight's oneDNN copy for several rows (:meth:`LlamaForCausalLM.pack_weights`) or None."""
 
     def __init__(self, in_features: int, shards: dict[str, int], bias: bool, dtype, device):
         super().__init__()
@@ -43,9 +44,10 @@ class _Linear(nn.Module):
         out_features = sum(shards.values())
         self.weight = _param((out_features, in_features), dtype, device)
         self.bias = _param((out_features,), dtype, device) if bias else None
+        self.packed: cpu_linear.PackedWeight | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return cpu_linear.linear(x, self.weight, self.bias, self.packed)
 
     def extra_repr(self) -> str:
         out_features, in_features = self.weight.shape
@@ -187,6 +189,7 @@ class LlamaForCausalLM(nn.Module):
                                 config.rope_scaling, device=device),
             persistent=False,
         )
+        self.lm_head_packed: cpu_linear.PackedWeight | None = None
 
     def forward(
         self,
@@ -211,7 +214,25 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> logits [N, vocab_size], float32."""
-        return F.linear(hidden, self.lm_head).float()
+        return cpu_linear.linear(hidden, self.lm_head, None, self.lm_head_packed).float()
+
+    def pack_weights(self) -> None:
+        """Give every projection and the LM head a (fresh) oneDNN copy for products of several
+        rows where :func:`workbench.kernels.cpu_linear.packable` (fp32 CPU weights), None
+        otherwise. A copy is made at the first product that takes it and follows the weight
+        (see :mod:`workbench.kernels.cpu_linear`); the loader calls this after every load."""
+        for linear in self.modules():
+            if isinstance(linear, _Linear):
+                linear.packed = cpu_linear.PackedWeight() if cpu_linear.packable(linear.weight) else None
+        self.lm_head_packed = cpu_linear.PackedWeight() if cpu_linear.packable(self.lm_head) else None
+
+    def release_packed_weights(self) -> None:
+        """Free the oneDNN copies (sleep mode); they are made again at the next use."""
+        for linear in self.modules():
+            if isinstance(linear, _Linear) and linear.packed is not None:
+                linear.packed.release()
+        if self.lm_head_packed is not None:
+            self.lm_head_packed.release()
 
     # ---- weights -------------------------------------------------------------------------
 

@@ -70,6 +70,7 @@ class SleepMode:
                 if level == 1:  # on a CPU engine: the very storage, kept aside
                     self._weights[name] = param.data.to("cpu")
                 param.data = torch.empty(0, dtype=param.dtype, device=device)
+        model.release_packed_weights()
         self.runner.kv_caches = []
         if device.type == "cuda":
             torch.cuda.empty_cache()
