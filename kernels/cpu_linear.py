@@ -1,20 +1,21 @@
-"""Linear layers on CPU tensors: several activation rows through oneDNN on a packed weight
-where that pays, one row through torch's ``F.linear``.
+"""Linear layers on CPU tensors: a product of several activation rows with a large weight
+through oneDNN on a packed copy of the weight where that pays, everything else through
+torch's ``F.linear``.
 
 Contract: ``F.linear(x, weight, bias)`` up to floating-point rounding (fp32; other dtypes and
 the batch-invariant mode always take ``F.linear``).
 
 Why: a speculative verify chunk (k + 1 rows), a small decode batch and a prefill multiply a
 few activation rows by every weight of the model. On the AMD EPYC this VM sometimes is, the
-SGEMM torch calls for 2 to ~64 rows costs 2-4x its 1-row product on the larger weights (MKL
-keeps its fast paths for Intel's CPUs), while oneDNN's JIT GEMM on a weight reordered once
-into its blocked layout costs little more at 5 rows than at 1, after a fixed ~12 us a call
-that loses on small weights (under :data:`MIN_ELEMENTS`, which keep ``F.linear``). On an
-Intel Xeon torch's SGEMM measured faster than oneDNN at 1 and 5 rows. So whether oneDNN is
-used at all is measured once per process and thread count (:func:`onednn_pays`, a wide
-margin so that it does not flip on noise); ``python -m workbench.kernels.cpu_linear`` prints
-the probe and the model's shapes. ``WORKBENCH_CPU_GEMM=torch|onednn`` pins it (default
-``auto``). One row always takes ``F.linear`` (MKL's GEMV beat oneDNN there on both CPUs).
+SGEMM torch calls costs 2-4x its 1-row product from 3-4 rows on (MKL keeps its fast paths
+for Intel's CPUs), while oneDNN's JIT GEMM on a weight reordered once into its blocked layout
+costs little more at 5 rows than at 1, after a fixed ~12 us a call. So oneDNN takes products
+of at least :data:`MIN_ROWS` rows with weights of at least :data:`MIN_ELEMENTS` elements.
+On an Intel Xeon torch's SGEMM measured faster than oneDNN at 1 and 5 rows, so whether
+oneDNN is used at all is measured once per process and thread count (:func:`onednn_pays`,
+with a wide margin so that it does not flip on noise); ``python -m
+workbench.kernels.cpu_linear`` prints the probe and the model's shapes, and
+``WORKBENCH_CPU_GEMM=torch|onednn`` pins the choice (default ``auto``).
 
 The packed copy (:class:`PackedWeight`) costs the weight's size again; it is made at the first
 product that takes oneDNN and made again whenever the weight's storage or version changes (a
@@ -37,8 +38,12 @@ from workbench.kernels import batch_invariant
 #: ``WORKBENCH_CPU_GEMM`` values: measure (auto), never oneDNN (torch), oneDNN (onednn).
 CHOICES = ("auto", "torch", "onednn")
 #: Smallest weight (elements) worth a packed copy: below it oneDNN's fixed cost per call (~12
-#: us on the EPYC) outweighs what it saves (a 192x192 weight lost at 5 rows; 384x192 tied).
-MIN_ELEMENTS = 1 << 16
+#: us on the EPYC) outweighs what it saves (in a step at 4-8 rows, 384x192 and 192x512 lost
+#: or tied; 1024x192 and 4096x192 won by 1.3-2.7x).
+MIN_ELEMENTS = 1 << 17
+#: Fewest rows that take oneDNN: torch's SGEMM reads the weight once for up to 2-3 rows (2
+#: rows in a step: F.linear 952 us against 1135 us for the embedded model's products).
+MIN_ROWS = 3
 #: The probe: a [PROBE_OUT, PROBE_IN] input-major weight (as the loader stores them, 4 MB:
 #: beyond a core's L2, as in a forward) times PROBE_ROWS rows, a speculative verify chunk.
 PROBE_OUT, PROBE_IN, PROBE_ROWS = 4096, 256, 5
@@ -126,9 +131,10 @@ class PackedWeight:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            packed: PackedWeight | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``; through ``packed`` when ``x`` is 2-D with several rows,
-    :func:`onednn_pays` and the batch-invariant mode (whose products are its own) is off."""
-    if (packed is None or x.dim() != 2 or x.shape[0] < 2 or batch_invariant.enabled()
+    """``F.linear(x, weight, bias)``; through ``packed`` when ``x`` is 2-D with at least
+    :data:`MIN_ROWS` rows, :func:`onednn_pays` and the batch-invariant mode (whose products
+    are its own) is off."""
+    if (packed is None or x.dim() != 2 or x.shape[0] < MIN_ROWS or batch_invariant.enabled()
             or not onednn_pays()):
         return F.linear(x, weight, bias)
     return _onednn(x, packed.of(weight), bias)
@@ -150,7 +156,11 @@ def main(argv: list[str] | None = None) -> None:
                                      description="F.linear against oneDNN on a packed weight, per row count.")
     parser.add_argument("--shape", nargs="+", default=["192x192", "384x192", "192x512", "1024x192", "4096x192"],
                         help="weight shapes OUTxIN (default: the embedded model's)")
-    shapes = [tuple(int(v) for v in s.split("x")) for s in parser.parse_args(argv).shape]
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shape]
     torch_s, onednn_s = probe()
     print(f"torch threads: {torch.get_num_threads()}, WORKBENCH_CPU_GEMM={choice()}; probe "
           f"({PROBE_OUT}x{PROBE_IN}, {PROBE_ROWS} rows): F.linear {torch_s * 1e6:.1f} us, oneDNN "
@@ -158,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
           f"several rows take {'oneDNN' if onednn_pays() else 'F.linear'} on weights of >= {MIN_ELEMENTS} elements")
     print(f"{'weight':>10} {'rows':>5} {'F.linear us':>12} {'oneDNN us':>10} {'ratio':>6}")
     for out_features, in_features in shapes:
-        for rows in (1, 2, 5, 8, 16, 64):
+        for rows in (1, 2, 3, 4, 5, 8, 16, 64):
             torch_s, onednn_s = _cold(out_features, in_features, rows)
             print(f"{out_features:>5}x{in_features:<4} {rows:>5} {torch_s * 1e6:>12.1f} {onednn_s * 1e6:>10.1f}"
                   f" {torch_s / onednn_s:>6.2f}")

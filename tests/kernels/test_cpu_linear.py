@@ -16,19 +16,19 @@ def onednn(monkeypatch):
     monkeypatch.setenv("WORKBENCH_CPU_GEMM", "onednn")
 
 
-def _weight(out_features=512, in_features=192, seed=0):
+def _weight(out_features=1024, in_features=192, seed=0):
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(out_features, in_features, generator=gen).t().contiguous().t()  # input-major
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 64])
 def test_linear_equals_f_linear_at_every_row_count(onednn, rows):
-    weight, bias = _weight(), torch.randn(512)
+    weight, bias = _weight(), torch.randn(1024)
     x = torch.randn(rows, 192, generator=torch.Generator().manual_seed(1))
     packed = cpu_linear.PackedWeight()
     for b in (None, bias):
         torch.testing.assert_close(cpu_linear.linear(x, weight, b, packed), F.linear(x, weight, b))
-    assert (packed.nbytes > 0) == (rows > 1)  # one row never packs
+    assert (packed.nbytes > 0) == (rows >= cpu_linear.MIN_ROWS)  # 1-2 rows never pack
 
 
 def test_the_copy_follows_its_weight(onednn):
@@ -73,10 +73,10 @@ def test_the_environment_pins_the_choice_and_a_bad_value_names_the_variable(monk
 
 
 def test_only_large_fp32_cpu_weights_are_packable():
-    assert cpu_linear.packable(_weight(512, 192))
-    assert not cpu_linear.packable(_weight(192, 192))  # under MIN_ELEMENTS: oneDNN's call cost
-    assert not cpu_linear.packable(_weight(512, 192).half())
-    assert not cpu_linear.packable(torch.randn(1 << 17))
+    assert cpu_linear.packable(_weight(1024, 192))
+    assert not cpu_linear.packable(_weight(384, 192))  # under MIN_ELEMENTS: oneDNN's call cost
+    assert not cpu_linear.packable(_weight(1024, 192).half())
+    assert not cpu_linear.packable(torch.randn(1 << 18))
 
 
 def test_the_loaded_model_packs_its_large_weights():
@@ -85,9 +85,8 @@ def test_the_loaded_model_packs_its_large_weights():
 
     model = load_model(ModelConfig.from_pretrained(default_model_path()), device="cpu")
     attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
-    assert attn.o_proj.packed is None  # 192 x 192
-    assert all(p is not None for p in (attn.qkv_proj.packed, mlp.gate_up_proj.packed,
-                                       mlp.down_proj.packed, model.lm_head_packed))
+    assert attn.qkv_proj.packed is attn.o_proj.packed is mlp.down_proj.packed is None  # small
+    assert mlp.gate_up_proj.packed is not None and model.lm_head_packed is not None
 
 
 @pytest.mark.parametrize("speculative", [False, True])
