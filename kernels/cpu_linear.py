@@ -47,7 +47,7 @@ MIN_ROWS = 3
 #: The probe: a [PROBE_OUT, PROBE_IN] input-major weight (as the loader stores them, 4 MB:
 #: beyond a core's L2, as in a forward) times PROBE_ROWS rows, a speculative verify chunk.
 PROBE_OUT, PROBE_IN, PROBE_ROWS = 4096, 256, 5
-#: ``auto`` takes oneDNN only where it is this many times faster in the probe (2.3-3.0x on
+#: ``auto`` takes oneDNN only where it is this many times faster in the probe (2.2-3.2x on
 #: the EPYC): a CPU near the line keeps torch's path, so the choice does not flip on noise.
 MARGIN = 1.5
 
@@ -94,7 +94,7 @@ def onednn_pays() -> bool:
 
 @functools.cache
 def _decide(value: str, num_threads: int) -> bool:
-    if value != "auto":
+    if value != "auto" or not torch.backends.mkldnn.is_available():
         return value == "onednn"
     torch_s, onednn_s = probe()
     return onednn_s * MARGIN < torch_s
@@ -138,6 +138,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             or not onednn_pays()):
         return F.linear(x, weight, bias)
     return _onednn(x, packed.of(weight), bias)
+
+
+def describe() -> str:
+    """This process's CPU linear path in a few words (benchmark headers)."""
+    if not onednn_pays():
+        return "F.linear"
+    return f"oneDNN from {MIN_ROWS} rows on weights of >= {MIN_ELEMENTS} elements, else F.linear"
 
 
 def packable(weight: torch.Tensor) -> bool:

@@ -124,3 +124,7 @@ def test_spec_pair_alternates_both_engines_in_one_process_and_reports_medians():
         assert r.total_s == pytest.approx(sorted(r.details["runs_s"])[1], abs=1e-4)
     assert rounds == pytest.approx([a / b for a, b in zip(off.details["runs_s"], on.details["runs_s"])],
                                    rel=1e-2)
+    from workbench.kernels import cpu_linear  # the header names the CPU linear path taken
+
+    assert off.details["linear"] == on.details["linear"] == cpu_linear.describe()
+    assert off.details["linear"].startswith("oneDNN" if cpu_linear.onednn_pays() else "F.linear")

@@ -66,7 +66,9 @@ def test_the_environment_pins_the_choice_and_a_bad_value_names_the_variable(monk
     monkeypatch.setenv("WORKBENCH_CPU_GEMM", "torch")
     packed, weight = cpu_linear.PackedWeight(), _weight()
     cpu_linear.linear(torch.randn(5, 192), weight, None, packed)
-    assert packed.nbytes == 0
+    assert packed.nbytes == 0 and cpu_linear.describe() == "F.linear"
+    monkeypatch.setenv("WORKBENCH_CPU_GEMM", "onednn")
+    assert cpu_linear.describe().startswith(f"oneDNN from {cpu_linear.MIN_ROWS} rows")
     monkeypatch.setenv("WORKBENCH_CPU_GEMM", "fastest")
     with pytest.raises(ValueError, match="WORKBENCH_CPU_GEMM must be one of"):
         cpu_linear.onednn_pays()
