@@ -116,6 +116,15 @@ class PackedWeight:
             self._packed, self._key = _pack(weight), key
         return self._packed
 
+    def __deepcopy__(self, memo) -> PackedWeight:
+        """An engine fork's own cache over the same packed tensor, as forks share the weights
+        (``workbench.engine.fork``): the tensor is never written (a repack makes a new one),
+        and releasing or repacking one cache leaves the other as it was. (oneDNN's opaque
+        tensor cannot be deep-copied.)"""
+        twin = PackedWeight()
+        twin._key, twin._packed = self._key, self._packed
+        return twin
+
     def release(self) -> None:
         """Free the copy (sleep mode); the next product that takes oneDNN packs again."""
         self._key = self._packed = None

@@ -45,6 +45,20 @@ def test_the_copy_follows_its_weight(onednn):
     torch.testing.assert_close(cpu_linear.linear(x, weight, None, packed), F.linear(x, weight))
 
 
+def test_a_deep_copy_shares_the_packed_tensor_and_releases_on_its_own(onednn):
+    """What an engine fork does to the model's modules (workbench/engine/fork.py)."""
+    import copy
+
+    weight, x = _weight(), torch.randn(5, 192)
+    packed = cpu_linear.PackedWeight()
+    cpu_linear.linear(x, weight, None, packed)
+    twin = copy.deepcopy(packed)
+    assert twin.of(weight) is packed.of(weight)
+    twin.release()
+    assert twin.nbytes == 0 and packed.nbytes > 0
+    torch.testing.assert_close(cpu_linear.linear(x, weight, None, twin), F.linear(x, weight))
+
+
 def test_the_batch_invariant_mode_keeps_its_own_products(onednn):
     weight, x = _weight(), torch.randn(5, 192)
     packed = cpu_linear.PackedWeight()
