@@ -217,10 +217,11 @@ class LlamaForCausalLM(nn.Module):
         return cpu_linear.linear(hidden, self.lm_head, None, self.lm_head_packed).float()
 
     def pack_weights(self) -> None:
-        """Give every projection and the LM head a (fresh) oneDNN copy for products of several
-        rows where :func:`workbench.kernels.cpu_linear.packable` (fp32 CPU weights), None
-        otherwise. A copy is made at the first product that takes it and follows the weight
-        (see :mod:`workbench.kernels.cpu_linear`); the loader calls this after every load."""
+        """Give every projection and the LM head a fresh oneDNN copy for products of several
+        rows where :func:`workbench.kernels.cpu_linear.packable` allows one (large fp32 CPU
+        weights), None otherwise. A copy is made at the first product that takes it and then
+        follows the weight (:mod:`workbench.kernels.cpu_linear`); the loader calls this after
+        every load."""
         for linear in self.modules():
             if isinstance(linear, _Linear):
                 linear.packed = cpu_linear.PackedWeight() if cpu_linear.packable(linear.weight) else None

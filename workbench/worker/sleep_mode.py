@@ -6,7 +6,8 @@
   the checkpoint into the model's own parameters (``load_format`` and ``seed`` as the runner
   was built; a LoRA-wrapped model too).
 
-Asleep, every parameter of the model holds an empty tensor and ``runner.kv_caches`` is empty;
+Asleep, every parameter of the model holds an empty tensor (and its oneDNN copies,
+``kernels/cpu_linear.py``, are freed) and ``runner.kv_caches`` is empty;
 the model's buffers (rotary tables) are kept on the CPU at both levels and put back with the
 weights. ``wake_up(tags)`` wakes "weights", "kv_cache" or both (None), in any order; the runner
 is awake once neither is asleep. The KV cache comes back zeroed: its contents are forgotten.
