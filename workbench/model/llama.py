@@ -222,10 +222,15 @@ class LlamaForCausalLM(nn.Module):
         weights), None otherwise. A copy is made at the first product that takes it and then
         follows the weight (:mod:`workbench.kernels.cpu_linear`); the loader calls this after
         every load."""
-        for linear in self.modules():
-            if isinstance(linear, _Linear):
-                linear.packed = cpu_linear.PackedWeight() if cpu_linear.packable(linear.weight) else None
-        self.lm_head_packed = cpu_linear.PackedWeight() if cpu_linear.packable(self.lm_head) else None
+        def copy_for(weight: torch.Tensor) -> cpu_linear.PackedWeight | None:
+            return cpu_linear.PackedWeight() if cpu_linear.packable(weight) else None
+
+        linears = [m for m in self.modules() if isinstance(m, _Linear)]
+        for linear in linears:
+            linear.packed = copy_for(linear.weight)
+        self.lm_head_packed = copy_for(self.lm_head)
+        if self.lm_head_packed is not None or any(linear.packed is not None for linear in linears):
+            cpu_linear.onednn_pays()  # the probe runs now (once per process), not in a first step
 
     def release_packed_weights(self) -> None:
         """Free the oneDNN copies (sleep mode); they are made again at the next use."""
