@@ -47,7 +47,7 @@ MIN_ROWS = 3
 #: The probe: a [PROBE_OUT, PROBE_IN] input-major weight (as the loader stores them, 4 MB:
 #: beyond a core's L2, as in a forward) times PROBE_ROWS rows, a speculative verify chunk.
 PROBE_OUT, PROBE_IN, PROBE_ROWS = 4096, 256, 5
-#: ``auto`` takes oneDNN only where it is this many times faster in the probe (2.2-3.2x on
+#: ``auto`` takes oneDNN only where it is this many times faster in the probe (1.9-3.2x on
 #: the EPYC): a CPU near the line keeps torch's path, so the choice does not flip on noise.
 MARGIN = 1.5
 
@@ -61,17 +61,21 @@ def _onednn(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) ->
 
 
 def probe(out_features: int = PROBE_OUT, in_features: int = PROBE_IN, rows: int = PROBE_ROWS,
-          rounds: int = 20) -> tuple[float, float]:
+          rounds: int = 20, copies: int = 1) -> tuple[float, float]:
     """Median seconds of ``F.linear`` and of the packed oneDNN product for a random
     input-major ``[out_features, in_features]`` weight times ``rows`` rows, ``rounds`` runs
-    each, interleaved so that both see the same cache and load."""
+    each, interleaved so that both see the same cache and load; with ``copies`` > 1 each run
+    takes the next of that many copies of the weight (cold, as in a forward)."""
     gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(out_features, in_features, generator=gen).t().contiguous().t()
+    weights = [torch.randn(out_features, in_features, generator=gen).t().contiguous().t()
+               for _ in range(copies)]
+    packed = [_pack(w) for w in weights]
     x = torch.randn(rows, in_features, generator=gen)
-    packed = _pack(weight)
     times: list[list[float]] = [[], []]
-    for _ in range(rounds):
-        for took, run in zip(times, (lambda: F.linear(x, weight), lambda: _onednn(x, packed, None))):
+    for i in range(rounds):
+        runs = (lambda: F.linear(x, weights[i % copies]),
+                lambda: _onednn(x, packed[(i + copies // 2) % copies], None))
+        for took, run in zip(times, runs):
             start = time.perf_counter()
             run()
             took.append(time.perf_counter() - start)
@@ -141,8 +145,8 @@ class PackedWeight:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            packed: PackedWeight | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``; through ``packed`` when ``x`` is 2-D with at least
-    :data:`MIN_ROWS` rows, :func:`onednn_pays` and the batch-invariant mode (whose products
-    are its own) is off."""
+    :data:`MIN_ROWS` rows, :func:`onednn_pays` says so, and the batch-invariant mode (whose
+    products are its own) is off."""
     if (packed is None or x.dim() != 2 or x.shape[0] < MIN_ROWS or batch_invariant.enabled()
             or not onednn_pays()):
         return F.linear(x, weight, bias)
@@ -184,28 +188,11 @@ def main(argv: list[str] | None = None) -> None:
           f"several rows take {'oneDNN' if onednn_pays() else 'F.linear'} on weights of >= {MIN_ELEMENTS} elements")
     print(f"{'weight':>10} {'rows':>5} {'F.linear us':>12} {'oneDNN us':>10} {'ratio':>6}")
     for out_features, in_features in shapes:
+        copies = max(1, min(64, (16 << 20) // (out_features * in_features * 4)))  # 16 MB of them
         for rows in (1, 2, 3, 4, 5, 8, 16, 64):
-            torch_s, onednn_s = _cold(out_features, in_features, rows)
+            torch_s, onednn_s = probe(out_features, in_features, rows, rounds=30, copies=copies)
             print(f"{out_features:>5}x{in_features:<4} {rows:>5} {torch_s * 1e6:>12.1f} {onednn_s * 1e6:>10.1f}"
                   f" {torch_s / onednn_s:>6.2f}")
-
-
-def _cold(out_features: int, in_features: int, rows: int, rounds: int = 30) -> tuple[float, float]:
-    """:func:`probe`'s medians with the weight one of enough copies to fill 16 MB, a different
-    one each run (so it comes from L3 or memory, not the L2)."""
-    gen = torch.Generator().manual_seed(0)
-    copies = max(1, min(64, (16 << 20) // (out_features * in_features * 4)))
-    weights = [torch.randn(out_features, in_features, generator=gen).t().contiguous().t() for _ in range(copies)]
-    packed = [_pack(w) for w in weights]
-    x = torch.randn(rows, in_features, generator=gen)
-    times: list[list[float]] = [[], []]
-    for i in range(rounds):
-        runs = (lambda: F.linear(x, weights[i % copies]), lambda: _onednn(x, packed[(i + copies // 2) % copies], None))
-        for took, run in zip(times, runs):
-            start = time.perf_counter()
-            run()
-            took.append(time.perf_counter() - start)
-    return sorted(times[0])[rounds // 2], sorted(times[1])[rounds // 2]
 
 
 if __name__ == "__main__":
