@@ -1,27 +1,35 @@
-"""Linear layers on CPU tensors: a product of several activation rows with a large weight
-through oneDNN on a packed copy of the weight where that pays, everything else through
-torch's ``F.linear``.
+"""Linear layers on CPU tensors: a few activation rows through the few-rows kernel, several
+rows with a large weight through oneDNN on a packed copy of the weight, each where that pays,
+everything else through torch's ``F.linear``.
 
 Contract: ``F.linear(x, weight, bias)`` up to floating-point rounding (fp32; other dtypes and
 the batch-invariant mode always take ``F.linear``).
 
-Why: a speculative verify chunk (k + 1 rows), a small decode batch and a prefill multiply a
-few activation rows by every weight of the model. On the AMD EPYC this VM sometimes is, the
-SGEMM torch calls costs 2-4x its 1-row product from 3-4 rows on (MKL keeps its fast paths
-for Intel's CPUs), while oneDNN's JIT GEMM on a weight reordered once into its blocked layout
-costs little more at 5 rows than at 1, after a fixed ~12 us a call. So oneDNN takes products
-of at least :data:`MIN_ROWS` rows with weights of at least :data:`MIN_ELEMENTS` elements.
-On an Intel Xeon torch's SGEMM measured faster than oneDNN at 1 and 5 rows, so whether
-oneDNN is used at all is measured once per process and thread count (:func:`onednn_pays`,
-with a wide margin so that it does not flip on noise); ``python -m
-workbench.kernels.cpu_linear`` prints the probe and the model's shapes, and
-``WORKBENCH_CPU_GEMM=torch|onednn`` pins the choice (default ``auto``).
+Why: a decode step, a speculative verify chunk (k + 1 rows) and a prefill multiply a few or
+many activation rows by every weight of the model. On the AMD EPYC this VM sometimes is, the
+SGEMM torch calls costs 2-4x its 1-row product from 3-4 rows on (MKL keeps its fast paths for
+Intel's CPUs). Two remedies, each measured once per process and thread count by a probe with
+a wide margin (so that the choice does not flip on noise):
+
+* **Few rows** (1 to :data:`~workbench.kernels.cpu_few_rows.MAX_ROWS`): the numba kernel of
+  :mod:`workbench.kernels.cpu_few_rows` reads an output-major weight once for all the rows
+  (:func:`few_rows_pays`). Where it pays the loader keeps the checkpoint's output-major layout
+  (:mod:`workbench.model.weight_layout`); elsewhere it stores weights input-major for MKL.
+* **Several rows with a large weight** (at least :data:`MIN_ROWS` rows, at least
+  :data:`MIN_ELEMENTS` elements, past the few-rows kernel where that runs): oneDNN's JIT GEMM
+  on a weight reordered once into its blocked layout costs little more at 5 rows than at 1,
+  after a fixed ~12 us a call (:func:`onednn_pays`).
+
+On an Intel Xeon torch's SGEMM measured faster than oneDNN at 1 and 5 rows, so either remedy
+is taken only where its probe says so; ``python -m workbench.kernels.cpu_linear`` prints the
+probes and the model's shapes, and ``WORKBENCH_CPU_GEMM=torch|onednn|numba`` pins the choice
+(default ``auto``).
 
 The packed copy (:class:`PackedWeight`) costs the weight's size again; it is made at the first
 product that takes oneDNN and made again whenever the weight's storage or version changes (a
 reload, sleep and wake-up, an in-place edit under ``torch.no_grad``). A write through
 ``.data`` changes neither: whoever writes weights that way calls the model's
-``pack_weights()`` again (the loader does).
+``pack_weights()`` again (the loader does). The few-rows kernel reads the weight itself.
 """
 
 from __future__ import annotations
@@ -33,10 +41,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from workbench.kernels import batch_invariant
+from workbench.kernels import batch_invariant, cpu_few_rows
 
-#: ``WORKBENCH_CPU_GEMM`` values: measure (auto), never oneDNN (torch), oneDNN (onednn).
-CHOICES = ("auto", "torch", "onednn")
+#: ``WORKBENCH_CPU_GEMM`` values: measure both remedies (auto), neither (torch), only oneDNN
+#: (onednn), only the few-rows kernel (numba).
+CHOICES = ("auto", "torch", "onednn", "numba")
 #: Smallest weight (elements) worth a packed copy: below it oneDNN's fixed cost per call (~12
 #: us on the EPYC) outweighs what it saves (in a step at 4-8 rows, 384x192 and 192x512 lost
 #: or tied; 1024x192 and 4096x192 won by 1.3-2.7x).
@@ -44,11 +53,17 @@ MIN_ELEMENTS = 1 << 17
 #: Fewest rows that take oneDNN: torch's SGEMM reads the weight once for up to 2-3 rows (2
 #: rows in a step: F.linear 952 us against 1135 us for the embedded model's products).
 MIN_ROWS = 3
-#: The probe: a [PROBE_OUT, PROBE_IN] input-major weight (as the loader stores them, 4 MB:
-#: beyond a core's L2, as in a forward) times PROBE_ROWS rows, a speculative verify chunk.
+#: oneDNN's probe: a [PROBE_OUT, PROBE_IN] input-major weight (as the loader stores them
+#: without the few-rows kernel, 4 MB: beyond a core's L2, as in a forward) times PROBE_ROWS
+#: rows, a speculative verify chunk.
 PROBE_OUT, PROBE_IN, PROBE_ROWS = 4096, 256, 5
-#: ``auto`` takes oneDNN only where it is this many times faster in the probe (1.9-3.2x on
-#: the EPYC): a CPU near the line keeps torch's path, so the choice does not flip on noise.
+#: The few-rows kernel's probe: a [FEW_OUT, FEW_IN] weight (1 MB, cycled through 16 MB of
+#: copies: cold, as in a forward) at each of FEW_ROWS rows (a decode, a verify chunk).
+FEW_OUT, FEW_IN, FEW_ROWS = 1024, 256, (1, 5)
+#: ``auto`` takes a remedy only where it is this many times faster than ``F.linear`` in its
+#: probe (oneDNN: 1.9-3.2x on the EPYC; the few-rows kernel: 1.7-2x there, 1.3-2x at one row
+#: and 2.5-4x at five): a CPU near the line keeps torch's path, so the choice does not flip
+#: on noise.
 MARGIN = 1.5
 
 
@@ -61,25 +76,28 @@ def _onednn(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) ->
 
 
 def probe(out_features: int = PROBE_OUT, in_features: int = PROBE_IN, rows: int = PROBE_ROWS,
-          rounds: int = 20, copies: int = 1) -> tuple[float, float]:
-    """Median seconds of ``F.linear`` and of the packed oneDNN product for a random
-    input-major ``[out_features, in_features]`` weight times ``rows`` rows, ``rounds`` runs
-    each, interleaved so that both see the same cache and load; with ``copies`` > 1 each run
-    takes the next of that many copies of the weight (cold, as in a forward)."""
+          rounds: int = 20, copies: int = 1) -> dict[str, float]:
+    """Median seconds of each path for a random ``[out_features, in_features]`` weight times
+    ``rows`` rows, ``rounds`` runs each, interleaved so that all see the same cache and load:
+    ``"F.linear"`` (on the weight stored input-major), ``"oneDNN"`` (on its packed copy) and,
+    where numba imports and the rows are few enough, ``"few-rows"`` (on it output-major). With
+    ``copies`` > 1 each run takes the next of that many copies of the weight (cold, as in a
+    forward)."""
     gen = torch.Generator().manual_seed(0)
-    weights = [torch.randn(out_features, in_features, generator=gen).t().contiguous().t()
-               for _ in range(copies)]
-    packed = [_pack(w) for w in weights]
+    weights = [torch.randn(out_features, in_features, generator=gen) for _ in range(copies)]
+    input_major = [w.t().contiguous().t() for w in weights]
+    packed = [_pack(w) for w in input_major]
     x = torch.randn(rows, in_features, generator=gen)
-    times: list[list[float]] = [[], []]
+    runs = {"F.linear": lambda i: F.linear(x, input_major[i]), "oneDNN": lambda i: _onednn(x, packed[i], None)}
+    if cpu_few_rows.available() and cpu_few_rows.eligible(x, weights[0]):
+        runs["few-rows"] = lambda i: cpu_few_rows.linear(x, weights[i])
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for i in range(rounds):
-        runs = (lambda: F.linear(x, weights[i % copies]),
-                lambda: _onednn(x, packed[(i + copies // 2) % copies], None))
-        for took, run in zip(times, runs):
+        for offset, (name, run) in enumerate(runs.items()):
             start = time.perf_counter()
-            run()
-            took.append(time.perf_counter() - start)
-    return sorted(times[0])[rounds // 2], sorted(times[1])[rounds // 2]
+            run((i + offset * copies // len(runs)) % copies)
+            times[name].append(time.perf_counter() - start)
+    return {name: sorted(took)[rounds // 2] for name, took in times.items()}
 
 
 def choice() -> str:
@@ -90,18 +108,39 @@ def choice() -> str:
     return value
 
 
-def onednn_pays() -> bool:
-    """Whether products of several rows with a packable weight take oneDNN in this process:
-    :func:`probe`'d once per thread count under ``auto``."""
-    return _decide(choice(), torch.get_num_threads())
+def few_rows_pays() -> bool:
+    """Whether products of 1 to ``cpu_few_rows.MAX_ROWS`` rows take the few-rows kernel in this
+    process (where the weight is output-major); always under ``numba`` where numba imports.
+    Under ``auto`` it is :func:`probe`'d once per thread count at a decode's and a verify
+    chunk's rows (:data:`FEW_ROWS`): the kernel must be no slower for the decode and
+    :data:`MARGIN` times faster for the two together."""
+    return _decide_few_rows(choice(), torch.get_num_threads())
 
 
 @functools.cache
-def _decide(value: str, num_threads: int) -> bool:
+def _decide_few_rows(value: str, num_threads: int) -> bool:
+    if value not in ("auto", "numba") or not cpu_few_rows.available():
+        return False
+    if value == "numba":
+        return True
+    copies = (16 << 20) // (FEW_OUT * FEW_IN * 4)
+    decode, verify = (probe(FEW_OUT, FEW_IN, rows, copies=copies) for rows in FEW_ROWS)
+    return (decode["few-rows"] <= decode["F.linear"]
+            and (decode["few-rows"] + verify["few-rows"]) * MARGIN < decode["F.linear"] + verify["F.linear"])
+
+
+def onednn_pays() -> bool:
+    """Whether products of several rows with a packable weight take oneDNN in this process:
+    :func:`probe`'d once per thread count under ``auto``; always under ``onednn``."""
+    return _decide_onednn(choice(), torch.get_num_threads())
+
+
+@functools.cache
+def _decide_onednn(value: str, num_threads: int) -> bool:
     if value != "auto" or not torch.backends.mkldnn.is_available():
         return value == "onednn"
-    torch_s, onednn_s = probe()
-    return onednn_s * MARGIN < torch_s
+    result = probe()
+    return result["oneDNN"] * MARGIN < result["F.linear"]
 
 
 class PackedWeight:
@@ -144,20 +183,27 @@ class PackedWeight:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            packed: PackedWeight | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``; through ``packed`` when ``x`` is 2-D with at least
-    :data:`MIN_ROWS` rows, :func:`onednn_pays` says so, and the batch-invariant mode (whose
-    products are its own) is off."""
-    if (packed is None or x.dim() != 2 or x.shape[0] < MIN_ROWS or batch_invariant.enabled()
-            or not onednn_pays()):
+    """``F.linear(x, weight, bias)``, outside the batch-invariant mode (whose products are its
+    own) through the few-rows kernel where :func:`few_rows_pays` and the kernel takes ``x`` and
+    ``weight`` (output-major), else through ``packed`` when ``x`` is 2-D with at least
+    :data:`MIN_ROWS` rows and :func:`onednn_pays` says so."""
+    if batch_invariant.enabled():
+        return F.linear(x, weight, bias)
+    if cpu_few_rows.eligible(x, weight) and few_rows_pays():
+        return cpu_few_rows.linear(x, weight, bias)
+    if packed is None or x.dim() != 2 or x.shape[0] < MIN_ROWS or not onednn_pays():
         return F.linear(x, weight, bias)
     return _onednn(x, packed.of(weight), bias)
 
 
 def describe() -> str:
     """This process's CPU linear path in a few words (benchmark headers)."""
-    if not onednn_pays():
-        return "F.linear"
-    return f"oneDNN from {MIN_ROWS} rows on weights of >= {MIN_ELEMENTS} elements, else F.linear"
+    paths = []
+    if few_rows_pays():
+        paths.append(f"the few-rows kernel up to {cpu_few_rows.MAX_ROWS} rows")
+    if onednn_pays():
+        paths.append(f"oneDNN from {MIN_ROWS} rows on weights of >= {MIN_ELEMENTS} elements")
+    return ", ".join(paths + ["else F.linear"]) if paths else "F.linear"
 
 
 def packable(weight: torch.Tensor) -> bool:
@@ -168,12 +214,13 @@ def packable(weight: torch.Tensor) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Print the probe's two products for the embedded model's weight shapes (or ``--shape``),
-    cold (the weight cycled with copies past the L2, as in a forward), and this process's choice."""
+    """Print the probes, this process's choices, and every path's product for the embedded
+    model's weight shapes (or ``--shape``), cold (the weight cycled with copies past the L2, as
+    in a forward)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m workbench.kernels.cpu_linear",
-                                     description="F.linear against oneDNN on a packed weight, per row count.")
+                                     description="F.linear, oneDNN on a packed weight and the few-rows kernel, per row count.")
     parser.add_argument("--shape", nargs="+", default=["192x192", "384x192", "192x512", "1024x192", "4096x192"],
                         help="weight shapes OUTxIN (default: the embedded model's)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -181,18 +228,26 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shape]
-    torch_s, onednn_s = probe()
-    print(f"torch threads: {torch.get_num_threads()}, WORKBENCH_CPU_GEMM={choice()}; probe "
-          f"({PROBE_OUT}x{PROBE_IN}, {PROBE_ROWS} rows): F.linear {torch_s * 1e6:.1f} us, oneDNN "
-          f"{onednn_s * 1e6:.1f} us ({torch_s / onednn_s:.2f}x; oneDNN is taken from {MARGIN}x): "
-          f"several rows take {'oneDNN' if onednn_pays() else 'F.linear'} on weights of >= {MIN_ELEMENTS} elements")
-    print(f"{'weight':>10} {'rows':>5} {'F.linear us':>12} {'oneDNN us':>10} {'ratio':>6}")
+    print(f"torch threads: {torch.get_num_threads()}, WORKBENCH_CPU_GEMM={choice()}, numba "
+          f"{'imports' if cpu_few_rows.available() else 'does not import'}; a remedy is taken from {MARGIN}x "
+          f"faster than F.linear (the few-rows kernel: over its probes together)")
+    for name, (out_features, in_features, rows_list, copies) in {
+            "oneDNN": (PROBE_OUT, PROBE_IN, (PROBE_ROWS,), 1),
+            "few-rows": (FEW_OUT, FEW_IN, FEW_ROWS, (16 << 20) // (FEW_OUT * FEW_IN * 4))}.items():
+        for rows in rows_list:
+            result = probe(out_features, in_features, rows, copies=copies)
+            if name in result:
+                print(f"probe {out_features}x{in_features} at {rows} rows: F.linear {result['F.linear'] * 1e6:.1f} us, "
+                      f"{name} {result[name] * 1e6:.1f} us ({result['F.linear'] / result[name]:.2f}x)")
+    print(f"this process: {describe()}")
+    print(f"{'weight':>10} {'rows':>5} {'F.linear us':>12} {'oneDNN us':>10} {'few-rows us':>12}")
     for out_features, in_features in shapes:
         copies = max(1, min(64, (16 << 20) // (out_features * in_features * 4)))  # 16 MB of them
         for rows in (1, 2, 3, 4, 5, 8, 16, 64):
-            torch_s, onednn_s = probe(out_features, in_features, rows, rounds=30, copies=copies)
-            print(f"{out_features:>5}x{in_features:<4} {rows:>5} {torch_s * 1e6:>12.1f} {onednn_s * 1e6:>10.1f}"
-                  f" {torch_s / onednn_s:>6.2f}")
+            result = probe(out_features, in_features, rows, rounds=30, copies=copies)
+            few = f"{result['few-rows'] * 1e6:>12.1f}" if "few-rows" in result else f"{'-':>12}"
+            print(f"{out_features:>5}x{in_features:<4} {rows:>5} {result['F.linear'] * 1e6:>12.1f}"
+                  f" {result['oneDNN'] * 1e6:>10.1f} {few}")
 
 
 if __name__ == "__main__":

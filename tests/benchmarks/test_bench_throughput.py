@@ -127,4 +127,5 @@ def test_spec_pair_alternates_both_engines_in_one_process_and_reports_medians():
     from workbench.kernels import cpu_linear  # the header names the CPU linear path taken
 
     assert off.details["linear"] == on.details["linear"] == cpu_linear.describe()
-    assert off.details["linear"].startswith("oneDNN" if cpu_linear.onednn_pays() else "F.linear")
+    assert off.details["linear"].startswith("the few-rows kernel" if cpu_linear.few_rows_pays()
+                                            else "oneDNN" if cpu_linear.onednn_pays() else "F.linear")

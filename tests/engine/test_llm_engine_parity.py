@@ -56,7 +56,7 @@ def tiny():
     return path, model, prompts
 
 
-@pytest.mark.parametrize("gemm", ["torch", "onednn"])  # the CPU linear paths (kernels/cpu_linear.py)
+@pytest.mark.parametrize("gemm", ["torch", "onednn", "numba"])  # the CPU linear paths (kernels/cpu_linear.py)
 def test_embedded_model_matches_transformers_with_eos(tiny, gemm, monkeypatch):
     monkeypatch.setenv("WORKBENCH_CPU_GEMM", gemm)
     path, model, prompts = tiny

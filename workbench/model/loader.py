@@ -160,15 +160,16 @@ def iterate_safetensors(path: pathlib.Path) -> Iterator[tuple[str, torch.Tensor]
 
 def load_weights(model: LlamaForCausalLM, model_config: ModelConfig, *, load_format: str, seed: int) -> None:
     """Fill ``model``'s parameters (allocated at their shapes) as :func:`load_model` does, then
-    store its CPU weights input-major (:mod:`workbench.model.weight_layout`) and give them
-    their oneDNN copies for several rows where those pay (``model.pack_weights()``)."""
-    from workbench.model.weight_layout import store_input_major
+    store its CPU weights in the layout their products read best
+    (:mod:`workbench.model.weight_layout`) and give them their oneDNN copies for several rows
+    where those pay (``model.pack_weights()``)."""
+    from workbench.model.weight_layout import store_for_cpu_products
 
     if load_format == "dummy":
         model.init_dummy_weights(seed)
     else:
         model.load_weights(iterate_safetensors(pathlib.Path(model_config.path)))
-    store_input_major(model)
+    store_for_cpu_products(model)
     model.pack_weights()
 
 

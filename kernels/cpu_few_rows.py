@@ -1,0 +1,88 @@
+"""Products of a few activation rows with an fp32 CPU weight, reading the weight once.
+
+Contract: ``F.linear(x, weight, bias)`` up to floating-point rounding, for a 2-D fp32 ``x`` of
+1 to :data:`MAX_ROWS` rows and an fp32 ``weight`` ``[out, in]`` stored output-major
+(contiguous: each output's weights in one run, the checkpoint's layout); see :func:`eligible`.
+
+Why: a decode step and a speculative verify chunk (k + 1 rows) multiply a few rows by every
+weight of the model. Such a product is bound by reading the weight, but the GEMMs torch calls
+are built for many rows: on the AMD EPYC this VM sometimes is, MKL's SGEMM costs 2-4x its
+1-row product from 3 rows on, and oneDNN adds a fixed ~12-25 us a call. This kernel walks the
+weight's rows once, in order (the hardware prefetcher's best case), and takes each row's dot
+product with the activation rows, four at a time, while those stay in the core's L1 cache:
+5 rows cost 1.1-1.4x one row, and one row costs about half of MKL's there
+(``python -m workbench.kernels.cpu_linear`` prints both).
+
+Numba compiles it once per machine (``cache=True``; nopython, ``fastmath`` so that each dot
+product becomes a vectorised reduction), single-threaded, without the GIL. Where numba cannot
+be imported, :func:`available` is False and products take torch's path.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+#: Most rows the kernel takes: past 8 its cost grows with the rows (it does the arithmetic of
+#: every row without a GEMM's register blocking) and oneDNN's or MKL's GEMM wins (measured on
+#: the embedded model's shapes at 1 and 2 threads: even at 8 rows, ahead at 12-16).
+MAX_ROWS = 8
+
+
+def _dot_rows(x, weight, out):
+    """out[m, n] = dot(x[m], weight[n]); rows in groups of four share each weight row's loads."""
+    rows, inner = x.shape
+    grouped = rows - rows % 4
+    for n in range(weight.shape[0]):
+        w = weight[n]
+        for m in range(0, grouped, 4):
+            x0, x1, x2, x3 = x[m], x[m + 1], x[m + 2], x[m + 3]
+            s0 = s1 = s2 = s3 = np.float32(0.0)
+            for k in range(inner):
+                v = w[k]
+                s0 += x0[k] * v
+                s1 += x1[k] * v
+                s2 += x2[k] * v
+                s3 += x3[k] * v
+            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = s0, s1, s2, s3
+        for m in range(grouped, rows):
+            xm = x[m]
+            s = np.float32(0.0)
+            for k in range(inner):
+                s += xm[k] * w[k]
+            out[m, n] = s
+
+
+@functools.cache
+def _compiled():
+    """The numba-compiled :func:`_dot_rows` (compiled here, once, or read from numba's cache),
+    or None where numba cannot be imported."""
+    try:
+        import numba
+    except ImportError:
+        return None
+    signature = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"
+    return numba.njit(signature, fastmath=True, nogil=True, cache=True, boundscheck=False)(_dot_rows)
+
+
+def available() -> bool:
+    """Whether the kernel can run here (numba imports); compiles it on the first call."""
+    return _compiled() is not None
+
+
+def eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``linear(x, weight)`` is the kernel's: 1..MAX_ROWS fp32 CPU rows, an fp32 CPU
+    output-major weight, no autograd."""
+    return (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype == torch.float32
+            and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.device.type == "cpu"
+            and weight.is_contiguous() and not (x.requires_grad or weight.requires_grad))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` by the kernel; the caller checked :func:`eligible` and
+    :func:`available`."""
+    out = torch.empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
+    _compiled()(x.contiguous().numpy(), weight.numpy(), out.numpy())
+    return out if bias is None else out.add_(bias)
