@@ -64,7 +64,10 @@ def _compiled():
     except ImportError:
         return None
     signature = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"
-    return numba.njit(signature, fastmath=True, nogil=True, cache=True, boundscheck=False)(_dot_rows)
+    try:
+        return numba.njit(signature, fastmath=True, nogil=True, cache=True, boundscheck=False)(_dot_rows)
+    except RuntimeError:  # no writable cache directory (numba's "no locator available"): compile here
+        return numba.njit(signature, fastmath=True, nogil=True, boundscheck=False)(_dot_rows)
 
 
 def available() -> bool:

@@ -60,3 +60,23 @@ def test_without_numba_products_take_torchs_path(monkeypatch):
         torch.testing.assert_close(cpu_linear.linear(x, weight), F.linear(x, weight))
     finally:
         cpu_linear._decide_few_rows.cache_clear()
+
+
+def test_without_a_writable_cache_directory_it_compiles_in_memory(monkeypatch):
+    import numba
+
+    compile_ = numba.njit
+
+    def njit(*args, cache=False, **kwargs):
+        if cache:  # what numba raises where no cache directory can be written
+            raise RuntimeError("cannot cache function '_dot_rows': no locator available for file")
+        return compile_(*args, **kwargs)
+
+    monkeypatch.setattr(numba, "njit", njit)
+    cpu_few_rows._compiled.cache_clear()
+    try:
+        x, weight = torch.randn(3, 40), torch.randn(24, 40)
+        assert cpu_few_rows.available()
+        torch.testing.assert_close(cpu_few_rows.linear(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-4)
+    finally:
+        cpu_few_rows._compiled.cache_clear()
