@@ -65,6 +65,8 @@ FEW_OUT, FEW_IN, FEW_ROWS = 1024, 256, (1, 5)
 #: and 2.5-4x at five): a CPU near the line keeps torch's path, so the choice does not flip
 #: on noise.
 MARGIN = 1.5
+#: The products :func:`probe` times.
+PATHS = ("F.linear", "oneDNN", "few-rows")
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
@@ -76,20 +78,22 @@ def _onednn(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) ->
 
 
 def probe(out_features: int = PROBE_OUT, in_features: int = PROBE_IN, rows: int = PROBE_ROWS,
-          rounds: int = 20, copies: int = 1) -> dict[str, float]:
-    """Median seconds of each path for a random ``[out_features, in_features]`` weight times
-    ``rows`` rows, ``rounds`` runs each, interleaved so that all see the same cache and load:
-    ``"F.linear"`` (on the weight stored input-major), ``"oneDNN"`` (on its packed copy) and,
-    where numba imports and the rows are few enough, ``"few-rows"`` (on it output-major). With
-    ``copies`` > 1 each run takes the next of that many copies of the weight (cold, as in a
-    forward)."""
+          rounds: int = 20, copies: int = 1, paths: tuple[str, ...] = PATHS) -> dict[str, float]:
+    """Median seconds of each of ``paths`` that can run here for a random ``[out_features,
+    in_features]`` weight times ``rows`` rows, ``rounds`` runs each, interleaved so that all
+    see the same cache and load: ``"F.linear"`` (on the weight stored input-major),
+    ``"oneDNN"`` (on its packed copy, where torch has oneDNN) and ``"few-rows"`` (on it
+    output-major, where numba imports and the rows are few enough). With ``copies`` > 1 each
+    run takes the next of that many copies of the weight (cold, as in a forward)."""
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(out_features, in_features, generator=gen) for _ in range(copies)]
     input_major = [w.t().contiguous().t() for w in weights]
-    packed = [_pack(w) for w in input_major]
     x = torch.randn(rows, in_features, generator=gen)
-    runs = {"F.linear": lambda i: F.linear(x, input_major[i]), "oneDNN": lambda i: _onednn(x, packed[i], None)}
-    if cpu_few_rows.available() and cpu_few_rows.eligible(x, weights[0]):
+    runs = {"F.linear": lambda i: F.linear(x, input_major[i])}
+    if "oneDNN" in paths and torch.backends.mkldnn.is_available():
+        packed = [_pack(w) for w in input_major]
+        runs["oneDNN"] = lambda i: _onednn(x, packed[i], None)
+    if "few-rows" in paths and cpu_few_rows.available() and cpu_few_rows.eligible(x, weights[0]):
         runs["few-rows"] = lambda i: cpu_few_rows.linear(x, weights[i])
     times: dict[str, list[float]] = {name: [] for name in runs}
     for i in range(rounds):
@@ -124,7 +128,8 @@ def _decide_few_rows(value: str, num_threads: int) -> bool:
     if value == "numba":
         return True
     copies = (16 << 20) // (FEW_OUT * FEW_IN * 4)
-    decode, verify = (probe(FEW_OUT, FEW_IN, rows, copies=copies) for rows in FEW_ROWS)
+    decode, verify = (probe(FEW_OUT, FEW_IN, rows, copies=copies, paths=("F.linear", "few-rows"))
+                      for rows in FEW_ROWS)
     return (decode["few-rows"] <= decode["F.linear"]
             and (decode["few-rows"] + verify["few-rows"]) * MARGIN < decode["F.linear"] + verify["F.linear"])
 
@@ -137,9 +142,11 @@ def onednn_pays() -> bool:
 
 @functools.cache
 def _decide_onednn(value: str, num_threads: int) -> bool:
-    if value != "auto" or not torch.backends.mkldnn.is_available():
-        return value == "onednn"
-    result = probe()
+    if value not in ("auto", "onednn") or not torch.backends.mkldnn.is_available():
+        return False
+    if value == "onednn":
+        return True
+    result = probe(paths=("F.linear", "oneDNN"))
     return result["oneDNN"] * MARGIN < result["F.linear"]
 
 
@@ -235,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
             "oneDNN": (PROBE_OUT, PROBE_IN, (PROBE_ROWS,), 1),
             "few-rows": (FEW_OUT, FEW_IN, FEW_ROWS, (16 << 20) // (FEW_OUT * FEW_IN * 4))}.items():
         for rows in rows_list:
-            result = probe(out_features, in_features, rows, copies=copies)
+            result = probe(out_features, in_features, rows, copies=copies, paths=("F.linear", name))
             if name in result:
                 print(f"probe {out_features}x{in_features} at {rows} rows: F.linear {result['F.linear'] * 1e6:.1f} us, "
                       f"{name} {result[name] * 1e6:.1f} us ({result['F.linear'] / result[name]:.2f}x)")
@@ -245,9 +252,9 @@ def main(argv: list[str] | None = None) -> None:
         copies = max(1, min(64, (16 << 20) // (out_features * in_features * 4)))  # 16 MB of them
         for rows in (1, 2, 3, 4, 5, 8, 16, 64):
             result = probe(out_features, in_features, rows, rounds=30, copies=copies)
-            few = f"{result['few-rows'] * 1e6:>12.1f}" if "few-rows" in result else f"{'-':>12}"
-            print(f"{out_features:>5}x{in_features:<4} {rows:>5} {result['F.linear'] * 1e6:>12.1f}"
-                  f" {result['oneDNN'] * 1e6:>10.1f} {few}")
+            cells = [f"{result[name] * 1e6:>{width}.1f}" if name in result else f"{'-':>{width}}"
+                     for name, width in (("F.linear", 12), ("oneDNN", 10), ("few-rows", 12))]
+            print(f"{out_features:>5}x{in_features:<4} {rows:>5} " + " ".join(cells))
 
 
 if __name__ == "__main__":

@@ -7,9 +7,9 @@ whose speed swings:
 The workload is ``workbench bench throughput --compare spec``'s (8 quote prompts, inputs
 64-128, 128 output tokens, n-gram k=4, 1 thread). For each path (``WORKBENCH_CPU_GEMM``) an
 engine without and one with speculation are built under it (the loader chooses the weights'
-layout then). In every round each prompt runs on every engine back to back (paths and sides
-in alternating order), so that a swing of the VM's speed lands on all of them alike; a
-round's time for an engine is the sum over the prompts. Prints each path's median round
+layout then). In every round each group of ``batch`` prompts runs on every engine back to
+back (paths and sides in alternating order), so that a swing of the VM's speed lands on all
+of them alike; a round's time for an engine is the sum over the groups. Prints each path's median round
 times, the median and range of its rounds' speed-ups, and its engines' speed beside the
 first path's; greedy tokens must agree everywhere.
 """
@@ -47,12 +47,13 @@ if len(tokens) != 1:
     raise SystemExit("greedy tokens differ between the paths or with speculation: nothing to compare.")
 times = {key: [0.0] * ROUNDS for key in engines}
 for r in range(ROUNDS):
-    for i, (prompt, param) in enumerate(zip(prompts, params)):
-        for path in (PATHS if (r + i) % 2 == 0 else PATHS[::-1]):
+    for g, i in enumerate(range(0, len(prompts), BATCH)):
+        group = (prompts[i:i + BATCH], params[i:i + BATCH])
+        for path in (PATHS if (r + g) % 2 == 0 else PATHS[::-1]):
             os.environ["WORKBENCH_CPU_GEMM"] = path
-            for side in (("off", "on") if (r + i) % 2 == 0 else ("on", "off")):
+            for side in (("off", "on") if (r + g) % 2 == 0 else ("on", "off")):
                 start = time.perf_counter()
-                engines[(path, side)].generate([prompt], [param], use_tqdm=False)
+                engines[(path, side)].generate(*group, use_tqdm=False)
                 times[(path, side)][r] += time.perf_counter() - start
 print(f"batch {BATCH}, {ROUNDS} rounds, 1 thread")
 print(f"{'path':>7} {'off s':>7} {'on s':>7} {'speed-up':>9} {'rounds':>12} {'off vs ' + PATHS[0]:>13}  linear")

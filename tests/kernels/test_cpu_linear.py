@@ -154,3 +154,17 @@ def test_greedy_tokens_are_the_same_on_either_path(monkeypatch, speculative):
         llm = LLM(model="tiny-shakespeare", max_num_seqs=2, **extra)
         tokens[path] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert tokens["torch"] == tokens["onednn"] == tokens["numba"]
+
+
+def test_a_torch_without_onednn_never_takes_it_even_pinned(monkeypatch):
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    monkeypatch.setenv("WORKBENCH_CPU_GEMM", "onednn")
+    cpu_linear._decide_onednn.cache_clear()
+    try:
+        assert not cpu_linear.onednn_pays()
+        assert "oneDNN" not in cpu_linear.probe(256, 64, rows=5, rounds=2)
+        x, weight, packed = torch.randn(5, 192), _weight(), cpu_linear.PackedWeight()
+        torch.testing.assert_close(cpu_linear.linear(x, weight, None, packed), F.linear(x, weight))
+        assert packed.nbytes == 0
+    finally:
+        cpu_linear._decide_onednn.cache_clear()
