@@ -77,15 +77,16 @@ def available() -> bool:
 
 def eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``linear(x, weight)`` is the kernel's: 1..MAX_ROWS fp32 CPU rows, an fp32 CPU
-    output-major weight, no autograd."""
-    return (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.device.type == "cpu"
+    output-major weight, no autograd (cheapest tests first: every product of a step asks)."""
+    return (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype is torch.float32
+            and weight.dtype is torch.float32 and x.is_cpu and weight.is_cpu
             and weight.is_contiguous() and not (x.requires_grad or weight.requires_grad))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` by the kernel; the caller checked :func:`eligible` and
     :func:`available`."""
-    out = torch.empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
-    _compiled()(x.contiguous().numpy(), weight.numpy(), out.numpy())
-    return out if bias is None else out.add_(bias)
+    out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)
+    _compiled()(x.contiguous().numpy(), weight.numpy(), out)
+    y = torch.from_numpy(out)
+    return y if bias is None else y.add_(bias)
