@@ -10,8 +10,8 @@ are built for many rows: on the AMD EPYC this VM sometimes is, MKL's SGEMM costs
 1-row product from 3 rows on, and oneDNN adds a fixed ~12-25 us a call. This kernel walks the
 weight's rows once, in order (the hardware prefetcher's best case), and takes each row's dot
 product with the activation rows, four at a time, while those stay in the core's L1 cache:
-5 rows cost 1.1-1.4x one row, and one row costs about half of MKL's there
-(``python -m workbench.kernels.cpu_linear`` prints both).
+5 rows cost 1.1-1.4x one row, and one row 0.5-0.9x of MKL's there (cold, as in a forward;
+``python -m workbench.kernels.cpu_linear`` prints both).
 
 Numba compiles it once per machine (``cache=True``; nopython, ``fastmath`` so that each dot
 product becomes a vectorised reduction), single-threaded, without the GIL. Where numba cannot
