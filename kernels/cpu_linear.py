@@ -61,9 +61,9 @@ PROBE_OUT, PROBE_IN, PROBE_ROWS = 4096, 256, 5
 #: copies: cold, as in a forward) at each of FEW_ROWS rows (a decode, a verify chunk).
 FEW_OUT, FEW_IN, FEW_ROWS = 1024, 256, (1, 5)
 #: ``auto`` takes a remedy only where it is this many times faster than ``F.linear`` in its
-#: probe (oneDNN: 1.9-3.2x on the EPYC; the few-rows kernel: 1.7-2x there, 1.3-2x at one row
-#: and 2.5-4x at five): a CPU near the line keeps torch's path, so the choice does not flip
-#: on noise.
+#: probe (oneDNN: 1.9-3.2x on the EPYC; the few-rows kernel: 1.7-2.1x there over both of its
+#: row counts, 1.1-1.5x at one row and 2.2-2.5x at five): a CPU near the line keeps torch's
+#: path, so the choice does not flip on noise.
 MARGIN = 1.5
 #: The products :func:`probe` times.
 PATHS = ("F.linear", "oneDNN", "few-rows")
