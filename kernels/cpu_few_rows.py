@@ -7,11 +7,13 @@ Contract: ``F.linear(x, weight, bias)`` up to floating-point rounding, for a 2-D
 Why: a decode step and a speculative verify chunk (k + 1 rows) multiply a few rows by every
 weight of the model. Such a product is bound by reading the weight, but the GEMMs torch calls
 are built for many rows: on the AMD EPYC this VM sometimes is, MKL's SGEMM costs 2-4x its
-1-row product from 3 rows on, and oneDNN adds a fixed ~12-25 us a call. This kernel walks the
-weight's rows once, in order (the hardware prefetcher's best case), and takes each row's dot
-product with the activation rows, four at a time, while those stay in the core's L1 cache:
-5 rows cost 1.1-1.4x one row, and one row 0.5-0.9x of MKL's there (cold, as in a forward;
-``python -m workbench.kernels.cpu_linear`` prints both).
+1-row product from 3 rows on, and oneDNN adds a fixed ~12-25 us a call. This kernel reads
+the weight once, as two sequential streams (the first and the second half of the outputs,
+one row of each at a time: the hardware prefetcher follows two long streams, where pairs of
+adjacent rows left it behind, 2x slower cold), and takes each weight row's dot product with
+the activation rows, four at a time, while those stay in the core's L1 cache. There 5 rows
+cost 1.3-1.4x one row, and one row 0.6-0.8x of MKL's (cold, as in a forward: ``python -m
+workbench.kernels.cpu_linear`` prints both); one stream at a time cost 1.5-1.8x and 0.7-1.0x.
 
 Numba compiles it once per machine (``cache=True``; nopython, ``fastmath`` so that each dot
 product becomes a vectorised reduction), single-threaded, without the GIL. Where numba cannot
@@ -32,27 +34,45 @@ MAX_ROWS = 8
 
 
 def _dot_rows(x, weight, out):
-    """out[m, n] = dot(x[m], weight[n]); rows in groups of four share each weight row's loads."""
+    """out[m, n] = dot(x[m], weight[n]). Outputs n and n + half are taken side by side (two
+    long sequential streams through the weight, which the prefetcher follows; two adjacent
+    rows at a time it does not), and rows in groups of four share both weight rows' loads."""
     rows, inner = x.shape
+    total = weight.shape[0]
+    half = total // 2
     grouped = rows - rows % 4
-    for n in range(weight.shape[0]):
-        w = weight[n]
+    for n in range(half):
+        a, b = weight[n], weight[n + half]
         for m in range(0, grouped, 4):
             x0, x1, x2, x3 = x[m], x[m + 1], x[m + 2], x[m + 3]
-            s0 = s1 = s2 = s3 = np.float32(0.0)
+            a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
             for k in range(inner):
-                v = w[k]
-                s0 += x0[k] * v
-                s1 += x1[k] * v
-                s2 += x2[k] * v
-                s3 += x3[k] * v
-            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = s0, s1, s2, s3
+                va, vb = a[k], b[k]
+                a0 += x0[k] * va
+                a1 += x1[k] * va
+                a2 += x2[k] * va
+                a3 += x3[k] * va
+                b0 += x0[k] * vb
+                b1 += x1[k] * vb
+                b2 += x2[k] * vb
+                b3 += x3[k] * vb
+            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = a0, a1, a2, a3
+            out[m, n + half], out[m + 1, n + half], out[m + 2, n + half], out[m + 3, n + half] = b0, b1, b2, b3
         for m in range(grouped, rows):
+            xm = x[m]
+            sa = sb = np.float32(0.0)
+            for k in range(inner):
+                sa += xm[k] * a[k]
+                sb += xm[k] * b[k]
+            out[m, n], out[m, n + half] = sa, sb
+    if total % 2:  # the last output of an odd count
+        w = weight[total - 1]
+        for m in range(rows):
             xm = x[m]
             s = np.float32(0.0)
             for k in range(inner):
                 s += xm[k] * w[k]
-            out[m, n] = s
+            out[m, total - 1] = s
 
 
 @functools.cache

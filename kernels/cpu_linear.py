@@ -61,8 +61,8 @@ PROBE_OUT, PROBE_IN, PROBE_ROWS = 4096, 256, 5
 #: copies: cold, as in a forward) at each of FEW_ROWS rows (a decode, a verify chunk).
 FEW_OUT, FEW_IN, FEW_ROWS = 1024, 256, (1, 5)
 #: ``auto`` takes a remedy only where it is this many times faster than ``F.linear`` in its
-#: probe (oneDNN: 1.9-3.2x on the EPYC; the few-rows kernel: 1.7-2.1x there over both of its
-#: row counts, 1.1-1.5x at one row and 2.2-2.5x at five): a CPU near the line keeps torch's
+#: probe (oneDNN: 1.9-3.2x on the EPYC; the few-rows kernel: 1.7-2.3x there over both of its
+#: row counts, 1.1-1.6x at one row and 2.2-2.7x at five): a CPU near the line keeps torch's
 #: path, so the choice does not flip on noise.
 MARGIN = 1.5
 #: The products :func:`probe` times.

@@ -12,7 +12,7 @@ from workbench.kernels import cpu_few_rows, cpu_linear
 
 
 @pytest.mark.parametrize("rows", range(1, cpu_few_rows.MAX_ROWS + 1))
-@pytest.mark.parametrize("out_features, in_features", [(1024, 192), (387, 61), (1, 5), (4096, 17)])
+@pytest.mark.parametrize("out_features, in_features", [(1024, 192), (387, 61), (1, 5), (2, 7), (4096, 17)])
 def test_equals_f_linear_with_and_without_bias(rows, out_features, in_features):
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, in_features, generator=gen)
