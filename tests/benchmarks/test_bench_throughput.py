@@ -4,6 +4,11 @@ transformers paths is part of the selftest's CI run (tests/benchmarks/test_selft
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 
 from workbench.benchmarks.throughput import ThroughputResult, format_spec_table, format_table, main
@@ -129,3 +134,47 @@ def test_spec_pair_alternates_both_engines_in_one_process_and_reports_medians():
     assert off.details["linear"] == on.details["linear"] == cpu_linear.describe()
     assert off.details["linear"].startswith("the few-rows kernel" if cpu_linear.few_rows_pays()
                                             else "oneDNN" if cpu_linear.onednn_pays() else "F.linear")
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first, then the
+    parent's pid), or None where no such process is left."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def _children(pid: int) -> set[int]:
+    """Pids of the live processes whose parent is ``pid``."""
+    return {int(e) for e in os.listdir("/proc") if e.isdigit() and _alive(int(e))
+            and (_stat(int(e)) or ["", "0"])[1] == str(pid)}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_benchmark_child_ends_when_its_parent_is_killed():
+    """A killed benchmark leaves no engine process behind (it once held 470 MB for an hour)."""
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import time; from workbench.benchmarks.throughput import _in_own_process; "
+        "_in_own_process(time.sleep, 120)")])
+    try:
+        deadline = time.monotonic() + 60
+        while not _children(parent.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        children = _children(parent.pid)
+        assert children, "the benchmark child did not start"
+        time.sleep(3)  # the child has imported the benchmark and started its watch
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in children if _alive(pid)]
+

@@ -52,7 +52,10 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import multiprocessing.connection
+import os
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -314,9 +317,23 @@ def _run_hf_generate_batch(spec: dict, requests: list[BenchRequest], model_path:
         "page_size": page, "threads": torch.get_num_threads()})
 
 
+def _exit_with_parent() -> None:
+    """A benchmark child's initializer: end the child when its parent process ends, however
+    it ends (a killed benchmark would otherwise leave an engine process holding its memory)."""
+    sentinel = multiprocessing.parent_process().sentinel
+
+    def watch() -> None:
+        multiprocessing.connection.wait([sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _in_own_process(fn, *args):
-    """Run ``fn(*args)`` in a fresh spawned interpreter and return its result."""
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    """Run ``fn(*args)`` in a fresh spawned interpreter, which ends with this one, and return
+    its result."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_exit_with_parent) as pool:
         return pool.submit(fn, *args).result()
 
 
