@@ -27,6 +27,8 @@ import functools
 import numpy as np
 import torch
 
+from workbench.kernels import cpu_numba
+
 #: Most rows the kernel takes: past 8 its cost grows with the rows (it does the arithmetic of
 #: every row without a GEMM's register blocking) and oneDNN's or MKL's GEMM wins (measured on
 #: the embedded model's shapes at 1 and 2 threads: even at 8 rows, ahead at 12-16).
@@ -79,15 +81,7 @@ def _dot_rows(x, weight, out):
 def _compiled():
     """The numba-compiled :func:`_dot_rows` (compiled here, once, or read from numba's cache),
     or None where numba cannot be imported."""
-    try:
-        import numba
-    except ImportError:
-        return None
-    signature = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"
-    try:
-        return numba.njit(signature, fastmath=True, nogil=True, cache=True, boundscheck=False)(_dot_rows)
-    except RuntimeError:  # no writable cache directory (numba's "no locator available"): compile here
-        return numba.njit(signature, fastmath=True, nogil=True, boundscheck=False)(_dot_rows)
+    return cpu_numba.njit(_dot_rows, "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])")
 
 
 def available() -> bool:

@@ -4,7 +4,8 @@ dispatches to one backend (same signature, same result up to rounding):
 * ``"torch"``: the plain-torch reference, :mod:`workbench.kernels.reference` (the oracle);
 * ``"triton"``: the Triton kernels (CUDA; on CPU only under ``TRITON_INTERPRET=1``);
 * ``"cpu"``: :mod:`workbench.kernels.cpu_attention` for attention, the KV write and RoPE,
-  batched for CPU speed, and the reference for RMSNorm.
+  batched for CPU speed, and :mod:`workbench.kernels.cpu_norm` for RMSNorm (fp32 rows, where
+  numba imports; the reference otherwise).
 
 ``backend=None`` picks Triton for CUDA tensors and the reference otherwise. Inside
 :func:`~workbench.kernels.batch_invariant.batch_invariant_mode`, attention and RMSNorm take their
@@ -97,6 +98,11 @@ def rms_norm(x, weight, eps, residual=None, *, backend=None):
         return triton_norm.rms_norm(x, weight, eps, residual)
     if batch_invariant.enabled():
         return batch_invariant.rms_norm(x, weight, eps, residual)
+    if backend == "cpu":
+        from workbench.kernels import cpu_norm
+
+        if cpu_norm.eligible(x, weight, residual):
+            return cpu_norm.rms_norm(x, weight, eps, residual)
     return reference.rms_norm(x, weight, eps, residual)
 
 
