@@ -28,9 +28,10 @@ once per layer:
   mask (plain ``is_causal`` when the chunk is the whole context). A short chunk (at most
   ``SHORT_CHUNK`` tokens: a speculative verify chunk) keeps K/V unrepeated (``enable_gqa``).
 
-Math is fp32, as in the reference. :func:`write_kv_cache` is the reference's scatter in two
-``index_copy_`` calls. :func:`rotary_embedding` is the reference's RoPE with the cos/sin rows
-of the forward's positions gathered once, into the plan, for every layer.
+Math is fp32, as in the reference. :func:`write_kv_cache` and :func:`rotary_embedding` are one
+numba call each for fp32 tensors (:mod:`workbench.kernels.cpu_rope_kv`); without numba, the
+reference's scatter in two ``index_copy_`` calls and the reference's RoPE with the cos/sin
+rows of the forward's positions gathered once, into the plan, for every layer.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from workbench.kernels import cpu_rope_kv
 
 #: Gathered positions per decode tile and torch thread (a longer sequence is a tile of its
 #: own). A decode layer is bound by moving cached K/V rows: gathered a tile at a time, the rows
@@ -286,8 +289,12 @@ def paged_attention(
 
 def write_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                    value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """:func:`workbench.kernels.reference.write_kv_cache` as two ``index_copy_`` when no slot
-    is -1 (every engine step); the reference otherwise."""
+    """:func:`workbench.kernels.reference.write_kv_cache`: one numba call for fp32 tensors
+    (:mod:`workbench.kernels.cpu_rope_kv`), else two ``index_copy_`` when no slot is -1
+    (every engine step), else the reference."""
+    if (key.dtype is value.dtype is key_cache.dtype is value_cache.dtype is torch.float32
+            and key_cache.is_contiguous() and value_cache.is_contiguous() and cpu_rope_kv.available()):
+        return cpu_rope_kv.write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
     if key.shape[0] == 0 or bool((slot_mapping < 0).any()):
         from workbench.kernels import reference
 
@@ -301,14 +308,17 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tens
 
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                      cos_sin_cache: torch.Tensor, *, plan: AttentionPlan | None = None) -> None:
-    """:func:`workbench.kernels.reference.rotary_embedding` (in place, bit for bit) in four
-    ops per tensor: ``t * [cos, cos] + [x2, x1] * [-sin, sin]``. The tables for ``positions``
-    are gathered once per plan (one forward). fp32 only; other dtypes take the reference
-    (it rounds once, after fp32 math)."""
+    """:func:`workbench.kernels.reference.rotary_embedding` (in place, bit for bit): one numba
+    call (:mod:`workbench.kernels.cpu_rope_kv`), or where numba is missing four ops per
+    tensor, ``t * [cos, cos] + [x2, x1] * [-sin, sin]``, with the tables for ``positions``
+    gathered once per plan (one forward). fp32 only; other dtypes take the reference (it
+    rounds once, after fp32 math)."""
     if query.dtype != torch.float32 or key.dtype != torch.float32:
         from workbench.kernels import reference
 
         return reference.rotary_embedding(positions, query, key, cos_sin_cache)
+    if cos_sin_cache.dtype is torch.float32 and cpu_rope_kv.available():
+        return cpu_rope_kv.rotary_embedding(positions, query, key, cos_sin_cache)
     tables = plan.rotary if plan is not None else {}
     cache_key = (cos_sin_cache.data_ptr(), positions.data_ptr(), positions.shape[0])
     if cache_key not in tables:

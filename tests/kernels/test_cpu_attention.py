@@ -15,7 +15,7 @@ from test_triton_kernels import SETTINGS, attention_cases
 from workbench.kernels import ops
 from workbench.benchmarks.checks import (attention_batches, build_batch, check_paged_attention,
                                          check_write_kv_cache)
-from workbench.kernels import cpu_attention, reference
+from workbench.kernels import cpu_attention, cpu_rope_kv, reference
 
 
 def check_cpu(batch, **kw):
@@ -127,9 +127,19 @@ def test_unknown_backend_is_named():
         ops.paged_attention(*batch, 1.0, backend="fast")
 
 
+@pytest.fixture(params=["numba", "torch"])
+def rope_kv_path(request, monkeypatch):
+    """Each test below runs on both paths of the fp32 RoPE and KV write: the numba kernels
+    (kernels/cpu_rope_kv.py) and the torch operations a machine without numba takes."""
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_rope_kv, "_compiled", lambda: None)
+    assert cpu_rope_kv.available() == (request.param == "numba")
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("skip_one", [False, True])
-def test_write_kv_cache_matches_reference(dtype, skip_one):
+def test_write_kv_cache_matches_reference(dtype, skip_one, rope_kv_path):
     gen = torch.Generator().manual_seed(1)
     key = torch.randn(9, 2, 8, generator=gen)
     value = torch.randn(9, 2, 8, generator=gen)
@@ -140,9 +150,10 @@ def test_write_kv_cache_matches_reference(dtype, skip_one):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rotary_embedding_equals_reference_on_fused_qkv_views(dtype):
-    """Bit for bit (fp32) on strided views of one fused QKV output, as the model calls it; the
-    plan's tables, built by the first call, serve a second layer's call unchanged."""
+def test_rotary_embedding_equals_reference_on_fused_qkv_views(dtype, rope_kv_path):
+    """Bit for bit (fp32) on strided views of one fused QKV output, as the model calls it; on
+    torch's path the plan's tables, built by the first call, serve a second layer's call
+    unchanged (the numba kernel reads the cos/sin cache directly)."""
     from workbench.model.rotary import build_cos_sin_cache
 
     gen = torch.Generator().manual_seed(2)
@@ -162,4 +173,15 @@ def test_rotary_embedding_equals_reference_on_fused_qkv_views(dtype):
         ops.rotary_embedding(positions, q, k, cos_sin, backend="cpu", plan=plan)
         torch.testing.assert_close(q, q_ref, atol=0, rtol=0)
         torch.testing.assert_close(k, k_ref, atol=0, rtol=0)
-    assert len(plan.rotary) == (1 if dtype == torch.float32 else 0)
+    assert len(plan.rotary) == (1 if dtype == torch.float32 and rope_kv_path == "torch" else 0)
+
+
+def test_the_kv_write_of_a_prefill_and_an_empty_step(rope_kv_path):
+    """Many tokens of fused-qkv views with int32 slots (as the runner builds them), and none."""
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(37, 4 * 16, generator=gen)
+    _, key, value = qkv.split([32, 16, 16], dim=-1)
+    key, value = key.view(37, 1, 16), value.view(37, 1, 16)
+    slots = torch.randperm(48, generator=gen)[:37].int()
+    check_write_kv_cache(key, value, slots, 3, 16, backend="cpu", dtype=torch.float32)
+    check_write_kv_cache(key[:0], value[:0], slots[:0], 3, 16, backend="cpu", dtype=torch.float32)
