@@ -7,6 +7,11 @@ Where the reference's time goes on a CPU is moving the paged cache around (gathe
 copies for ``einsum``, masked copies), not arithmetic. This path moves each cached K/V byte
 once per layer:
 
+* **Few query tokens** (a step of decodes of a small batch, or verify chunks: up to
+  :data:`~workbench.kernels.cpu_few_tokens_attention.MAX_TOKENS`, fp32): one numba call of
+  :mod:`workbench.kernels.cpu_few_tokens_attention` per layer reads K/V through the block
+  tables in place; the plan only holds the step's layout for it. Everything below is for
+  larger steps.
 * **Plan once per forward.** :func:`plan_attention` turns the block tables and lengths into
   the index tensors every layer reuses (:class:`AttentionPlan`): decode sequences (one query
   each) are sorted by length and cut into tiles of similar length of at most :func:`tile_rows`
@@ -42,7 +47,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from workbench.kernels import cpu_rope_kv
+from workbench.kernels import cpu_few_tokens_attention, cpu_rope_kv
 
 #: Gathered positions per decode tile and torch thread (a longer sequence is a tile of its
 #: own). A decode layer is bound by moving cached K/V rows: gathered a tile at a time, the rows
@@ -102,8 +107,13 @@ class AttentionPlan:
     #: (cos_sin_cache, positions) -> (cos, signed sin) [num_tokens, 1, head_dim] (see
     #: :func:`rotary_embedding`); filled by the first layer, reused by the others.
     rotary: dict = field(default_factory=dict)
+    #: a step of few query tokens: its layout for one call per layer of
+    #: :mod:`workbench.kernels.cpu_few_tokens_attention` (then no groups, chunks or buffers)
+    few_tokens: cpu_few_tokens_attention.StepLayout | None = None
 
     def __repr__(self) -> str:
+        if self.few_tokens is not None:
+            return "AttentionPlan(few tokens: one numba call)"
         sizes = [(g.end - g.start, g.length) for g in self.decode_groups]
         return (f"AttentionPlan(decode_groups(seqs, length)={sizes}, "
                 f"prefills={[(p.q_end - p.q_start, p.seq_len) for p in self.prefills]})")
@@ -122,7 +132,12 @@ def _cut_tiles(lens: list[int]) -> list[int]:
 
 def plan_attention(block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                    seq_lens: torch.Tensor, block_size: int) -> AttentionPlan:
-    """The per-forward plan (see the module docstring); ``block_size`` is the cache's."""
+    """The per-forward plan (see the module docstring); ``block_size`` is the cache's. A step
+    of few query tokens (:func:`~workbench.kernels.cpu_few_tokens_attention.takes_step`)
+    needs none: its plan only says so."""
+    if cpu_few_tokens_attention.takes_step(int(query_start_loc[-1])):
+        return AttentionPlan(block_size, [], [], few_tokens=cpu_few_tokens_attention.layout(
+            block_tables, query_start_loc, seq_lens))
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     decodes, prefills = [], []
@@ -252,6 +267,16 @@ def paged_attention(
     group = num_q_heads // num_kv_heads
     if plan is None:
         plan = plan_attention(block_tables, query_start_loc, seq_lens, block_size)
+    if plan.few_tokens is not None:
+        if cpu_few_tokens_attention.eligible(query, key_cache, value_cache):
+            return cpu_few_tokens_attention.paged_attention(
+                query, key_cache, value_cache, plan.few_tokens, scale,
+                sliding_window=sliding_window, out=out)
+        from workbench.kernels import reference  # other dtypes: rare on the CPU
+
+        return reference.paged_attention(query, key_cache, value_cache, block_tables,
+                                         query_start_loc, seq_lens, scale,
+                                         sliding_window=sliding_window, out=out)
     if out is None:
         out = torch.empty_like(query)
     if plan.decode_groups:

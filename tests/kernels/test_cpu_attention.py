@@ -6,6 +6,8 @@ and shuffles the block tables, so a read past a length or an unwritten output fa
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,32 +17,50 @@ from test_triton_kernels import SETTINGS, attention_cases
 from workbench.kernels import ops
 from workbench.benchmarks.checks import (attention_batches, build_batch, check_paged_attention,
                                          check_write_kv_cache)
-from workbench.kernels import cpu_attention, cpu_rope_kv, reference
+from workbench.kernels import cpu_attention, cpu_few_tokens_attention, cpu_rope_kv, reference
 
 
 def check_cpu(batch, **kw):
     check_paged_attention(batch, backend="cpu", **kw)
 
 
+PATHS = ["batched", "few-tokens"]
+
+
+@contextlib.contextmanager
+def attention_path(name):
+    """Steps take the batched path ("batched") or the few-tokens kernel ("few-tokens") whatever
+    their number of query tokens, while inside."""
+    before = cpu_few_tokens_attention.MAX_TOKENS
+    cpu_few_tokens_attention.MAX_TOKENS = 0 if name == "batched" else 1 << 30
+    try:
+        yield
+    finally:
+        cpu_few_tokens_attention.MAX_TOKENS = before
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("sliding_window", [None, 48])
 @pytest.mark.parametrize("kind", sorted(attention_batches(40, 70)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_selftest_batches(kind, sliding_window, dtype):
+def test_selftest_batches(kind, sliding_window, dtype, path):
     """The batches ``workbench selftest`` checks, at its ``--small`` sizes."""
     q_lens, ctx_lens = attention_batches(40, 70)[kind]
-    check_cpu(build_batch(q_lens, ctx_lens, num_kv_heads=3, group=2, head_dim=32,
-                          block_size=16, dtype=dtype, seed=len(kind)),
-              sliding_window=sliding_window)
+    with attention_path(path):
+        check_cpu(build_batch(q_lens, ctx_lens, num_kv_heads=3, group=2, head_dim=32,
+                              block_size=16, dtype=dtype, seed=len(kind)),
+                  sliding_window=sliding_window)
 
 
 @settings(max_examples=60, **SETTINGS)
 @given(case=attention_cases(max_seqs=6, max_q=40, max_ctx=200),
        dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
        sliding_window=st.one_of(st.none(), st.integers(1, 70)),
-       softcap=st.one_of(st.none(), st.floats(2.0, 30.0)))
-def test_cpu_backend_matches_reference(case, dtype, sliding_window, softcap):
-    check_cpu(build_batch(**{**case, "dtype": dtype}), sliding_window=sliding_window,
-              softcap=softcap)
+       softcap=st.one_of(st.none(), st.floats(2.0, 30.0)), path=st.sampled_from(PATHS))
+def test_cpu_backend_matches_reference(case, dtype, sliding_window, softcap, path):
+    with attention_path(path):
+        check_cpu(build_batch(**{**case, "dtype": dtype}), sliding_window=sliding_window,
+                  softcap=softcap)
 
 
 @settings(max_examples=20, **SETTINGS)
@@ -49,15 +69,16 @@ def test_cpu_backend_matches_reference(case, dtype, sliding_window, softcap):
 def test_many_decodes_of_spread_lengths(ctx, block_size, seed):
     """All-decode steps, where sequences are cut into length tiles; one plan, two layers'
     worth of calls (with and without a window), as the model reuses it."""
-    batch = build_batch([1] * len(ctx), ctx, num_kv_heads=2, group=3, head_dim=32,
-                        block_size=block_size, dtype=torch.float32, seed=seed)
-    _, _, _, block_tables, qsl, seq_lens = batch
-    plan = ops.plan_attention(block_tables, qsl, seq_lens, block_size, backend="cpu")
-    assert [(g.start, g.end) for g in plan.decode_groups] == list(
-        zip([0] + [g.end for g in plan.decode_groups[:-1]], [g.end for g in plan.decode_groups]))
-    assert plan.decode_groups[-1].end == len(ctx)
-    check_cpu(batch, plan=plan)
-    check_cpu(batch, plan=plan, sliding_window=50)
+    with attention_path("batched"):
+        batch = build_batch([1] * len(ctx), ctx, num_kv_heads=2, group=3, head_dim=32,
+                            block_size=block_size, dtype=torch.float32, seed=seed)
+        _, _, _, block_tables, qsl, seq_lens = batch
+        plan = ops.plan_attention(block_tables, qsl, seq_lens, block_size, backend="cpu")
+        assert [(g.start, g.end) for g in plan.decode_groups] == list(
+            zip([0] + [g.end for g in plan.decode_groups[:-1]], [g.end for g in plan.decode_groups]))
+        assert plan.decode_groups[-1].end == len(ctx)
+        check_cpu(batch, plan=plan)
+        check_cpu(batch, plan=plan, sliding_window=50)
 
 
 @pytest.mark.parametrize("group", [1, 2, 3])
@@ -67,13 +88,14 @@ def test_short_chunks_match_reference(group, sliding_window, dtype):
     """Speculative verify chunks (2..SHORT_CHUNK query tokens after a context: K/V unrepeated,
     ``enable_gqa``), a whole short prompt (plain causal), a chunk one token longer than
     SHORT_CHUNK (K/V repeated) and a decode in one batch, under one plan."""
-    n = cpu_attention.SHORT_CHUNK
-    q_lens, ctx_lens = [2, 5, n, n, n + 1, 1], [40, 17, 3, 0, 30, 25]
-    batch = build_batch(q_lens, ctx_lens, num_kv_heads=2, group=group, head_dim=32,
-                        block_size=16, dtype=dtype, seed=group)
-    plan = ops.plan_attention(*batch[3:], 16, backend="cpu")
-    assert [p.q_end - p.q_start for p in plan.prefills] == [2, 5, n, n, n + 1]
-    check_cpu(batch, plan=plan, sliding_window=sliding_window)
+    with attention_path("batched"):
+        n = cpu_attention.SHORT_CHUNK
+        q_lens, ctx_lens = [2, 5, n, n, n + 1, 1], [40, 17, 3, 0, 30, 25]
+        batch = build_batch(q_lens, ctx_lens, num_kv_heads=2, group=group, head_dim=32,
+                            block_size=16, dtype=dtype, seed=group)
+        plan = ops.plan_attention(*batch[3:], 16, backend="cpu")
+        assert [p.q_end - p.q_start for p in plan.prefills] == [2, 5, n, n, n + 1]
+        check_cpu(batch, plan=plan, sliding_window=sliding_window)
 
 
 def test_short_chunk_mask_is_the_bottom_right_causal_rule():
@@ -90,34 +112,39 @@ def test_short_chunk_mask_is_the_bottom_right_causal_rule():
 def test_length_tiles_cut_padding():
     """Sequences of 1 and 20 blocks are not padded to one length: sorted, cut into tiles of at
     most tile_rows() positions (a longer sequence alone), each as long as its longest sequence."""
-    lens = [16] * 10 + [320] * 10
-    batch = build_batch([1] * 20, [n - 1 for n in lens], num_kv_heads=1, group=1, head_dim=32,
-                        block_size=16, dtype=torch.float32, seed=0)
-    _, _, _, block_tables, qsl, seq_lens = batch
-    plan = cpu_attention.plan_attention(block_tables, qsl, seq_lens, 16)
-    per_tile = cpu_attention.tile_rows() // 320
-    long_tiles = [(per_tile, 320)] * (10 // per_tile) + ([(10 % per_tile, 320)] if 10 % per_tile else [])
-    assert [(g.end - g.start, g.length) for g in plan.decode_groups] == [(10, 16)] + long_tiles
-    assert sorted(plan.decode_rows.tolist()) == list(range(20))
-    assert plan.prefills == []
-    check_cpu(batch, plan=plan)
+    with attention_path("batched"):
+        lens = [16] * 10 + [320] * 10
+        batch = build_batch([1] * 20, [n - 1 for n in lens], num_kv_heads=1, group=1, head_dim=32,
+                            block_size=16, dtype=torch.float32, seed=0)
+        _, _, _, block_tables, qsl, seq_lens = batch
+        plan = cpu_attention.plan_attention(block_tables, qsl, seq_lens, 16)
+        per_tile = cpu_attention.tile_rows() // 320
+        long_tiles = [(per_tile, 320)] * (10 // per_tile) + ([(10 % per_tile, 320)] if 10 % per_tile else [])
+        assert [(g.end - g.start, g.length) for g in plan.decode_groups] == [(10, 16)] + long_tiles
+        assert sorted(plan.decode_rows.tolist()) == list(range(20))
+        assert plan.prefills == []
+        check_cpu(batch, plan=plan)
 
 
 def test_a_sequence_longer_than_a_tile_is_a_tile_alone():
-    lens = [cpu_attention.tile_rows() + 5, 300, 310]
-    batch = build_batch([1, 1, 1], [n - 1 for n in lens], num_kv_heads=1, group=1, head_dim=32,
-                        block_size=16, dtype=torch.float32, seed=0)
-    plan = cpu_attention.plan_attention(*batch[3:], 16)
-    assert [(g.end - g.start, g.length) for g in plan.decode_groups] == [(2, 310), (1, lens[0])]
-    assert plan.decode_rows.tolist() == [1, 2, 0]
-    check_cpu(batch, plan=plan)
+    with attention_path("batched"):
+        lens = [cpu_attention.tile_rows() + 5, 300, 310]
+        batch = build_batch([1, 1, 1], [n - 1 for n in lens], num_kv_heads=1, group=1, head_dim=32,
+                            block_size=16, dtype=torch.float32, seed=0)
+        plan = cpu_attention.plan_attention(*batch[3:], 16)
+        assert [(g.end - g.start, g.length) for g in plan.decode_groups] == [(2, 310), (1, lens[0])]
+        assert plan.decode_rows.tolist() == [1, 2, 0]
+        check_cpu(batch, plan=plan)
 
 
 def test_plan_repr_is_plain():
-    batch = build_batch([1, 5], [20, 0], num_kv_heads=1, group=2, head_dim=32, block_size=16,
-                        dtype=torch.float32, seed=0)
-    plan = cpu_attention.plan_attention(*batch[3:], 16)
-    assert repr(plan) == "AttentionPlan(decode_groups(seqs, length)=[(1, 21)], prefills=[(5, 5)])"
+    with attention_path("batched"):
+        batch = build_batch([1, 5], [20, 0], num_kv_heads=1, group=2, head_dim=32, block_size=16,
+                            dtype=torch.float32, seed=0)
+        plan = cpu_attention.plan_attention(*batch[3:], 16)
+        assert repr(plan) == "AttentionPlan(decode_groups(seqs, length)=[(1, 21)], prefills=[(5, 5)])"
+    with attention_path("few-tokens"):
+        assert repr(cpu_attention.plan_attention(*batch[3:], 16)) == "AttentionPlan(few tokens: one numba call)"
 
 
 def test_unknown_backend_is_named():
