@@ -25,7 +25,7 @@ import torch
 
 from workbench.kernels import batch_invariant, reference
 
-__all__ = ["paged_attention", "plan_attention", "write_kv_cache", "rms_norm", "rotary_embedding",
+__all__ = ["paged_attention", "plan_attention", "write_kv_cache", "rms_norm", "rotary_embedding", "describe_cpu",
            "plan_lora", "add_lora", "reference", "batch_invariant", "BACKENDS"]
 
 BACKENDS = ("torch", "triton", "cpu")
@@ -120,6 +120,16 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, backend=None, plan
 
         return triton_rope.rotary_embedding(positions, query, key, cos_sin_cache)
     return reference.rotary_embedding(positions, query, key, cos_sin_cache)
+
+
+def describe_cpu() -> str:
+    """The ``"cpu"`` backend's kernels for fp32 tensors in a few words (benchmark headers)."""
+    from workbench.kernels import cpu_few_tokens_attention, cpu_norm, cpu_rope_kv
+
+    if not (cpu_norm.available() and cpu_rope_kv.available() and cpu_few_tokens_attention.available()):
+        return "torch (numba does not import)"
+    return ("numba RMSNorm, RoPE, KV write, and attention of steps of <= "
+            f"{cpu_few_tokens_attention.MAX_TOKENS} query tokens")
 
 
 def plan_lora(token_lora_indices, *, backend=None):

@@ -129,11 +129,13 @@ def test_spec_pair_alternates_both_engines_in_one_process_and_reports_medians():
         assert r.total_s == pytest.approx(sorted(r.details["runs_s"])[1], abs=1e-4)
     assert rounds == pytest.approx([a / b for a, b in zip(off.details["runs_s"], on.details["runs_s"])],
                                    rel=1e-2)
-    from workbench.kernels import cpu_linear  # the header names the CPU linear path taken
+    from workbench.kernels import cpu_linear, ops  # the header names the CPU paths taken
 
     assert off.details["linear"] == on.details["linear"] == cpu_linear.describe()
     assert off.details["linear"].startswith("the few-rows kernel" if cpu_linear.few_rows_pays()
                                             else "oneDNN" if cpu_linear.onednn_pays() else "F.linear")
+    assert off.details["cpu_ops"] == on.details["cpu_ops"] == ops.describe_cpu()
+    assert off.details["cpu_ops"].startswith("numba RMSNorm")  # numba is a dependency
 
 
 def _stat(pid: int) -> list[str] | None:

@@ -131,7 +131,7 @@ def _workbench_result(spec: dict, llm, requests: list[BenchRequest], elapsed: fl
                       records: list) -> ThroughputResult:
     import torch
 
-    from workbench.kernels import cpu_linear
+    from workbench.kernels import cpu_linear, ops
     from workbench.metrics.spec_stats import spec_decode_summary
 
     tokens = sum(r.output_len for r in requests)
@@ -144,7 +144,9 @@ def _workbench_result(spec: dict, llm, requests: list[BenchRequest], elapsed: fl
         "max_num_seqs": engine.scheduler.max_num_seqs,
         "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
         "num_kv_blocks": engine.kv_cache.num_blocks, "threads": torch.get_num_threads(),
-        "linear": cpu_linear.describe() if engine.device.type == "cpu" else "F.linear", "num_steps": len(records), "cpu_s": round(cpu, 3)}
+        "linear": cpu_linear.describe() if engine.device.type == "cpu" else "F.linear",
+        "cpu_ops": ops.describe_cpu() if engine.attention_backend == "cpu" else engine.attention_backend,
+        "num_steps": len(records), "cpu_s": round(cpu, 3)}
     speculative = spec["engine_kwargs"].get("speculative_config")
     if speculative is not None:
         name = "workbench-spec"
@@ -489,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
                 requests, args.repeats)
             pairs.append((batch, off, on))
             ratios.append(rounds)
-        print(f"{header}, {pairs[0][1].details['threads']} threads, linear: {pairs[0][1].details['linear']}"
+        print(f"{header}, {pairs[0][1].details['threads']} threads, linear: {pairs[0][1].details['linear']}, "
+              f"ops: {pairs[0][1].details['cpu_ops']}"
               f"\nspeculative_config: {json.dumps(speculative)}"
               f"\nboth engines in one process per batch size, {args.repeats} timed passes each, "
               "alternated; medians (rounds: min-max of each round's speed-up)")
@@ -521,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare == "hf":
         results.append(_in_own_process(_run_hf_generate, spec, requests, model_path))
         results.append(_in_own_process(_run_hf_generate_batch, spec, requests, model_path))
-    print(f"{header}, {results[0].details['threads']} threads, linear: {results[0].details['linear']}")
+    print(f"{header}, {results[0].details['threads']} threads, linear: {results[0].details['linear']}, "
+          f"ops: {results[0].details['cpu_ops']}")
     print(format_table(results))
     if speculative is not None:
         d = results[0].details
