@@ -2,17 +2,17 @@
 one numba call that reads K and V straight from the paged cache.
 
 Contract: :func:`workbench.kernels.reference.paged_attention` up to floating-point rounding
-(fp32 math; scores ``q . k * scale``, a max-subtracted softmax), for fp32 queries and caches,
+(fp32 math; scores ``(q * scale) . k``, a max-subtracted softmax), for fp32 queries and caches,
 with or without a sliding window; see :func:`eligible`.
 
 Why: for a few query tokens the work is tiny (a decode over 200 positions of the embedded
 model is ~80 K multiply-adds a layer), but the batched path of
 :mod:`workbench.kernels.cpu_attention` pays for its layout: a plan of ~15 torch operations
 per forward (~150 us for one decode), then per layer two gathers, a scaled-dot-product call
-and its copies (~75 us). This kernel walks each query token's visible positions through the
-block tables in place, per sequence and KV head (each cached row read once for all the query
-tokens and heads that see it): the scores and their maxima, then the exponentials and their
-sums (a vectorised exp), then the weighted values; single-threaded, without the GIL.
+and its copies (~75 us). This kernel walks the visible positions through the block tables in
+place, per sequence and KV head, block by block (each cached row read once for all the query
+tokens and heads that see it): the scores, then each row's maximum, exponentials and their
+sum (a vectorised exp), then the weighted values; single-threaded, without the GIL.
 """
 
 from __future__ import annotations
@@ -33,83 +33,92 @@ MAX_TOKENS = 16
 
 def _attend(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
             window, out):
-    """out[t, h] = softmax(q . k * scale over t's visible positions) . v for every query token
-    t and query head h. Per sequence and KV head, each cached row is read once for all the
-    sequence's query tokens that see it and all the query heads sharing that KV head."""
+    """out[t, h] = softmax((q * scale) . k over t's visible positions) . v for every query
+    token t and query head h. Per sequence and KV head the query rows sharing that head are
+    gathered (row m = token m // group, head kv * group + m % group), and each cached position
+    is read once, block by block, for all the rows that see it: those of the tokens at or after
+    it (and, with a window, before it + window)."""
     block_size, kv_heads, size = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
     group = query.shape[1] // kv_heads
     longest, most = 0, 0
     for s in range(seq_lens.shape[0]):
         longest = max(longest, seq_lens[s])
         most = max(most, query_start_loc[s + 1] - query_start_loc[s])
-    scores = np.empty((most, group, longest), dtype=np.float32)
-    acc = np.empty((most, group, size), dtype=np.float32)
-    top = np.empty((most, group), dtype=np.float32)
-    total = np.empty((most, group), dtype=np.float32)
+    queries = np.empty((most * group, size), dtype=np.float32)
+    scores = np.empty((most * group, longest), dtype=np.float32)  # [row, position - low]
+    acc = np.empty((most * group, size), dtype=np.float32)
+    total = np.empty(most * group, dtype=np.float32)
     bits = np.empty(longest, dtype=np.int32)
     powers = bits.view(np.float32)  # 2**k, written as its bits
     for s in range(seq_lens.shape[0]):
         first, length = query_start_loc[s], seq_lens[s]
         n = query_start_loc[s + 1] - first
+        rows = n * group
         start = length - n  # the position of the sequence's first query token
         low = max(0, start - window + 1) if window > 0 else 0  # the first position any sees
         table = block_tables[s]
+        blocks = range(low // block_size, (length + block_size - 1) // block_size)
         for kv in range(kv_heads):
-            top[:n] = -np.inf
-            for p in range(low, length):
-                k = key_cache[table[p // block_size], p % block_size, kv]
-                for j in range(max(0, p - start), n):  # the tokens at or after p
-                    if window > 0 and p <= start + j - window:
-                        continue
-                    for g in range(group):
-                        q = query[first + j, kv * group + g]
+            for m in range(rows):
+                q, row = query[first + m // group, kv * group + m % group], queries[m]
+                for d in range(size):
+                    row[d] = q[d] * scale
+            for b in blocks:  # the scores
+                block = table[b]
+                for o in range(max(low - b * block_size, 0), min(length - b * block_size, block_size)):
+                    p = b * block_size + o
+                    k = key_cache[block, o, kv]
+                    stop = min(n, p - start + window) * group if window > 0 else rows
+                    for m in range(max(0, p - start) * group, stop):
+                        q = queries[m]
                         dot = np.float32(0.0)
                         for d in range(size):
                             dot += q[d] * k[d]
-                        dot *= scale
-                        scores[j, g, p - low] = dot
-                        top[j, g] = max(top[j, g], dot)
-            for j in range(n):
+                        scores[m, p - low] = dot
+            for m in range(rows):  # the softmax numerators and their sums, row by row
+                j = m // group
                 seen_from = max(low, start + j - window + 1) if window > 0 else low
-                for g in range(group):
-                    # exp(score - max) in two loops LLVM vectorises (libm's expf is a call per
-                    # element): 2**k through the exponent bits, exp(r) for |r| <= ln 2 / 2 by a
-                    # degree-6 Taylor polynomial; within 2.3e-7 relative of exp
-                    row = scores[j, g, seen_from - low:start + j + 1 - low]
-                    for i in range(row.shape[0]):
-                        x = max(row[i] - top[j, g], np.float32(-87.0))
-                        power = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
-                        r = (x - power * np.float32(0.693145751953125)
-                             - power * np.float32(1.428606765330187e-06))
-                        e = np.float32(1.0 / 720.0)
-                        e = e * r + np.float32(1.0 / 120.0)
-                        e = e * r + np.float32(1.0 / 24.0)
-                        e = e * r + np.float32(1.0 / 6.0)
-                        e = e * r + np.float32(0.5)
-                        e = e * r + np.float32(1.0)
-                        row[i] = e * r + np.float32(1.0)
-                        bits[i] = (np.int32(power) + np.int32(127)) << np.int32(23)
-                    sum_ = np.float32(0.0)
-                    for i in range(row.shape[0]):
-                        row[i] *= powers[i]
-                        sum_ += row[i]
-                    total[j, g] = sum_
-            acc[:n] = 0.0
-            for p in range(low, length):
-                v = value_cache[table[p // block_size], p % block_size, kv]
-                for j in range(max(0, p - start), n):
-                    if window > 0 and p <= start + j - window:
-                        continue
-                    for g in range(group):
-                        weight = scores[j, g, p - low]
-                        a = acc[j, g]
+                row = scores[m, seen_from - low:start + j + 1 - low]
+                top = row[0]
+                for i in range(1, row.shape[0]):
+                    top = max(top, row[i])
+                # exp(score - max) in two loops LLVM vectorises (libm's expf is a call per
+                # element): 2**k through the exponent bits, exp(r) for |r| <= ln 2 / 2 by a
+                # degree-6 Taylor polynomial; within 2.3e-7 relative of exp
+                for i in range(row.shape[0]):
+                    x = max(row[i] - top, np.float32(-87.0))
+                    power = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
+                    r = (x - power * np.float32(0.693145751953125)
+                         - power * np.float32(1.428606765330187e-06))
+                    e = np.float32(1.0 / 720.0)
+                    e = e * r + np.float32(1.0 / 120.0)
+                    e = e * r + np.float32(1.0 / 24.0)
+                    e = e * r + np.float32(1.0 / 6.0)
+                    e = e * r + np.float32(0.5)
+                    e = e * r + np.float32(1.0)
+                    row[i] = e * r + np.float32(1.0)
+                    bits[i] = (np.int32(power) + np.int32(127)) << np.int32(23)
+                sum_ = np.float32(0.0)
+                for i in range(row.shape[0]):
+                    row[i] *= powers[i]
+                    sum_ += row[i]
+                total[m] = sum_
+            acc[:rows] = 0.0
+            for b in blocks:  # the weighted values, over the same rows and positions
+                block = table[b]
+                for o in range(max(low - b * block_size, 0), min(length - b * block_size, block_size)):
+                    p = b * block_size + o
+                    v = value_cache[block, o, kv]
+                    stop = min(n, p - start + window) * group if window > 0 else rows
+                    for m in range(max(0, p - start) * group, stop):
+                        weight = scores[m, p - low]
+                        a = acc[m]
                         for d in range(size):
                             a[d] += weight * v[d]
-            for j in range(n):
-                for g in range(group):
-                    o = out[first + j, kv * group + g]
-                    for d in range(size):
-                        o[d] = acc[j, g, d] / total[j, g]
+            for m in range(rows):
+                o_row, a, t = out[first + m // group, kv * group + m % group], acc[m], total[m]
+                for d in range(size):
+                    o_row[d] = a[d] / t
 
 
 @functools.cache
