@@ -7,11 +7,11 @@ Where the reference's time goes on a CPU is moving the paged cache around (gathe
 copies for ``einsum``, masked copies), not arithmetic. This path moves each cached K/V byte
 once per layer:
 
-* **Few query tokens** (a step of decodes of a small batch, or verify chunks: up to
-  :data:`~workbench.kernels.cpu_few_tokens_attention.MAX_TOKENS`, fp32): one numba call of
+* **Few query tokens a sequence** (a step of decodes or speculative verify chunks: see
+  :func:`~workbench.kernels.cpu_few_tokens_attention.takes_step`, fp32): one numba call of
   :mod:`workbench.kernels.cpu_few_tokens_attention` per layer reads K/V through the block
   tables in place; the plan only holds the step's layout for it. Everything below is for
-  larger steps.
+  the other steps (prefill chunks, and at several threads many long decodes).
 * **Plan once per forward.** :func:`plan_attention` turns the block tables and lengths into
   the index tensors every layer reuses (:class:`AttentionPlan`): decode sequences (one query
   each) are sorted by length and cut into tiles of similar length of at most :func:`tile_rows`
@@ -135,9 +135,9 @@ def plan_attention(block_tables: torch.Tensor, query_start_loc: torch.Tensor,
     """The per-forward plan (see the module docstring); ``block_size`` is the cache's. A step
     of few query tokens (:func:`~workbench.kernels.cpu_few_tokens_attention.takes_step`)
     needs none: its plan only says so."""
-    if cpu_few_tokens_attention.takes_step(int(query_start_loc[-1])):
-        return AttentionPlan(block_size, [], [], few_tokens=cpu_few_tokens_attention.layout(
-            block_tables, query_start_loc, seq_lens))
+    step = cpu_few_tokens_attention.layout(block_tables, query_start_loc, seq_lens)
+    if cpu_few_tokens_attention.takes_step(step):
+        return AttentionPlan(block_size, [], [], few_tokens=step)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     decodes, prefills = [], []

@@ -129,7 +129,7 @@ def describe_cpu() -> str:
     if not (cpu_norm.available() and cpu_rope_kv.available() and cpu_few_tokens_attention.available()):
         return "torch (numba does not import)"
     return ("numba RMSNorm, RoPE, KV write, and attention of steps of <= "
-            f"{cpu_few_tokens_attention.MAX_TOKENS} query tokens")
+            f"{cpu_few_tokens_attention.MAX_QUERY_TOKENS} query tokens a sequence")
 
 
 def plan_lora(token_lora_indices, *, backend=None):

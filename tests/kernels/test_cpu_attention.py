@@ -31,12 +31,13 @@ PATHS = ["batched", "few-tokens"]
 def attention_path(name):
     """Steps take the batched path ("batched") or the few-tokens kernel ("few-tokens") whatever
     their number of query tokens, while inside."""
-    before = cpu_few_tokens_attention.MAX_TOKENS
-    cpu_few_tokens_attention.MAX_TOKENS = 0 if name == "batched" else 1 << 30
+    module = cpu_few_tokens_attention
+    before = module.MAX_QUERY_TOKENS, module.MAX_POSITIONS
+    module.MAX_QUERY_TOKENS = module.MAX_POSITIONS = 0 if name == "batched" else 1 << 30
     try:
         yield
     finally:
-        cpu_few_tokens_attention.MAX_TOKENS = before
+        module.MAX_QUERY_TOKENS, module.MAX_POSITIONS = before
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -145,6 +146,33 @@ def test_plan_repr_is_plain():
         assert repr(plan) == "AttentionPlan(decode_groups(seqs, length)=[(1, 21)], prefills=[(5, 5)])"
     with attention_path("few-tokens"):
         assert repr(cpu_attention.plan_attention(*batch[3:], 16)) == "AttentionPlan(few tokens: one numba call)"
+
+
+def _layout(q_lens, seq_lens):
+    starts = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    return cpu_few_tokens_attention.layout(torch.zeros(len(q_lens), 1, dtype=torch.int32), starts,
+                                           torch.tensor(seq_lens, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_few_tokens_kernel_takes_decodes_and_verify_chunks(threads):
+    """Worked by hand from the two limits: at most MAX_QUERY_TOKENS (6) query tokens a
+    sequence; at most MAX_POSITIONS (16,384) cached positions, unless torch has one thread."""
+    if not cpu_few_tokens_attention.available():
+        pytest.skip("numba does not import")
+    takes = cpu_few_tokens_attention.takes_step
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert takes(_layout([1] * 8, [200] * 8))                   # decodes
+        assert takes(_layout([5, 1, 6], [300, 40, 100]))            # verify chunks of k <= 5
+        assert not takes(_layout([7], [300]))                       # a chunk of 7
+        assert not takes(_layout([1, 64], [300, 64]))               # a prefill beside a decode
+        assert not takes(_layout([0, 0], [3, 4]))                   # nothing to attend
+        assert takes(_layout([1] * 64, [256] * 64))                 # 16,384 positions
+        assert takes(_layout([1] * 65, [256] * 65)) == (threads == 1)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_unknown_backend_is_named():
