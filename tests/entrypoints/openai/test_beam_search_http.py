@@ -6,6 +6,7 @@ the field; no KV block stays held."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import openai
@@ -122,24 +123,40 @@ def test_beam_search_errors_name_the_field(served, kwargs, param):
 
 def test_a_client_that_leaves_stops_the_search(served):
     """A client that gives up (its timeout) cancels the search: its step requests are aborted,
-    every block is freed and no further beam step runs."""
+    every block is freed and no further beam step runs, before the same search run to its end
+    by a client that waits would have stopped."""
     llm, api = served
+    # 480 tokens: the whole search fits the fixture's 512 cache slots
+    body = {"model": MODEL, "prompt": "ROMEO:", "max_tokens": 480, "n": 3, "use_beam_search": True,
+            "ignore_eos": True}
+    url, headers = f"{str(api.base_url).rstrip('/')}/completions", {"Authorization": f"Bearer {KEY}"}
+    engine = llm.engine
+
+    def beam_steps(name: str) -> tuple[int, int]:
+        return len(engine.history), sum(
+            any(s.request_id.startswith(f"cmpl-{name}") for s in r.scheduler_output.scheduled)
+            for r in engine.history)
+
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(f"{str(api.base_url).rstrip('/')}/completions", timeout=1.0,
-                   headers={"Authorization": f"Bearer {KEY}"},
-                   json={"model": MODEL, "prompt": "ROMEO:", "max_tokens": 1000, "n": 3,
-                         "use_beam_search": True, "ignore_eos": True, "request_id": "leaver"})
+        httpx.post(url, timeout=0.5, headers=headers, json={**body, "request_id": "leaver"})
 
     async def steps_after_the_leaver() -> tuple[int, int]:
-        await wait_all_free(llm)
-        engine = llm.engine
-        count = lambda: (len(engine.history), sum(  # noqa: E731
-            any(s.request_id.startswith("cmpl-leaver") for s in r.scheduler_output.scheduled)
-            for r in engine.history))
-        before = await llm.call(count)
+        # Between two beam steps the engine is idle with every block free for a moment, maybe
+        # before the disconnect reaches the search: it has stopped once no step runs for 0.3 s
+        deadline = time.monotonic() + 10.0
+        while True:
+            await wait_all_free(llm)
+            before = await llm.call(lambda: beam_steps("leaver"))
+            await asyncio.sleep(0.3)
+            if await llm.call(lambda: beam_steps("leaver")) == before:
+                break
+            assert time.monotonic() < deadline, "the search kept stepping after its client left"
         await asyncio.sleep(0.5)
-        assert await llm.call(count) == before
+        assert await llm.call(lambda: beam_steps("leaver")) == before
         return before
 
-    _, beam_steps = asyncio.run(steps_after_the_leaver())
-    assert 0 < beam_steps < 1000
+    _, leaver_steps = asyncio.run(steps_after_the_leaver())
+    assert httpx.post(url, timeout=120.0, headers=headers,
+                      json={**body, "request_id": "stayer"}).status_code == 200
+    _, whole_search = asyncio.run(llm.call(lambda: beam_steps("stayer")))
+    assert 0 < leaver_steps < whole_search
