@@ -98,6 +98,9 @@ def test_refusals_and_unknown_utilities_reach_the_caller(client):
     too_long = client.input_processor.process_inputs("big", [5] * 600, SamplingParams(max_tokens=1))
     with pytest.raises(ValueError, match="big"):  # 600 tokens never fit in 64 blocks of 8
         client.add_request(too_long)
+    with pytest.raises(ValueError, match="'beams'.*max_tokens=600.*num_blocks=64"):  # a beam search's
+        client.call_utility("check_request_fits", "beams", 6, 600)  # check: 605 tokens of K/V
+    assert client.call_utility("check_request_fits", "beams", 6, 500) is None
     with pytest.raises(AttributeError, match="no utility method 'engine'"):
         client.call_utility("engine")
     with pytest.raises(ValueError, match="logits_processors"):  # callables cannot be sent

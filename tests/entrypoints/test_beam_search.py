@@ -132,6 +132,19 @@ def test_a_bad_prompt_is_refused_before_anything_runs(llm):
     assert len(llm.engine.history) == steps
 
 
+def test_beams_that_could_outgrow_the_kv_cache_are_refused_before_anything_runs():
+    """Within the context but not the cache: a search's step requests grow to the prompt plus
+    max_tokens - 1 tokens, all of whose K/V must fit 16 blocks of 4 (64 tokens)."""
+    small = LLM(dtype="float32", block_size=BLOCK_SIZE, num_kv_blocks=16)
+    n = len(small.get_tokenizer()("ROMEO:").input_ids)
+    most = 64 - n + 1  # n + most - 1 == 64 tokens of K/V
+    with pytest.raises(ValueError, match=rf"prompts\[0\]: .*max_tokens={most + 1}.* num_blocks=16"):
+        small.beam_search(["ROMEO:"], BeamSearchParams(beam_width=2, max_tokens=most + 1))
+    assert len(small.engine.history) == 0
+    [out] = small.beam_search(["ROMEO:"], BeamSearchParams(beam_width=2, max_tokens=most, ignore_eos=True))
+    assert len(out.sequences[0].tokens) == n + most
+
+
 def test_beams_share_blocks_through_the_prefix_cache():
     """On the recorded history: after the first step every beam's request hits the prefix
     cache for all full blocks but the one holding its last token (its parent computed them

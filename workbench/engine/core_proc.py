@@ -93,6 +93,11 @@ class EngineCore:
     def get_num_free_blocks(self) -> int:
         return self.engine.kv_cache.num_free_blocks
 
+    def check_request_fits(self, request_id: str, num_prompt_tokens: int, max_tokens: int | None) -> None:
+        """ValueError (the limit named) unless such a request could ever be served here
+        (``Scheduler.check_fits``): the server asks before a beam search's first step."""
+        self.engine.scheduler.check_fits(request_id, num_prompt_tokens, max_tokens)
+
     def get_scheduler_stats(self) -> SchedulerStats:
         return self.engine.scheduler_stats
 

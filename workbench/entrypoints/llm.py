@@ -112,7 +112,8 @@ class LLM(PoolingMixin):
         each step runs one ``max_tokens=1`` request per live beam of every prompt, so
         ``engine.history`` shows the steps and the prefix cache the beams' shared blocks.
         A prompt is a string, ``{"prompt": ...}`` or ``{"prompt_token_ids": [...]}``; each
-        is validated before anything runs: ``prompt + max_tokens`` must fit the context."""
+        is validated before anything runs: ``prompt + max_tokens`` must fit the context and
+        the KV cache."""
         if isinstance(prompts, (str, Mapping)):
             prompts = [prompts]
         processor = self.engine.input_processor
@@ -122,6 +123,8 @@ class LLM(PoolingMixin):
             try:
                 request = processor.process_inputs("beam-search", prompt, SamplingParams(max_tokens=1))
                 processor.check_context_length(len(request.prompt_token_ids), params.max_tokens)
+                self.engine.scheduler.check_fits("beam-search", len(request.prompt_token_ids),
+                                                 params.max_tokens)
             except (ValueError, TypeError) as exc:
                 raise type(exc)(f"prompts[{i}]: {exc}") from exc
             prompt_ids.append(request.prompt_token_ids)

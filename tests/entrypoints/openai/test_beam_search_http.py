@@ -109,6 +109,7 @@ def test_eos_finishes_a_beam(served, hf):
     ({"n": 11}, "n"),                              # 2 * n logprobs per step > max_logprobs 20
     ({"temperature": -1.0}, "temperature"),
     ({"max_tokens": 5000}, "max_tokens"),          # beyond the context, vLLM's wording
+    ({"max_tokens": 600}, "max_tokens"),           # within it, beyond the 64 blocks of 8
     ({"extra_body": {"use_beam_search": True, "prompt_logprobs": 1}}, "prompt_logprobs"),
 ])
 def test_beam_search_errors_name_the_field(served, kwargs, param):

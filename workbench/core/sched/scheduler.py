@@ -155,26 +155,21 @@ class Scheduler(RemoteKVMixin):
         return events
 
     # -------------------------------------------------------------- requests
-    def add_request(self, request: Request) -> None:
-        """Queue a new request, or raise ValueError if it can never be served.
+    def check_fits(self, rid: str, n_prompt: int, max_tokens: int | None, *,
+                   pooling: bool = False) -> None:
+        """ValueError (naming ``rid`` and the limit) unless a request of ``n_prompt`` prompt
+        tokens and up to ``max_tokens`` outputs could ever be served here, alone.
 
         Rejected: an empty prompt; a prompt of ``>= max_model_len`` tokens (one position is
-        needed for an output; a pooling request, which has none, may fill the context); with chunked prefill off, a prompt longer than
-        ``max_num_batched_tokens``; a request whose largest KV footprint -- prompt plus
-        ``max_tokens - 1`` generated tokens, capped by ``max_model_len - 1`` -- needs more
-        blocks than the whole pool (it could never finish, even alone).
-        """
-        rid = request.request_id
-        if rid in self.requests or rid in self.held_for_transfer:
-            raise ValueError(f"request_id {rid!r} is already in the scheduler.")
-        if (request.status not in (RequestStatus.WAITING, RequestStatus.WAITING_FOR_FSM)
-                or request.num_computed_tokens or request.output_token_ids):
-            raise ValueError(f"request {rid!r} must be fresh (WAITING or WAITING_FOR_FSM, nothing "
-                             "computed or generated).")
-        n_prompt = request.num_prompt_tokens
+        needed for an output; a pooling request, which has none, may fill the context); with
+        chunked prefill off, a prompt longer than ``max_num_batched_tokens``; a request whose
+        largest KV footprint -- prompt plus ``max_tokens - 1`` generated tokens, capped by
+        ``max_model_len - 1`` -- needs more blocks than the whole pool (it could never finish,
+        even alone). :meth:`add_request` asks it of every request; a beam search asks it once,
+        before its first step (its step requests grow to the prompt plus ``max_tokens - 1``)."""
         if n_prompt == 0:
             raise ValueError(f"request {rid!r}: the prompt must contain at least one token.")
-        if n_prompt >= self.max_model_len + (request.pooling_params is not None):  # pooling: no output
+        if n_prompt >= self.max_model_len + pooling:  # pooling: no output
             raise ValueError(
                 f"request {rid!r}: the prompt has {n_prompt} tokens but max_model_len="
                 f"{self.max_model_len} allows at most {self.max_model_len - 1} prompt tokens "
@@ -193,7 +188,6 @@ class Scheduler(RemoteKVMixin):
                 f"{kv.num_blocks_for(n_prompt)} KV blocks of {kv.block_size}, but the KV cache has "
                 f"num_blocks={kv.num_blocks}."
             )
-        max_tokens = request.sampling_params.max_tokens
         final_len = self.max_model_len if max_tokens is None else min(n_prompt + max_tokens, self.max_model_len)
         kv_tokens = final_len - 1  # the last sampled token's K/V is never computed
         if kv.num_blocks_for(kv_tokens) > kv.num_blocks:
@@ -203,8 +197,22 @@ class Scheduler(RemoteKVMixin):
                 f"needs up to {kv.num_blocks_for(kv_tokens)} KV blocks of {kv.block_size}, but the "
                 f"KV cache has num_blocks={kv.num_blocks}; lower max_tokens or enlarge the cache."
             )
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request, or raise ValueError if it is not fresh or can never be served
+        (:meth:`check_fits`)."""
+        rid = request.request_id
+        if rid in self.requests or rid in self.held_for_transfer:
+            raise ValueError(f"request_id {rid!r} is already in the scheduler.")
+        if (request.status not in (RequestStatus.WAITING, RequestStatus.WAITING_FOR_FSM)
+                or request.num_computed_tokens or request.output_token_ids):
+            raise ValueError(f"request {rid!r} must be fresh (WAITING or WAITING_FOR_FSM, nothing "
+                             "computed or generated).")
+        n_prompt = request.num_prompt_tokens
+        self.check_fits(rid, n_prompt, request.sampling_params.max_tokens,
+                        pooling=request.pooling_params is not None)
         self._check_remote_kv(request)
-        kv.update_block_hashes(request)
+        self.kv_cache.update_block_hashes(request)
         grammars = self.structured_output_manager
         if grammars is not None and grammars.add_request(request):
             request.status = RequestStatus.WAITING_FOR_FSM

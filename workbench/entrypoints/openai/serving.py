@@ -305,6 +305,18 @@ class OpenAIServing:
         except ValueError as exc:
             raise APIError.bad_request(exc, set(type(req).model_fields)) from exc
 
+    async def check_beams_fit(self, req: P._CommonFields, prompts: list[PreparedPrompt]) -> None:
+        """400 before a beam search's first step when its beams could outgrow the KV cache (a
+        search's step requests grow to the prompt plus ``max_tokens - 1`` tokens; the engine
+        checks a plain request on arrival, and a beam step's only once it comes)."""
+        for p in prompts:  # the prompt alone first, so that the error names the right field
+            for field, max_tokens in (("prompt", 1), (req.max_tokens_field, p.request.sampling_params.max_tokens)):
+                try:
+                    await self.llm.call_utility("check_request_fits", p.request.request_id,
+                                                len(p.token_ids), max_tokens)
+                except ValueError as exc:
+                    raise APIError(400, str(exc), field) from exc
+
     # ------------------------------------------------------------------ running
     async def generate(self, raw: Request, req: P._CommonFields, base_id: str,
                        prompts: list[PreparedPrompt], fmt: ResponseFormat, *,
@@ -312,6 +324,8 @@ class OpenAIServing:
         """Run the prepared prompts' engine requests and answer: a JSON response, or an SSE
         stream; the ``X-Request-Id`` header echoes ``base_id``. ``echo_only``: the generated
         tokens are dropped (completions' echo with max_tokens 0)."""
+        if req.use_beam_search:
+            await self.check_beams_fit(req, prompts)
         run = _BeamRun(self.llm, prompts, self.beam_search_params(req)) if req.use_beam_search \
             else _Run(self.llm, prompts)
         await run.start()
