@@ -100,8 +100,14 @@ def test_a_failing_request_ends_alone_and_the_others_are_unchanged(app, async_ll
 def test_huge_prompt_does_not_pause_running_streams(app, async_llm):
     """A ~2 MB prompt is tokenized (seconds) while a stream runs: the stream's largest gap
     between tokens in that window stays near its own median gap. Tokenized on the engine
-    thread, that gap would be the whole window; the bound (20 medians, or a quarter of the
-    window) leaves room for the OS descheduling us on a busy 2-core box."""
+    thread, that gap would be the whole window (measured: 1.46 s of a 1.47 s window).
+
+    The stream is read until a few tokens after the window (or its end), so that a stall
+    reaching the window's end is seen; before, the stream was closed at the window's end and
+    such a stall was never measured. The bound (20 medians, or half the window) leaves room
+    for the OS descheduling us on a busy 2-core box: a CI run late in the suite saw one 0.67 s
+    pause in a 1.79 s window (of unknown cause; not the cycle collector: tokenizing this
+    prompt set off no collection, even over a heap of 4 million objects)."""
     huge = "ROMEO:\nBut soft, what light through yonder window breaks? " * 36_000
     params = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
 
@@ -120,6 +126,9 @@ def test_huge_prompt_does_not_pause_running_streams(app, async_llm):
             start = time.perf_counter()
             answer = await c.post("/v1/completions", json={**GOOD, "prompt": huge})
             end = time.perf_counter()
+        seen = len(arrivals)
+        while len(arrivals) < seen + 5 and not consumer.done() and time.perf_counter() < end + 10:
+            await asyncio.sleep(0.005)
         stream.close()
         consumer.cancel()
         await asyncio.gather(consumer, return_exceptions=True)
@@ -137,7 +146,7 @@ def test_huge_prompt_does_not_pause_running_streams(app, async_llm):
     assert end - start > 1.2, "the prompt was too small to show a stall"
     assert len(window) >= 5
     worst, at = max(in_window)
-    assert worst < max(20 * median, 0.25 * (end - start)), (worst, at, median, end - start)
+    assert worst < max(20 * median, 0.5 * (end - start)), (worst, at, median, end - start)
 
 
 def test_load_with_disconnects_and_cancellations_frees_everything(app, async_llm):
