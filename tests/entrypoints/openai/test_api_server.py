@@ -307,7 +307,16 @@ def test_concurrent_streams_complete_and_free_blocks(app, async_llm):
         assert len({ch["id"] for ch in chunks}) == 1
 
 
+async def _steps_that_ran(async_llm, request_id: str) -> int:
+    """How many steps of the engine's history scheduled ``request_id``."""
+    history = await async_llm.get_history()
+    return sum(any(c.request_id == request_id for c in record.scheduler_output.scheduled)
+               for record in history)
+
+
 def test_consumer_leaving_aborts_and_frees_blocks(async_llm):
+    """A consumer that leaves after its first output ends its request then: it ran a few
+    steps of its 400 (run to the end, as without the abort, it would free its blocks too)."""
     params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
 
     async def go():
@@ -332,8 +341,10 @@ def test_consumer_leaving_aborts_and_frees_blocks(async_llm):
         with pytest.raises(asyncio.CancelledError):
             await task
         await wait_all_free(async_llm)
+        return [await _steps_that_ran(async_llm, rid) for rid in ("leave-break", "leave-cancel")]
 
-    asyncio.run(go())
+    ran = asyncio.run(go())
+    assert all(1 <= n < 50 for n in ran), ran
 
 
 def test_abort_from_outside_ends_the_stream_with_abort(async_llm):
