@@ -208,26 +208,41 @@ ERRORS = [
 ]
 
 
+async def _wait_in_flight(async_llm, timeout: float = 10.0) -> None:
+    """Poll until the engine has a request in flight."""
+    deadline = time.monotonic() + timeout
+    while not await async_llm.call_utility("has_unfinished_requests"):
+        assert time.monotonic() < deadline, "the request never reached the engine"
+        await asyncio.sleep(0.005)
+
+
 @pytest.mark.parametrize("case", ERRORS, ids=[e[0] for e in ERRORS])
-def test_error_does_not_disturb_request_in_flight(app, case):
+def test_error_does_not_disturb_request_in_flight(app, async_llm, case):
+    """The bad request is sent once the stream is in the engine and answered while it still
+    runs (before, the stream could start after the error or end before it); the stream then
+    runs to its max_tokens."""
     _, body, status, message, param = case
+    long = {**GOOD, "max_tokens": 300, "stream": True, "stream_options": {"include_usage": True}}
 
     async def go():
         async with client(app) as c:
-            good = asyncio.create_task(c.post("/v1/completions", json={**GOOD, "stream": True}))
-            await asyncio.sleep(0.01)
+            good = asyncio.create_task(c.post("/v1/completions", json=long))
+            await _wait_in_flight(async_llm)
             bad = await c.post("/v1/completions", json=body)
-            return bad, await good
+            still_running = await async_llm.call_utility("has_unfinished_requests")
+            return bad, still_running, await good
 
-    bad, good = asyncio.run(go())
+    bad, still_running, good = asyncio.run(go())
+    assert still_running, "the stream ended before the error was answered"
     assert bad.status_code == status
     err = bad.json()
     assert set(err) == {"error"}  # vLLM V1's ErrorResponse: no top-level "object"
     assert set(err["error"]) == {"message", "type", "param", "code"}
     assert message in err["error"]["message"]
     assert err["error"]["code"] == status and err["error"]["param"] == param
-    chunks = sse_events(good.text)
+    *chunks, usage = sse_events(good.text)
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert usage["usage"]["completion_tokens"] == 300
 
 
 def test_malformed_json_is_400(app):

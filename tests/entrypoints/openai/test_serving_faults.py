@@ -15,6 +15,7 @@ import time
 import pytest
 
 from workbench import SamplingParams
+from workbench.core.request_events import RequestFinished
 
 from serving_support import GOOD, client, drive_asgi, serving_fixtures, sse_events, wait_all_free
 
@@ -150,30 +151,46 @@ def test_huge_prompt_does_not_pause_running_streams(app, async_llm):
 
 
 def test_load_with_disconnects_and_cancellations_frees_everything(app, async_llm):
+    """Under load, requests whose client disconnects (streaming, after 0-3 chunks; whole,
+    at once) or whose task is cancelled end then: each ran a fraction of its 400 steps (run
+    to the end, as without the abort, they would free their blocks too); the others finish."""
     rng = random.Random(0)
-    body = {**GOOD, "prompt": "OTHELLO:", "max_tokens": 40}
+    max_tokens = 400
+    body = {**GOOD, "prompt": "OTHELLO:", "max_tokens": max_tokens}
 
     async def go():
         async with client(app) as c:
             finishers = [asyncio.create_task(c.post("/v1/completions", json={
                 **GOOD, "prompt": p, "max_tokens": 10, "stream": bool(i % 2)}))
                 for i, p in enumerate(GOOD_PROMPTS * 2)]
-            leavers = [asyncio.create_task(drive_asgi(
-                app, {**body, "stream": i % 3 != 0}, rng.randint(0, 3),
-                path=rng.choice(["/v1/completions"]))) for i in range(9)]
+            leavers = []
+            for i in range(9):  # a whole answer comes at the end: its client leaves at once
+                stream = i % 3 != 0
+                leavers.append(asyncio.create_task(drive_asgi(
+                    app, {**body, "stream": stream, "request_id": f"leave-{i}"},
+                    rng.randint(0, 3) if stream else 0)))
             cancelled = [asyncio.create_task(c.post("/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": "Speak."}], "max_tokens": 40}))
-                for _ in range(4)]
+                "messages": [{"role": "user", "content": "Speak."}], "max_tokens": max_tokens,
+                "ignore_eos": True, "request_id": f"cancel-{i}"}))
+                for i in range(4)]
             await asyncio.sleep(0.2)
             for task in cancelled:
                 task.cancel()
             done = await asyncio.gather(*finishers)
             await asyncio.gather(*leavers, *cancelled, return_exceptions=True)
         await wait_all_free(async_llm, num_blocks=BLOCKS)
-        return done
+        history = await async_llm.get_history()
+        ids = [f"cmpl-leave-{i}-0" for i in range(9)] + [f"chatcmpl-cancel-{i}" for i in range(4)]
+        ran = {rid: sum(any(c.request_id == rid for c in record.scheduler_output.scheduled)
+                        for record in history) for rid in ids}
+        reasons = {rid: [e.reason for e in history.request_log(rid)
+                         if isinstance(e, RequestFinished)] for rid in ids}
+        return done, ran, reasons
 
-    done = asyncio.run(go())
+    done, ran, reasons = asyncio.run(go())
     assert all(r.status_code == 200 for r in done)
+    assert all(r == ["abort"] for r in reasons.values()), reasons
+    assert all(n < max_tokens // 2 for n in ran.values()), ran
     assert async_llm.is_running
 
 

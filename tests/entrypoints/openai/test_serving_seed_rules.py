@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 import time
 
 import openai
 import pytest
 
 from workbench import LLMEngine, SamplingParams
+from workbench.core.request_events import RequestFinished
 from workbench.engine.async_llm import AsyncLLM
 from workbench.entrypoints.openai import chat as chat_module
 from workbench.entrypoints.openai.api_server import build_app
@@ -241,28 +243,57 @@ def test_a_disconnect_aborts_only_its_own_twin(app, async_llm, hf):
     assert reasons == ["abort", "length"], reasons
 
 
-def test_a_twin_that_leaves_while_added_never_aborts_the_first(async_llm):
+def test_a_twin_that_leaves_while_added_never_aborts_the_first(async_llm, monkeypatch):
     """A hostile twin: requests under an id in flight, cancelled at different moments of
-    being added (input thread, engine thread, done). Only its own engine request is ever
-    aborted: the first runs to its length (before, a cancel aborted the id it named)."""
+    being added (input thread, queued for the engine thread, done, and once inside the engine
+    thread's add: it waits there for the cancel). Only its own engine request is ever
+    aborted: the first runs to its length (before, a cancel aborted the id it named), and
+    every twin that reached the engine ends "abort" (before, no cancel landed inside the add)."""
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    engine = async_llm.engine
+    real_add, held = engine.add_request, []
+    hold, adding, left = threading.Event(), threading.Event(), threading.Event()
+
+    def add_request(request_id, *args, **kwargs):  # on the engine thread
+        if hold.is_set() and not held:
+            held.append(request_id)
+            adding.set()
+            left.wait(10)  # the caller leaves while the engine thread is inside the add
+        return real_add(request_id, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "add_request", add_request)
 
     async def go():
         first = await async_llm.add_request("ROMEO:", params, "solo")
-        for delay in (0, 0.0005, 0.002, 0.005, 0.01, 0.03):
+        cancelled = []  # the delays whose twin raised CancelledError
+        for delay in (0, 0.0005, 0.002, 0.005, 0.01, 0.03, None):
+            if delay is None:
+                hold.set()
             twin = asyncio.ensure_future(async_llm.add_request("JULIET:", params, "solo"))
-            await asyncio.sleep(delay)
+            if delay is None:
+                await asyncio.to_thread(adding.wait, 10)
+            else:
+                await asyncio.sleep(delay)
             twin.cancel()
+            if delay is None:
+                left.set()  # the held add goes on, its caller gone
             try:
                 (await twin).close()  # it was added before the cancel: leave it now
             except asyncio.CancelledError:
-                pass
-        return [out async for out in first], first
+                cancelled.append(delay)
+        outs = [out async for out in first]
+        await wait_all_free(async_llm, num_blocks=BLOCKS)
+        history = await async_llm.get_history()
+        twins = {e.request_id: e.reason for record in history for e in record.request_events
+                 if isinstance(e, RequestFinished) and e.request_id.startswith("solo-")}
+        return outs, first, twins, cancelled
 
-    outs, first = asyncio.run(go())
+    outs, first, twins, cancelled = asyncio.run(asyncio.wait_for(go(), 30))
     assert first.request_id == "solo" and not first.aborted
     assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "length"
     assert len(outs[-1].outputs[0].token_ids) == 40
+    assert None in cancelled and held[0] in twins  # cancelled inside its add, then ended
+    assert set(twins.values()) == {"abort"}, twins
 
 
 # ---------------------------------------------------------------- 13: adjust_request
