@@ -98,6 +98,23 @@ def test_a_stop_found_one_step_late():
     assert "long" not in discarded
 
 
+def test_a_request_preempted_with_its_last_token_in_flight_finishes_in_the_waiting_queue():
+    """A 9-block pool: "last" (max_tokens 2) is preempted while the step computing its last
+    token is in flight; that token still reaches it and ends it in the waiting queue (it is
+    never resumed): every request gets the synchronous engine's tokens."""
+    def greedy(n):
+        return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+
+    plan = {0: [("a", PROMPTS[3], greedy(5))], 1: [("b", PROMPTS[4], greedy(13))],
+            2: [("c", PROMPTS[5], greedy(12))],
+            3: [("last", PROMPTS[0], greedy(2)), ("d", PROMPTS[1], greedy(10))]}
+    eng = engine(True, num_kv_blocks=9, max_num_seqs=3)
+    assert tokens(run(eng, plan)) == tokens(run(engine(False, num_kv_blocks=9, max_num_seqs=3), plan))
+    kinds = [type(e).__name__ for e in eng.history.request_log("last")]
+    assert "RequestPreempted" in kinds and "RequestResumed" not in kinds
+    assert kinds[-1] == "RequestFinished" and eng.history.request_log("last")[-1].reason == "length"
+
+
 FEATURES = {
     "penalties": SamplingParams(temperature=0, max_tokens=10, repetition_penalty=1.3, frequency_penalty=0.5),
     "min_tokens": SamplingParams(temperature=0, max_tokens=10, min_tokens=6, stop_token_ids=[201]),

@@ -63,6 +63,8 @@ def test_a_negative_keep_warm_s_is_refused():
 
 
 def test_a_wall_clock_replay_waits_through_the_engine_idle_waiter(two_threads):
+    """The engine idle between r0's end and r1's arrival (about 1 s apart): the replay waits
+    in the engine's IdleWaiter."""
     engine = LLMEngine(device="cpu", num_kv_blocks=64, keep_warm_s=10.0)
     workload = Workload.poisson(2, rate=1.0, input_len=(8, 12), output_len=2, text=False, seed=0, clock="wall")
     asked = []  # the waits the replay asked for (none if a loaded machine ran past the gap)
@@ -70,7 +72,10 @@ def test_a_wall_clock_replay_waits_through_the_engine_idle_waiter(two_threads):
     engine.idle.sleep = lambda seconds: (asked.append(seconds), sleep(seconds))[1]
     run = replay_workload(engine, workload, clock="wall")
     assert len(run.outputs) == 2
-    assert asked or run.wall_s >= workload[1].arrival_time
+    assert run.wall_s >= workload[1].arrival_time
+    r = run.requests.set_index("request_id")
+    idle_s = r.loc["r1", "arrival_s"] - r.loc["r0", "arrival_s"] - r.loc["r0", "e2e_s"]
+    assert asked or idle_s < 0.2, idle_s  # idle (not a race with r1's arrival): it waited
     assert engine.idle.pokes >= min(2, int(sum(asked) / TICK_S) // 2)
 
 

@@ -106,18 +106,34 @@ def logging_line(stats) -> str:
     return log.last_spec_line
 
 
+def emitted_per_step(engine, rid="r0") -> list[int]:
+    """How many tokens each step of ``engine`` gave ``rid``: its accepted drafts plus one."""
+    return [1 + (rec.spec_decode[rid].num_accepted if rid in rec.spec_decode else 0)
+            for rec in engine.history if rid in rec.sampled_token_ids]
+
+
 def test_logprobs_and_stop_strings_inside_accepted_runs(plain):
-    """A stop string completed by an accepted draft ends the output there, as without
-    speculation: the same tokens, text, logprobs (those of the emitted tokens)."""
-    engine = make(speculative_config={**NGRAM, "num_speculative_tokens": 5})
-    base = run(plain, [QUOTE], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
-    # a stop string near the end of the output, so an accepted run likely crosses it
-    stop = base.text[len(base.text) * 2 // 3 :][:4]
+    """A stop string completed by an accepted draft, with more accepted tokens after it in
+    the same step, ends the output there, as without speculation: the same tokens, text,
+    logprobs (those of the emitted tokens)."""
+    spec = {**NGRAM, "num_speculative_tokens": 5}
+    free_run = make(speculative_config=spec)
+    ids = run(free_run, [QUOTE], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0].token_ids
+    # the first token of the first step that emitted 3 tokens or more: 2 or more come after it
+    counts = emitted_per_step(free_run)
+    first = next(i for i, n in enumerate(counts) if n >= 3)
+    p = sum(counts[:first])
+    text = [free_run.tokenizer.decode(ids[:k], skip_special_tokens=True) for k in (p, p + 1)]
+    # the shortest end of the text up to token p that is not in the text before it
+    stop = next(text[1][-n:] for n in range(1, len(text[1]) + 1) if text[1][-n:] not in text[0])
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop], logprobs=2)
     want = run(plain, [QUOTE], params)[0]
+    engine = make(speculative_config=spec)
     got = run(engine, [QUOTE], params)[0]
     assert (got.token_ids, got.text, got.finish_reason, got.stop_reason) == (
         want.token_ids, want.text, "stop", stop)
+    assert len(got.token_ids) == p + 1
+    assert sum(emitted_per_step(engine)) >= len(got.token_ids) + 2  # the step went past the stop
     assert len(got.logprobs) == len(got.token_ids)
     for a, b in zip(got.logprobs, want.logprobs):
         assert list(a) == list(b)
