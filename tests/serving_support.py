@@ -96,6 +96,12 @@ async def num_free_blocks(async_llm) -> int:
     return await async_llm.call_utility("get_num_free_blocks")
 
 
+def steps_that_ran(history, request_id: str) -> int:
+    """How many steps of an engine's ``history`` scheduled ``request_id``."""
+    return sum(any(c.request_id == request_id for c in record.scheduler_output.scheduled)
+               for record in history)
+
+
 async def wait_all_free(async_llm, timeout: float = 10.0, num_blocks: int = NUM_BLOCKS) -> None:
     """Poll (between two steps, in process or in the core process) until no request is in
     flight and every block is free."""

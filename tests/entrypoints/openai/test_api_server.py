@@ -23,7 +23,7 @@ from workbench.entrypoints.openai.api_server import build_app
 
 from serving_support import (
     GOOD, KEY, MODEL, NUM_BLOCKS, client, drive_asgi, greedy_ids, hf, num_free_blocks, serving_fixtures,
-    sse_events, uvicorn_server, wait_all_free,
+    sse_events, steps_that_ran, uvicorn_server, wait_all_free,
 )
 
 
@@ -322,13 +322,6 @@ def test_concurrent_streams_complete_and_free_blocks(app, async_llm):
         assert len({ch["id"] for ch in chunks}) == 1
 
 
-async def _steps_that_ran(async_llm, request_id: str) -> int:
-    """How many steps of the engine's history scheduled ``request_id``."""
-    history = await async_llm.get_history()
-    return sum(any(c.request_id == request_id for c in record.scheduler_output.scheduled)
-               for record in history)
-
-
 def test_consumer_leaving_aborts_and_frees_blocks(async_llm):
     """A consumer that leaves after its first output ends its request then: it ran a few
     steps of its 400 (run to the end, as without the abort, it would free its blocks too)."""
@@ -356,7 +349,8 @@ def test_consumer_leaving_aborts_and_frees_blocks(async_llm):
         with pytest.raises(asyncio.CancelledError):
             await task
         await wait_all_free(async_llm)
-        return [await _steps_that_ran(async_llm, rid) for rid in ("leave-break", "leave-cancel")]
+        history = await async_llm.get_history()
+        return [steps_that_ran(history, rid) for rid in ("leave-break", "leave-cancel")]
 
     ran = asyncio.run(go())
     assert all(1 <= n < 50 for n in ran), ran

@@ -17,7 +17,9 @@ import pytest
 from workbench import SamplingParams
 from workbench.core.request_events import RequestFinished
 
-from serving_support import GOOD, client, drive_asgi, serving_fixtures, sse_events, wait_all_free
+from serving_support import (
+    GOOD, client, drive_asgi, serving_fixtures, sse_events, steps_that_ran, wait_all_free,
+)
 
 BLOCKS = 160
 async_llm, app = serving_fixtures(BLOCKS)
@@ -181,8 +183,7 @@ def test_load_with_disconnects_and_cancellations_frees_everything(app, async_llm
         await wait_all_free(async_llm, num_blocks=BLOCKS)
         history = await async_llm.get_history()
         ids = [f"cmpl-leave-{i}-0" for i in range(9)] + [f"chatcmpl-cancel-{i}" for i in range(4)]
-        ran = {rid: sum(any(c.request_id == rid for c in record.scheduler_output.scheduled)
-                        for record in history) for rid in ids}
+        ran = {rid: steps_that_ran(history, rid) for rid in ids}
         reasons = {rid: [e.reason for e in history.request_log(rid)
                          if isinstance(e, RequestFinished)] for rid in ids}
         return done, ran, reasons
